@@ -1,0 +1,193 @@
+"""``hpu-fp8``: a thin shell over the Python API. No math and no I/O of its own.
+
+Every :class:`~hpu_fp8_loader.errors.HpuFp8Error` becomes one line on stderr and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+from tqdm import tqdm
+
+from . import __version__
+from .arch import Layout
+from .errors import HpuFp8Error
+
+EXIT_INVALID = 1
+EXIT_UNREADABLE = 2
+
+
+def _fail(message: str, code: int = EXIT_INVALID) -> None:
+    click.echo(f"hpu-fp8: error: {message}", err=True)
+    sys.exit(code)
+
+
+@contextmanager
+def _errors(code: int = EXIT_INVALID):
+    try:
+        yield
+    except HpuFp8Error as exc:
+        _fail(str(exc), code)
+
+
+def _bar(total: int, desc: str, quiet: bool) -> tqdm:
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, disable=quiet, file=sys.stderr, leave=False)
+
+
+def _parse_overrides(pairs: tuple[str, ...]) -> dict:
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--set")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return overrides
+
+
+def _parse_size(text: str) -> int:
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+    for suffix in sorted(units, key=len, reverse=True):
+        if suffix and text.upper().endswith(suffix):
+            number, factor = text[: -len(suffix)], units[suffix]
+            break
+    else:
+        number, factor = text, 1
+    try:
+        return int(float(number) * factor)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a size like 5GB or 500MiB") from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="hpu-fp8")
+def main() -> None:
+    """FP8 checkpoints for FastDeploy on Intel Gaudi, made and checked on a CPU.
+
+    The hpu-fp8 format (docs/spec.md) stores FP8 weights, fp32 dequantization scales and raw
+    activation amax, and records the FP8 range, target and calibration provenance.
+    """
+
+
+@main.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--quick", is_flag=True, help="Check headers, scales, index and file sizes only (seconds on any size); skip the weight scan and sha256.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def validate(directory: Path, quick: bool, as_json: bool, quiet: bool) -> None:
+    """Check DIRECTORY against every rule of the hpu-fp8 v1 spec.
+
+    Exit status: 0 valid, 1 invalid (every violation is listed), 2 unreadable (no directory,
+    config.json missing or not JSON, not an hpu-fp8 checkpoint, unknown format_version).
+    """
+    from .validate import validate as run_validation
+
+    try:
+        with _bar(0, "scanning weights", quiet or quick) as bar:
+            report = run_validation(directory, full=not quick, progress=bar.update)
+    except HpuFp8Error as exc:
+        if as_json:
+            click.echo(json.dumps({"root": str(directory), "valid": False, "unreadable": str(exc)}, indent=2))
+            sys.exit(EXIT_UNREADABLE)
+        _fail(str(exc), EXIT_UNREADABLE)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        for warning in report.warnings:
+            click.echo(f"warning: {warning}")
+        for v in report.violations:
+            click.echo(f"[{v.rule}] {v.where}: {v.message}")
+        verdict = "valid" if report.valid else f"INVALID ({len(report.violations)} violation(s))"
+        click.echo(f"{directory}: {verdict} hpu-fp8 v1 checkpoint; {report.tensors} tensors, {report.mode} check")
+    sys.exit(0 if report.valid else EXIT_INVALID)
+
+
+@main.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def inspect(directory: Path, as_json: bool) -> None:
+    """Summarise DIRECTORY: layers, roles, dtypes, bytes, scale ranges, saturated share."""
+    from .inspection import inspect_checkpoint
+
+    with _errors(EXIT_UNREADABLE):
+        result = inspect_checkpoint(directory)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    click.echo(
+        f"{result.root}: {result.model_type}, {result.layers} layers"
+        + (f" ({len(result.moe_layers)} MoE, {result.experts} experts)" if result.experts else "")
+        + f"; fp8_max {result.fp8_max:g} ({result.target}); KV cache {result.kv_cache_scheme}; {result.total_bytes / 2**20:.1f} MiB"
+    )
+    click.echo(f"{'role':<16}{'tensors':>8}{'MiB':>10}  {'dtypes':<14}{'weight scale min/med/max':<32}{'act scale min/med/max':<32}{'saturated':>10}")
+
+    def fmt(stats: dict | None) -> str:
+        return "-" if stats is None else f"{stats['min']:.3g}/{stats['median']:.3g}/{stats['max']:.3g}"
+
+    for role, s in result.roles.items():
+        sat = "-" if s.saturated_share is None else f"{100 * s.saturated_share:.4f}%"
+        click.echo(f"{role:<16}{s.tensors:>8}{s.bytes / 2**20:>10.2f}  {','.join(s.dtypes):<14}{fmt(s.weight_scale):<32}{fmt(s.act_scale):<32}{sat:>10}")
+
+
+@main.command()
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--preset", default="ernie-moe-tiny", show_default=True, help="Model size preset: ernie-moe-tiny, ernie-dense-tiny, qwen2-tiny.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config.json key (JSON value), e.g. --set hidden_size=256. Repeatable.")
+@click.option("--layout", type=click.Choice([l.value for l in Layout]), default="paddle", show_default=True, help="paddle: FastDeploy's fused [in, out] names; torch: Hugging Face [out, in], separate q/k/v and gate/up.")
+@click.option("--seed", default=0, show_default=True, help="Values depend only on the seed and the tensor's name.")
+@click.option("--max-shard-size", default="5GB", show_default=True, help="Largest shard file.")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def synth(out: Path, preset: str, overrides: tuple[str, ...], layout: str, seed: int, max_shard_size: str, force: bool, quiet: bool) -> None:
+    """Write a deterministic random-init BF16 source checkpoint to OUT."""
+    from .arch import describe
+    from .synth import preset_config, synthesize
+
+    with _errors():
+        config = preset_config(preset, _parse_overrides(overrides))
+        descriptor = describe(config)
+        with _bar(2 * descriptor.parameter_count(), "synth", quiet) as bar:
+            synthesize(out, config, Layout(layout), seed, _parse_size(max_shard_size), force, progress=bar.update)
+    click.echo(f"{out}: {descriptor.model_type} ({descriptor.parameter_count():,} parameters) in {layout} layout, seed {seed}")
+
+
+@main.command()
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--measurements", "measurement_files", multiple=True, required=True, type=click.Path(path_type=Path), help="hpu-fp8 measurement file (JSON); repeat to merge several by max.")
+@click.option("--target", type=click.Choice(["gaudi2", "gaudi3"]), default="gaudi2", show_default=True, help="gaudi2: FP8 range ±240 (what FastDeploy serves); gaudi3: ±448.")
+@click.option("--kv-cache", type=click.Choice(["fp8", "none"]), default="fp8", show_default=True, help="fp8: fp8 KV cache and fp8 attention; none: attention stays BF16 (safer for Qwen2).")
+@click.option("--scale-rounding", type=click.Choice(["none", "pow2"]), default="none", show_default=True, help="pow2 rounds every scale up to a power of two.")
+@click.option("--max-shard-size", default="5GB", show_default=True)
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def convert(src: Path, out: Path, measurement_files: tuple[Path, ...], target: str, kv_cache: str, scale_rounding: str, max_shard_size: str, force: bool, quiet: bool) -> None:
+    """Convert the BF16 checkpoint SRC into an hpu-fp8 v1 checkpoint at OUT (single process)."""
+    from .convert import ConvertOptions
+    from .convert import convert as run_convert
+    from .spec.config import KvCacheScheme, ScaleRounding, Target
+    from .spec.measurements import read_measurements
+
+    options = ConvertOptions(Target(target), KvCacheScheme(kv_cache), ScaleRounding(scale_rounding), _parse_size(max_shard_size), force)
+    with _errors():
+        measurements = [read_measurements(p) for p in measurement_files]
+        with _bar(0, "convert", quiet) as bar:
+            run_convert(src, out, measurements, options, progress=bar.update)
+    click.echo(f"{out}: hpu-fp8 v1 checkpoint ({target}, KV cache {kv_cache})")
+
+
+@main.command()
+@click.argument("what", type=click.Choice(["quantization-config", "measurements"]))
+def schema(what: str) -> None:
+    """Print the JSON Schema of the quantization_config object or of the measurement file."""
+    from .spec.config import QuantizationConfig
+    from .spec.measurements import Measurements
+
+    model = QuantizationConfig if what == "quantization-config" else Measurements
+    click.echo(json.dumps(model.model_json_schema(), indent=2))

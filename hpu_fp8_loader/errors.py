@@ -1,0 +1,70 @@
+"""Every failure a user can cause has its own exception class.
+
+The CLI catches :class:`HpuFp8Error` once and prints its message as a single line, so each message
+names the file, tensor or key at fault and, where there is one, what to do next.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "HpuFp8Error",
+    "CheckpointNotFoundError",
+    "ConfigError",
+    "NotHpuFp8CheckpointError",
+    "UnsupportedFormatVersionError",
+    "UnknownArchitectureError",
+    "SafetensorsFormatError",
+    "UnsafePathError",
+    "CheckpointIndexError",
+    "NonFiniteError",
+    "MeasurementError",
+    "OutputExistsError",
+]
+
+
+class HpuFp8Error(Exception):
+    """Base class: an error caused by the input or the environment, never a bug of ours."""
+
+
+class CheckpointNotFoundError(HpuFp8Error):
+    """The checkpoint directory or one of its required files does not exist."""
+
+
+class ConfigError(HpuFp8Error):
+    """config.json is missing, is not JSON, or breaks the schema."""
+
+
+class NotHpuFp8CheckpointError(ConfigError):
+    """A checkpoint without an hpu-fp8 quantization_config was given where one was required."""
+
+
+class UnsupportedFormatVersionError(ConfigError):
+    """The checkpoint declares a format_version this reader does not implement."""
+
+
+class UnknownArchitectureError(ConfigError):
+    """config.json names a model_type no descriptor exists for."""
+
+
+class SafetensorsFormatError(HpuFp8Error):
+    """A safetensors file is truncated, has a corrupt header, or its offsets do not fit the file."""
+
+
+class UnsafePathError(HpuFp8Error):
+    """An index entry points outside the checkpoint directory (absolute path, `..`, symlink escape)."""
+
+
+class CheckpointIndexError(HpuFp8Error):
+    """model.safetensors.index.json is missing, malformed, or disagrees with the shard files."""
+
+
+class NonFiniteError(HpuFp8Error):
+    """A tensor that must be quantized holds NaN or inf; FP8 casts must never see them."""
+
+
+class MeasurementError(HpuFp8Error):
+    """A measurement file is malformed or does not fit the model."""
+
+
+class OutputExistsError(HpuFp8Error):
+    """The output path exists and overwriting it was not asked for."""

@@ -1,0 +1,1 @@
+"""Reading and writing safetensors checkpoints: headers, index, path safety, atomic sharded output."""

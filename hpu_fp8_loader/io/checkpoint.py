@@ -1,0 +1,142 @@
+"""A checkpoint directory: config.json, the shard index, and the shards it names.
+
+Every path that comes from a file (the index) is checked to stay inside the directory before it is
+opened, so a hostile index cannot make us read /etc/passwd or follow a symlink out of the tree.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CheckpointIndexError, CheckpointNotFoundError, ConfigError, UnsafePathError
+from .safetensors_file import SafetensorsFile, TensorInfo
+
+__all__ = [
+    "INDEX_FILE",
+    "CONFIG_FILE",
+    "read_config",
+    "read_index",
+    "safe_member",
+    "Checkpoint",
+]
+
+INDEX_FILE = "model.safetensors.index.json"
+CONFIG_FILE = "config.json"
+SINGLE_FILE = "model.safetensors"
+
+
+def read_config(root: Path) -> dict:
+    """config.json as a dict, or :class:`ConfigError` naming the file and the JSON error."""
+    path = Path(root) / CONFIG_FILE
+    if not path.is_file():
+        raise ConfigError(f"{path}: missing; every checkpoint needs a config.json")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: top level is not a JSON object")
+    return config
+
+
+def safe_member(root: Path, relative: str) -> Path:
+    """``root / relative`` after checking it stays inside ``root`` (no absolute path, ``..`` or symlink escape)."""
+    if not isinstance(relative, str) or not relative or Path(relative).is_absolute() or "\\" in relative:
+        raise UnsafePathError(f"{root}: index names {relative!r}, which is not a relative path inside the checkpoint")
+    if any(part == ".." for part in Path(relative).parts):
+        raise UnsafePathError(f"{root}: index names {relative!r}, which climbs out of the checkpoint with '..'")
+    candidate = (Path(root) / relative).resolve()
+    if not candidate.is_relative_to(Path(root).resolve()):
+        raise UnsafePathError(f"{root}: index entry {relative!r} resolves to {candidate}, outside the checkpoint")
+    return candidate
+
+
+def read_index(root: Path) -> tuple[dict[str, str], dict]:
+    """(weight_map, metadata) of model.safetensors.index.json, shape-checked."""
+    path = Path(root) / INDEX_FILE
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointIndexError(f"{path}: missing") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointIndexError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
+        raise CheckpointIndexError(f"{path}: no 'weight_map' object")
+    weight_map = index["weight_map"]
+    for name, file in weight_map.items():
+        if not isinstance(file, str):
+            raise CheckpointIndexError(f"{path}: tensor '{name}' maps to {file!r}, not a file name")
+    metadata = index.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise CheckpointIndexError(f"{path}: 'metadata' is not an object")
+    return weight_map, metadata
+
+
+@dataclass
+class Checkpoint:
+    """An opened checkpoint: config, the tensor -> file map and the checked shard headers.
+
+    ``open`` raises on the first defect; the validator uses the lower-level functions instead so it
+    can list every defect at once.
+    """
+
+    root: Path
+    config: dict
+    files: dict[Path, SafetensorsFile] = field(default_factory=dict)
+    tensors: dict[str, TensorInfo] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, root: str | Path) -> Checkpoint:
+        root = Path(root)
+        if not root.is_dir():
+            raise CheckpointNotFoundError(f"{root}: no such checkpoint directory")
+        checkpoint = cls(root, read_config(root))
+        for relative in shard_names(root):
+            checkpoint._add_file(relative)
+        if (root / INDEX_FILE).is_file():
+            weight_map, _ = read_index(root)
+            for name, relative in weight_map.items():
+                info = checkpoint.tensors.get(name)
+                if info is None or info.file != safe_member(root, relative):
+                    raise CheckpointIndexError(f"{root / INDEX_FILE}: tensor '{name}' is not in {relative}")
+            unlisted = sorted(set(checkpoint.tensors) - set(weight_map))
+            if unlisted:
+                raise CheckpointIndexError(f"{root / INDEX_FILE}: shards hold tensors the index omits: {unlisted[:5]}")
+        return checkpoint
+
+    def _add_file(self, relative: str) -> None:
+        path = safe_member(self.root, relative)
+        if not path.is_file():
+            raise CheckpointNotFoundError(f"{self.root}: shard {relative} is missing")
+        shard = SafetensorsFile(path)
+        for name, info in shard.tensors.items():
+            if name in self.tensors:
+                raise CheckpointIndexError(f"{self.root}: tensor '{name}' appears in two shards")
+            self.tensors[name] = info
+        self.files[path] = shard
+
+    def get(self, name: str) -> np.ndarray:
+        """Zero-copy read-only view of a tensor."""
+        info = self.tensors[name]
+        return self.files[info.file].get(name)
+
+
+def shard_names(root: Path) -> list[str]:
+    """The shard files of a checkpoint: those the index names, else ``model.safetensors``, else every ``*.safetensors``."""
+    root = Path(root)
+    if (root / INDEX_FILE).is_file():
+        weight_map, _ = read_index(root)
+        names = sorted(set(weight_map.values()))
+        for name in names:
+            safe_member(root, name)
+        return names
+    if (root / SINGLE_FILE).is_file():
+        return [SINGLE_FILE]
+    names = sorted(p.name for p in root.glob("*.safetensors"))
+    if not names:
+        raise CheckpointNotFoundError(f"{root}: no *.safetensors files and no {INDEX_FILE}")
+    return names

@@ -1,0 +1,177 @@
+"""The safetensors container, parsed by us so that every defect gets a precise message.
+
+The library's own reader reports a corrupt header or a truncated file with a generic error and its
+numpy path cannot return F8 tensors (safetensors issue 682, environment-facts.md section 4); this
+module checks the header against the file size first and then hands out zero-copy, read-only views
+of a memory map, so opening a checkpoint never modifies it and costs no RAM.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from ..errors import SafetensorsFormatError
+
+__all__ = ["DTYPES", "dtype_name", "TensorInfo", "read_header", "SafetensorsFile"]
+
+DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "U8": np.dtype(np.uint8),
+    "I8": np.dtype(np.int8),
+    "U16": np.dtype(np.uint16),
+    "I16": np.dtype(np.int16),
+    "U32": np.dtype(np.uint32),
+    "I32": np.dtype(np.int32),
+    "U64": np.dtype(np.uint64),
+    "I64": np.dtype(np.int64),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F32": np.dtype(np.float32),
+    "F64": np.dtype(np.float64),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+}
+_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+# A header larger than this is corrupt, not big: the reference implementation uses the same bound.
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """The safetensors dtype code of a numpy dtype (``BF16``, ``F8_E4M3``, ...)."""
+    try:
+        return _NAMES[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(f"dtype {dtype} has no safetensors code") from None
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives: file, dtype code, shape and absolute byte range in the file."""
+
+    name: str
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def _bad(path: Path, what: str) -> SafetensorsFormatError:
+    return SafetensorsFormatError(f"{path}: {what}")
+
+
+def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """Parse and check a safetensors header against the file's real size.
+
+    Returns the tensors (in file order) and the ``__metadata__`` dict. Raises
+    :class:`SafetensorsFormatError` naming the file (and tensor) for a short file, a header that is
+    not JSON, an unknown dtype, a byte range that does not match the shape, overlapping tensors, or
+    offsets beyond the end of the file (a truncated shard).
+    """
+    path = Path(path)
+    size = path.stat().st_size
+    if size < 8:
+        raise _bad(path, f"file is {size} bytes, too short for a safetensors header (truncated?)")
+    with open(path, "rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        if header_len > _MAX_HEADER_BYTES or 8 + header_len > size:
+            raise _bad(path, f"header claims {header_len} bytes but the file has {size - 8} after the length (truncated or corrupt)")
+        raw = f.read(header_len)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _bad(path, f"header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise _bad(path, "header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise _bad(path, "__metadata__ is not an object")
+    data_start = 8 + header_len
+    tensors: list[TensorInfo] = []
+    for name, entry in header.items():
+        tensors.append(_tensor_info(path, name, entry, data_start, size))
+    tensors.sort(key=lambda t: t.begin)
+    previous_end, previous_name = data_start, None
+    for t in tensors:
+        if t.begin < previous_end and t.nbytes:
+            raise _bad(path, f"tensor '{t.name}' overlaps '{previous_name}'")
+        previous_end, previous_name = max(previous_end, t.end), t.name
+    return {t.name: t for t in tensors}, {str(k): str(v) for k, v in metadata.items()}
+
+
+def _tensor_info(path: Path, name: str, entry: object, data_start: int, size: int) -> TensorInfo:
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
+        raise _bad(path, f"tensor '{name}': header entry lacks dtype/shape/data_offsets")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if dtype not in DTYPES:
+        raise _bad(path, f"tensor '{name}': unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise _bad(path, f"tensor '{name}': shape {shape!r} is not a list of non-negative integers")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) and o >= 0 for o in offsets)
+        or offsets[0] > offsets[1]
+    ):
+        raise _bad(path, f"tensor '{name}': data_offsets {offsets!r} are not [begin, end]")
+    expected = math.prod(shape) * DTYPES[dtype].itemsize
+    if offsets[1] - offsets[0] != expected:
+        raise _bad(path, f"tensor '{name}': {offsets[1] - offsets[0]} bytes for shape {shape} of {dtype} (needs {expected})")
+    begin, end = data_start + offsets[0], data_start + offsets[1]
+    if end > size:
+        raise _bad(path, f"tensor '{name}' ends at byte {end} but the file has {size} bytes (truncated)")
+    return TensorInfo(name, path, dtype, tuple(shape), begin, end)
+
+
+class SafetensorsFile:
+    """A read-only memory map of one checked safetensors file."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.tensors, self.metadata = read_header(self.path)
+        self._map: mmap.mmap | None = None
+
+    def _buffer(self) -> mmap.mmap:
+        if self._map is None:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            finally:
+                os.close(fd)
+        return self._map
+
+    def get(self, name: str) -> np.ndarray:
+        """A zero-copy read-only array of the tensor (F8 and BF16 as ml_dtypes arrays)."""
+        info = self.tensors[name]
+        dtype = DTYPES[info.dtype]
+        if info.nbytes == 0:
+            return np.zeros(info.shape, dtype)
+        flat = np.frombuffer(self._buffer(), dtype=dtype, count=info.numel, offset=info.begin)
+        return flat.reshape(info.shape)
+
+    def close(self) -> None:
+        """Drop our reference to the map; arrays still alive keep it mapped until they go."""
+        self._map = None
+
+    def __enter__(self) -> SafetensorsFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

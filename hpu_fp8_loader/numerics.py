@@ -1,0 +1,293 @@
+"""FP8 arithmetic: amax, scales, the saturating round-to-nearest-even cast, dequantization.
+
+Pure functions on numpy arrays; no I/O. Every scale here is a *dequantization* scale
+(``real ~= fp8 * scale``, ``scale = amax / fp8_max``), the one meaning the spec gives the word.
+
+The cast is clamp-then-round, as Gaudi does it (gaudi-fp8-semantics.md section 7.1): clamping first
+keeps 248 at 240 on Gaudi2, where round-then-clamp would produce 256. It is computed with a
+131072-entry lookup table indexed by the top 16 bits of the float32 value plus one "sticky" bit
+that records whether any of the low 16 bits is set. Every e4m3fn rounding boundary (including the
+subnormal ones and the saturation point) lies on a value whose low 16 bits are zero, so the top
+bits plus the sticky bit decide the rounding exactly; the table itself is filled by ml_dtypes, so
+the result is bit-identical to ``ml_dtypes`` casting the clamped value. Working through the array
+in cache-sized chunks makes this pure-numpy path faster than ``ml_dtypes.astype`` alone
+(bench/quantize.py), so no compiled helper is needed.
+"""
+
+from __future__ import annotations
+
+import functools
+from concurrent.futures import ThreadPoolExecutor
+
+import ml_dtypes
+import numpy as np
+
+from .errors import NonFiniteError
+
+__all__ = [
+    "FP8_DTYPE",
+    "BF16_DTYPE",
+    "GAUDI2_FP8_MAX",
+    "GAUDI3_FP8_MAX",
+    "abs_max",
+    "channel_abs_max",
+    "scale_from_amax",
+    "round_up_to_bf16",
+    "round_up_to_pow2",
+    "is_bf16_exact",
+    "weight_scale_from_amax",
+    "act_scale_from_amax",
+    "cast_to_fp8",
+    "quantize",
+    "dequantize",
+    "max_code",
+]
+
+FP8_DTYPE = np.dtype(ml_dtypes.float8_e4m3fn)
+BF16_DTYPE = np.dtype(ml_dtypes.bfloat16)
+GAUDI2_FP8_MAX = 240.0
+GAUDI3_FP8_MAX = 448.0
+_FP8_NAN_MAGNITUDE = 0x7F
+# Elements per chunk: three float32/uint32 work buffers of this size stay inside a 1 MiB L2 cache.
+_CHUNK = 1 << 16
+
+
+@functools.lru_cache(maxsize=4)
+def _cast_table(fp8_max: float) -> np.ndarray:
+    """Map (float32 bits >> 15 | sticky) to the e4m3fn code of the clamped value; NaN/inf -> NaN code."""
+    index = np.arange(1 << 17, dtype=np.uint32)
+    representative = ((index >> 1) << 16) | (index & 1)
+    values = representative.view(np.float32)
+    table = np.clip(values, -fp8_max, fp8_max).astype(FP8_DTYPE).view(np.uint8).copy()
+    non_finite = ~np.isfinite(values)
+    table[non_finite] = _FP8_NAN_MAGNITUDE | (table[non_finite] & 0x80)
+    return table
+
+
+def max_code(fp8_max: float) -> int:
+    """The largest magnitude code (sign bit clear) a checkpoint with this range may contain."""
+    return int(np.array(fp8_max, dtype=FP8_DTYPE).view(np.uint8))
+
+
+def _as_float32_into(src: np.ndarray, buf: np.ndarray) -> np.ndarray:
+    """Widen a chunk of bf16/f16/f32 values into ``buf`` (float32) without a temporary."""
+    if src.dtype == BF16_DTYPE:
+        wide = buf.view(np.uint32)
+        wide[...] = src.view(np.uint16)
+        np.left_shift(wide, 16, out=wide)
+        return buf
+    if src.dtype == np.float32:
+        return src
+    buf[...] = src
+    return buf
+
+
+def _first_non_finite(flat: np.ndarray, start: int, stop: int) -> int | None:
+    chunk = np.asarray(flat[start:stop], dtype=np.float32)
+    bad = np.flatnonzero(~np.isfinite(chunk))
+    return None if bad.size == 0 else start + int(bad[0])
+
+
+def _non_finite_error(name: str, shape: tuple[int, ...], flat_index: int, value: float) -> NonFiniteError:
+    where = tuple(int(i) for i in np.unravel_index(flat_index, shape)) if shape else ()
+    return NonFiniteError(
+        f"tensor '{name}' holds {value} at index {list(where)} (flat {flat_index}); "
+        "FP8 casts must never see NaN or inf (Paddle's CPU cast would silently turn them into ±448). "
+        "Fix the source checkpoint."
+    )
+
+
+def _rows_per_chunk(row_length: int) -> int:
+    return max(1, _CHUNK // max(1, row_length))
+
+
+def _check_float(x: np.ndarray, name: str) -> None:
+    if x.dtype not in (np.dtype(np.float32), np.dtype(np.float16), BF16_DTYPE):
+        raise TypeError(f"tensor '{name}': unsupported dtype {x.dtype} (expected bfloat16, float16 or float32)")
+
+
+def abs_max(x: np.ndarray, name: str = "tensor") -> float:
+    """Whole-tensor max |x| in float32, refusing NaN/inf with the tensor's name and first bad index."""
+    _check_float(x, name)
+    flat = x.reshape(-1)
+    buf = np.empty(min(_CHUNK, max(1, flat.size)), np.float32)
+    result = np.float32(0.0)
+    for start in range(0, flat.size, _CHUNK):
+        stop = min(start + _CHUNK, flat.size)
+        chunk = _as_float32_into(flat[start:stop], buf[: stop - start])
+        hi, lo = chunk.max(), chunk.min()
+        peak = max(hi, -lo)
+        if not np.isfinite(peak):
+            bad = _first_non_finite(chunk, 0, chunk.size)
+            raise _non_finite_error(name, x.shape, start + bad, float(chunk[bad]))
+        result = max(result, peak)
+    return float(result)
+
+
+def channel_abs_max(x: np.ndarray, name: str = "tensor") -> np.ndarray:
+    """max |x| over every axis but the last: the per-output-channel amax of a Paddle ``[in, out]`` weight."""
+    _check_float(x, name)
+    rows = x.reshape(-1, x.shape[-1])
+    step = _rows_per_chunk(rows.shape[1])
+    buf = np.empty((min(step, rows.shape[0]), rows.shape[1]), np.float32)
+    hi = np.zeros(rows.shape[1], np.float32)
+    for start in range(0, rows.shape[0], step):
+        stop = min(start + step, rows.shape[0])
+        chunk = _as_float32_into(rows[start:stop], buf[: stop - start])
+        peak = np.maximum(chunk.max(axis=0), -chunk.min(axis=0))
+        if not np.isfinite(peak).all():
+            bad = _first_non_finite(chunk.reshape(-1), 0, chunk.size)
+            raise _non_finite_error(name, x.shape, start * rows.shape[1] + bad, float(chunk.reshape(-1)[bad]))
+        np.maximum(hi, peak, out=hi)
+    return hi
+
+
+def scale_from_amax(amax: float | np.ndarray, fp8_max: float) -> np.ndarray:
+    """``amax / fp8_max`` in float32: the dequantization scale before any rounding."""
+    return np.asarray(np.asarray(amax, np.float32) / np.float32(fp8_max), np.float32)
+
+
+def round_up_to_bf16(scale: np.ndarray) -> np.ndarray:
+    """Smallest bf16-representable float32 >= each positive finite scale.
+
+    FastDeploy holds weight scales in bf16; rounding up before quantizing makes its dequantization
+    use exactly the scale the converter used, and rounding *up* keeps |w / scale| <= fp8_max.
+    """
+    s = np.ascontiguousarray(scale, np.float32)
+    bits = s.view(np.uint32)
+    rounded = ((bits.astype(np.uint64) + 0xFFFF) & 0xFFFF0000).astype(np.uint32)
+    return rounded.view(np.float32).reshape(s.shape)
+
+
+def round_up_to_pow2(scale: np.ndarray) -> np.ndarray:
+    """Smallest power of two >= each positive finite scale (exact; via frexp)."""
+    s = np.asarray(scale, np.float32)
+    mantissa, exponent = np.frexp(s)
+    exponent = np.where(mantissa == 0.5, exponent - 1, exponent)
+    return np.ldexp(np.float32(1.0), exponent).astype(np.float32)
+
+
+def is_bf16_exact(values: np.ndarray) -> np.ndarray:
+    """True where a float32 value has no bits below bf16 precision."""
+    return (np.ascontiguousarray(values, np.float32).view(np.uint32) & 0xFFFF) == 0
+
+
+def weight_scale_from_amax(amax: float | np.ndarray, fp8_max: float, rounding: str = "none") -> np.ndarray:
+    """Weight dequantization scale: amax / fp8_max, optionally up to a power of two, then up to bf16.
+
+    A zero amax (an all-zero tensor or channel) gets scale 1.0: any positive scale represents zeros
+    exactly, and the spec requires every scale to be positive.
+    """
+    amax = np.asarray(amax, np.float32)
+    scale = np.where(amax > 0, scale_from_amax(amax, fp8_max), np.float32(1.0)).astype(np.float32)
+    if rounding == "pow2":
+        scale = round_up_to_pow2(scale)
+    return round_up_to_bf16(scale)
+
+
+def act_scale_from_amax(amax: float | np.ndarray, fp8_max: float, rounding: str = "none") -> np.ndarray:
+    """Activation dequantization scale: float32(amax / fp8_max), or its power-of-two round-up."""
+    scale = scale_from_amax(amax, fp8_max)
+    return round_up_to_pow2(scale) if rounding == "pow2" else scale
+
+
+def _cast_rows(
+    rows: np.ndarray,
+    divisor: np.ndarray | None,
+    table: np.ndarray,
+    table_max: float,
+    out_rows: np.ndarray,
+    name: str,
+    shape: tuple[int, ...],
+    row_offset: int,
+) -> None:
+    """Cast rows[i] / divisor to fp8 codes, chunk by chunk, into out_rows (uint8)."""
+    width = rows.shape[1]
+    step = _rows_per_chunk(width)
+    n = min(step, rows.shape[0]) * width
+    buf = np.empty(n, np.float32)
+    work = np.empty(n, np.uint32)
+    sticky = np.empty(n, np.bool_)
+    for start in range(0, rows.shape[0], step):
+        stop = min(start + step, rows.shape[0])
+        size = (stop - start) * width
+        src = _as_float32_into(rows[start:stop].reshape(-1), buf[:size])
+        scaled = buf[:size]
+        if divisor is not None:
+            with np.errstate(over="ignore"):  # overflow saturates; see _resolve_nan_codes
+                np.divide(src.reshape(stop - start, width), divisor, out=scaled.reshape(stop - start, width))
+        elif src is not scaled:
+            scaled[...] = src
+        bits = scaled.view(np.uint32)
+        w, s = work[:size], sticky[:size]
+        np.bitwise_and(bits, 0x7FFF, out=w)
+        np.not_equal(w, 0, out=s)
+        np.right_shift(bits, 15, out=w)
+        np.bitwise_or(w, s, out=w)
+        codes = out_rows[start:stop].reshape(-1)
+        np.take(table, w, out=codes)
+        nan_like = (codes & 0x7F) == _FP8_NAN_MAGNITUDE
+        if nan_like.any():
+            _resolve_nan_codes(rows[start:stop].reshape(-1), scaled, codes, nan_like, max_code(float(table_max)),
+                               name, shape, (row_offset + start) * width)
+
+
+def _resolve_nan_codes(src, scaled, codes, nan_like, saturated_code, name, shape, flat_offset) -> None:
+    """NaN codes come from a non-finite input (an error) or from a finite value whose scaling overflowed."""
+    for i in np.flatnonzero(nan_like):
+        original = float(np.asarray(src[i], np.float32))
+        if not np.isfinite(original):
+            raise _non_finite_error(name, shape, flat_offset + int(i), original)
+        codes[i] = saturated_code | (0x80 if scaled[i] < 0 else 0)
+
+
+def cast_to_fp8(y: np.ndarray, fp8_max: float, name: str = "tensor") -> np.ndarray:
+    """Saturate to ±fp8_max, then round to nearest even e4m3fn; NaN/inf raise :class:`NonFiniteError`."""
+    return quantize(y, None, fp8_max, name)
+
+
+def quantize(
+    x: np.ndarray,
+    scale: float | np.ndarray | None,
+    fp8_max: float,
+    name: str = "tensor",
+    threads: int = 1,
+) -> np.ndarray:
+    """fp8(clamp(x / scale, ±fp8_max)) with round-to-nearest-even, as a float8_e4m3fn array.
+
+    ``scale`` is a scalar (tensor-wise) or a vector over the last axis (channel-wise), or None for
+    values that are already scaled. ``threads`` > 1 splits the rows between threads; numpy releases
+    the GIL inside each chunk's kernels.
+    """
+    _check_float(x, name)
+    table = _cast_table(float(fp8_max))
+    width = x.shape[-1] if x.ndim else 1
+    rows = x.reshape(-1, width)
+    divisor = None
+    if scale is not None:
+        divisor = np.asarray(scale, np.float32)
+        if divisor.ndim and divisor.shape != (width,) and divisor.size != 1:
+            raise ValueError(f"tensor '{name}': scale shape {divisor.shape} does not fit last axis {width}")
+        if divisor.size == 1:
+            divisor = divisor.reshape(())
+        if not (np.isfinite(divisor).all() and (divisor > 0).all()):
+            raise ValueError(f"tensor '{name}': scales must be finite and > 0")
+    out = np.empty(rows.shape, np.uint8)
+    if threads <= 1 or rows.shape[0] < 2 * threads:
+        _cast_rows(rows, divisor, table, float(fp8_max), out, name, x.shape, 0)
+    else:
+        bounds = np.linspace(0, rows.shape[0], threads + 1).astype(int)
+        with ThreadPoolExecutor(threads) as pool:
+            jobs = [
+                pool.submit(_cast_rows, rows[a:b], divisor, table, float(fp8_max), out[a:b], name, x.shape, int(a))
+                for a, b in zip(bounds[:-1], bounds[1:])
+                if b > a
+            ]
+            for job in jobs:
+                job.result()
+    return out.view(FP8_DTYPE).reshape(x.shape)
+
+
+def dequantize(q: np.ndarray, scale: float | np.ndarray) -> np.ndarray:
+    """float32(q) * scale: the real value a spec weight stands for."""
+    return q.astype(np.float32) * np.asarray(scale, np.float32)

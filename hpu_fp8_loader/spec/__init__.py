@@ -1,0 +1,7 @@
+"""The hpu-fp8 checkpoint format, version 1: names, config schema and measurement file format.
+
+This package is the only place tensor names and the ``quantization_config`` schema are spelled;
+docs/spec.md is its text.
+"""
+
+FORMAT_VERSION = 1

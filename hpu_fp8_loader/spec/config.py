@@ -1,0 +1,262 @@
+"""``quantization_config`` of an hpu-fp8 v1 checkpoint, and the config.json rules FastDeploy imposes.
+
+The pydantic models are the only parser of the config; their JSON Schema ships with the package
+(``hpu-fp8 schema quantization-config``).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ..errors import ConfigError, NotHpuFp8CheckpointError, UnsupportedFormatVersionError
+from . import FORMAT_VERSION
+
+__all__ = [
+    "Target",
+    "KvCacheScheme",
+    "ScaleRounding",
+    "AmaxSourceKind",
+    "DeadExpertPolicy",
+    "ExpertRef",
+    "CalibrationSource",
+    "Calibration",
+    "QuantizationConfig",
+    "FP8_MAX_BY_TARGET",
+    "FASTDEPLOY_ARCHITECTURES",
+    "parse_quantization_config",
+    "fastdeploy_config_problems",
+]
+
+
+class Target(str, Enum):
+    GAUDI2 = "gaudi2"
+    GAUDI3 = "gaudi3"
+
+
+class KvCacheScheme(str, Enum):
+    FP8 = "fp8"  # fp8 KV cache and fp8 SDPA: FastDeploy's cache_fp8_sdpa_fp8
+    NONE = "none"  # attention and KV cache stay BF16
+
+
+class ScaleRounding(str, Enum):
+    NONE = "none"
+    POW2 = "pow2"  # rounded up to a power of two; weights quantized with the rounded scale
+
+
+class AmaxSourceKind(str, Enum):
+    FASTDEPLOY_MEASUREMENT = "fastdeploy-measurement"
+    REFERENCE_ENGINE = "reference-engine"
+    IMPORTED_INPUT_SCALE = "imported-input-scale"
+    LEGACY_CHECKPOINT = "legacy-checkpoint"
+    SYNTHETIC = "synthetic"  # made up by `hpu-fp8 synth` for tests and demos; never for a model you serve
+
+
+class DeadExpertPolicy(str, Enum):
+    ERROR = "error"
+    SIBLING_MAX = "sibling-max"
+
+
+FP8_MAX_BY_TARGET = {Target.GAUDI2: 240.0, Target.GAUDI3: 448.0}
+# Architectures FastDeploy registers, by model_type (contract section 11; models.md).
+FASTDEPLOY_ARCHITECTURES = {
+    "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
+    "ernie4_5": "Ernie4_5ForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WeightStrategies(_Strict):
+    """v1 fixes the strategy of each group: tensor-wise where FastDeploy's linear has a [1] scale."""
+
+    attention: Literal["tensor"] = "tensor"
+    dense_mlp: Literal["tensor"] = "tensor"
+    shared_experts: Literal["tensor"] = "tensor"
+    routed_experts: Literal["channel"] = "channel"
+
+
+class Activations(_Strict):
+    strategy: Literal["tensor"] = "tensor"
+    dynamic: Literal[False] = False
+
+
+class ExpertRef(_Strict):
+    layer: int = Field(ge=0)
+    expert: int = Field(ge=0)
+
+
+class DeadExperts(_Strict):
+    policy: DeadExpertPolicy = DeadExpertPolicy.ERROR
+    filled: list[ExpertRef] = Field(default_factory=list, description="experts whose amax came from siblings")
+
+    @model_validator(mode="after")
+    def _filled_needs_policy(self) -> DeadExperts:
+        if self.filled and self.policy is DeadExpertPolicy.ERROR:
+            raise ValueError("dead_experts.filled lists experts but the policy is 'error'")
+        return self
+
+
+class MoePolicy(_Strict):
+    shared_up_gate_input: Literal["max_over_experts"] = "max_over_experts"
+    dead_experts: DeadExperts = Field(default_factory=DeadExperts)
+
+
+class CalibrationSource(_Strict):
+    id: str = Field(min_length=1)
+    kind: AmaxSourceKind
+    dataset: str | None = None
+    samples: int | None = Field(default=None, ge=0)
+    tokens: int | None = Field(default=None, ge=0)
+    seq_len: int | None = Field(default=None, ge=1)
+    date: str | None = None
+    tool: str | None = None
+    tool_version: str | None = None
+    files: list[str] = Field(default_factory=list)
+
+
+class Calibration(_Strict):
+    """Where each act_amax came from: a default source plus per-module overrides."""
+
+    sources: list[CalibrationSource] = Field(min_length=1)
+    default_source: str
+    overrides: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _references_exist(self) -> Calibration:
+        ids = [s.id for s in self.sources]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"calibration source ids are not unique: {ids}")
+        for module, source in [("default_source", self.default_source), *self.overrides.items()]:
+            if source not in ids:
+                raise ValueError(f"calibration: {module} refers to unknown source {source!r} (known: {ids})")
+        return self
+
+    def source_of(self, module: str) -> CalibrationSource:
+        wanted = self.overrides.get(module, self.default_source)
+        return next(s for s in self.sources if s.id == wanted)
+
+
+class Producer(_Strict):
+    name: str
+    version: str
+
+
+class QuantizationConfig(_Strict):
+    """The ``quantization_config`` object: FastDeploy's mix_quant keys first, then the spec's own."""
+
+    quantization: Literal["mix_quant"] = "mix_quant"
+    dense_quant_type: Literal["tensor_wise_fp8"] = "tensor_wise_fp8"
+    moe_quant_type: Literal["tensor_wise_fp8"] = "tensor_wise_fp8"
+    kv_cache_quant_type: Literal["float8_e4m3"] | None = None
+    is_quantized: Literal[True] = True
+
+    quant_method: Literal["hpu_fp8"] = "hpu_fp8"
+    format_version: Literal[1] = FORMAT_VERSION
+    fp8_dtype: Literal["float8_e4m3fn"] = "float8_e4m3fn"
+    fp8_max: float = 240.0
+    target: Target = Target.GAUDI2
+    weights: WeightStrategies = Field(default_factory=WeightStrategies)
+    activations: Activations = Field(default_factory=Activations)
+    kv_cache_scheme: KvCacheScheme
+    scale_dtype: Literal["float32"] = "float32"
+    scale_rounding: ScaleRounding = ScaleRounding.NONE
+    ignore: list[str] = Field(default_factory=list, description="linear modules kept in BF16")
+    moe: MoePolicy | None = None
+    calibration: Calibration
+    producer: Producer
+
+    @field_validator("fp8_max")
+    @classmethod
+    def _known_range(cls, value: float) -> float:
+        if value not in (240.0, 448.0):
+            raise ValueError(f"fp8_max must be 240.0 (Gaudi2 range) or 448.0 (Gaudi3/OCP range), got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> QuantizationConfig:
+        if self.target is Target.GAUDI2 and self.fp8_max != 240.0:
+            raise ValueError("target gaudi2 requires fp8_max 240.0: Gaudi2 saturates at ±240")
+        wants_kv = self.kv_cache_scheme is KvCacheScheme.FP8
+        if wants_kv != (self.kv_cache_quant_type == "float8_e4m3"):
+            raise ValueError(
+                "kv_cache_quant_type must be 'float8_e4m3' exactly when kv_cache_scheme is 'fp8' "
+                f"(got {self.kv_cache_quant_type!r} with scheme {self.kv_cache_scheme.value!r})"
+            )
+        return self
+
+    @property
+    def servable_by_fastdeploy(self) -> bool:
+        """FastDeploy's HPU path assumes 240 everywhere (contract section 2)."""
+        return self.fp8_max == 240.0
+
+
+def _format_validation_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def parse_quantization_config(config: dict, source: str = "config.json") -> QuantizationConfig:
+    """The checkpoint's QuantizationConfig, or a typed error that says what the checkpoint is instead."""
+    qc = config.get("quantization_config")
+    if not isinstance(qc, dict):
+        raise NotHpuFp8CheckpointError(
+            f"{source}: no quantization_config; this looks like a source (BF16) checkpoint. "
+            "Make an hpu-fp8 checkpoint from it with `hpu-fp8 convert`."
+        )
+    if qc.get("quant_method") != "hpu_fp8":
+        hint = (
+            " It looks like a checkpoint of FastDeploy's legacy converter; bring it in with `hpu-fp8 import-legacy`."
+            if qc.get("quantization") == "mix_quant"
+            else ""
+        )
+        raise NotHpuFp8CheckpointError(
+            f"{source}: quantization_config.quant_method is {qc.get('quant_method')!r}, not 'hpu_fp8'.{hint}"
+        )
+    version = qc.get("format_version")
+    if version != FORMAT_VERSION or isinstance(version, bool):
+        raise UnsupportedFormatVersionError(
+            f"{source}: format_version is {version!r}, but this reader implements format_version {FORMAT_VERSION} "
+            "only; upgrade hpu-fp8-loader or convert the checkpoint again."
+        )
+    try:
+        return QuantizationConfig.model_validate(qc)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: quantization_config: {_format_validation_error(exc)}") from None
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    numbers = []
+    for part in str(text).split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        numbers.append(int(digits))
+    return tuple(numbers)
+
+
+def fastdeploy_config_problems(config: dict) -> list[str]:
+    """Why FastDeploy's Paddle-format path would not accept this config.json (contract section 11.1)."""
+    problems = []
+    if "dtype" not in config:
+        problems.append("config.json has no 'dtype': FastDeploy needs it to treat the checkpoint as Paddle format")
+    if "torch_dtype" in config:
+        problems.append("config.json has 'torch_dtype': FastDeploy would treat the checkpoint as torch format")
+    version = config.get("transformers_version")
+    if version is not None and _version_tuple(version) > (4, 56, 0):
+        problems.append(f"config.json has transformers_version {version} > 4.56.0: FastDeploy would treat it as torch format")
+    model_type = config.get("model_type")
+    expected = FASTDEPLOY_ARCHITECTURES.get(model_type)
+    if expected is None:
+        problems.append(f"config.json model_type {model_type!r} is not one FastDeploy's HPU FP8 path serves")
+    elif config.get("architectures") != [expected]:
+        problems.append(f"config.json architectures is {config.get('architectures')!r}; FastDeploy registers [{expected!r}]")
+    return problems

@@ -1,0 +1,113 @@
+"""Tensor and module names of the spec, and FastDeploy's measurement keys for the same points.
+
+Everything else asks this module for a name ("the act_amax tensor of this module") instead of
+building strings itself.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "WEIGHT",
+    "WEIGHT_SCALE",
+    "ACT_SCALE",
+    "ACT_AMAX",
+    "BIAS",
+    "ATTENTION_POINTS",
+    "tensor",
+    "layer",
+    "attention_point",
+    "expert",
+    "shared_expert_input",
+    "MODULE_PATTERN",
+    "is_act_module",
+    "module_from_fastdeploy_key",
+    "fastdeploy_key_from_module",
+    "expert_tokens_key",
+]
+
+WEIGHT = "weight"
+WEIGHT_SCALE = "weight_scale"
+ACT_SCALE = "act_scale"
+ACT_AMAX = "act_amax"
+BIAS = "bias"
+
+# Spec point name -> FastDeploy measurement-mode module name (contract section 9.2).
+ATTENTION_POINTS = {"cache_k": "cachek_matmul", "cache_v": "cachev_matmul", "q": "q_matmul", "s": "s_matmul"}
+_FASTDEPLOY_POINTS = {fd: spec for spec, fd in ATTENTION_POINTS.items()}
+_FASTDEPLOY_SUFFIX = ".activation_scale"
+
+
+def tensor(module: str, suffix: str) -> str:
+    """``module.suffix``: the one way a tensor name is formed from a module name."""
+    return f"{module}.{suffix}"
+
+
+def layer(prefix: str, index: int) -> str:
+    return f"{prefix}.layers.{index}"
+
+
+def attention_point(prefix: str, index: int, point: str) -> str:
+    """Activation point of the attention (``cache_k``, ``cache_v``, ``q``, ``s``) of a layer."""
+    if point not in ATTENTION_POINTS:
+        raise ValueError(f"unknown attention point {point!r}")
+    return f"{layer(prefix, index)}.self_attn.{point}"
+
+
+def expert(prefix: str, index: int, expert_id: int, projection: str) -> str:
+    return f"{layer(prefix, index)}.mlp.experts.{expert_id}.{projection}"
+
+
+def shared_expert_input(prefix: str, index: int) -> str:
+    """The one input point all routed experts of a layer share (their up_gate act scale)."""
+    return f"{layer(prefix, index)}.mlp.experts.up_gate_proj"
+
+
+def expert_tokens_key(prefix: str, index: int, expert_id: int) -> str:
+    return f"{layer(prefix, index)}.mlp.experts.{expert_id}"
+
+
+# Module names that carry an act_amax / act_scale.
+MODULE_PATTERN = re.compile(
+    r"^(?P<prefix>[a-z0-9_]+)\.layers\.(?P<layer>\d+)\."
+    r"(?:self_attn\.(?:qkv_proj|o_proj|cache_k|cache_v|q|s)"
+    r"|mlp\.(?:up_gate_proj|down_proj|shared_experts\.(?:up_gate_proj|down_proj)"
+    r"|experts\.up_gate_proj|experts\.(?P<expert>\d+)\.down_proj))$"
+)
+
+
+def is_act_module(name: str) -> bool:
+    return MODULE_PATTERN.match(name) is not None
+
+
+def module_from_fastdeploy_key(key: str) -> str:
+    """Spec module for a FastDeploy measurement-mode key (contract section 9.2).
+
+    ``P.self_attn.cachek_matmul.activation_scale`` -> ``P.self_attn.cache_k``; linears keep their
+    module name. The optional per-expert up_gate keys (``P.mlp.experts.{e}.up_gate_proj``, written
+    only for w4a8-style checkpoints) map to the shared input ``P.mlp.experts.up_gate_proj``, where
+    the converter merges them by max. Raises ValueError for any other key.
+    """
+    if not key.endswith(_FASTDEPLOY_SUFFIX):
+        raise ValueError(f"{key!r} does not end in {_FASTDEPLOY_SUFFIX}")
+    module = key[: -len(_FASTDEPLOY_SUFFIX)]
+    head, _, last = module.rpartition(".")
+    if head.endswith(".self_attn") and last in _FASTDEPLOY_POINTS:
+        module = f"{head}.{_FASTDEPLOY_POINTS[last]}"
+    per_expert_input = re.match(r"^(.*\.mlp\.experts)\.\d+\.up_gate_proj$", module)
+    if per_expert_input:
+        module = f"{per_expert_input.group(1)}.up_gate_proj"
+    if not is_act_module(module):
+        raise ValueError(f"{key!r} is not a FastDeploy measurement key this format knows")
+    return module
+
+
+def fastdeploy_key_from_module(module: str) -> str:
+    """Inverse of :func:`module_from_fastdeploy_key` for spec modules."""
+    if not is_act_module(module):
+        raise ValueError(f"{module!r} is not a spec activation module")
+    head, _, last = module.rpartition(".")
+    if head.endswith(".self_attn") and last in ATTENTION_POINTS:
+        module = f"{head}.{ATTENTION_POINTS[last]}"
+    return module + _FASTDEPLOY_SUFFIX

@@ -1,0 +1,194 @@
+"""Deterministic random-init BF16 checkpoints of either architecture in either source layout.
+
+Every later test and demo starts from real files made this way. A tensor's values depend only on
+the seed and its spec name, so the Paddle and the torch layout of the same model hold the same
+numbers (transposed and split): a converter must produce identical output from both.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from .arch import Layout, Role, WeightTensor, describe
+from .errors import ConfigError
+from .spec.config import AmaxSourceKind
+from .spec.measurements import MeasurementProvenance, Measurements, ModelIdentity
+from .io.writer import PlannedTensor, ShardWriter, atomic_output_dir, plan_shards, write_index
+
+__all__ = ["PRESETS", "preset_config", "synthesize", "weight_values", "synthetic_measurements"]
+
+_ERNIE_MOE_TINY = {
+    "model_type": "ernie4_5_moe",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 512,
+    "moe_num_experts": 4,
+    "moe_k": 2,
+    "moe_intermediate_size": 32,
+    "moe_num_shared_experts": 1,
+    "moe_layer_start_index": 1,
+    "moe_layer_end_index": 2,
+    "moe_layer_interval": 1,
+    "moe_use_aux_free": True,
+    "tie_word_embeddings": True,
+    "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 4096,
+    "hidden_act": "silu",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+PRESETS: dict[str, dict] = {
+    "ernie-moe-tiny": _ERNIE_MOE_TINY,
+    "ernie-dense-tiny": {
+        **{k: v for k, v in _ERNIE_MOE_TINY.items() if not k.startswith("moe_")},
+        "model_type": "ernie4_5",
+        "num_hidden_layers": 2,
+    },
+    "qwen2-tiny": {
+        "model_type": "qwen2",
+        "hidden_size": 64,
+        "intermediate_size": 160,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 512,
+        "tie_word_embeddings": False,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096,
+        "hidden_act": "silu",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
+}
+_HF_ARCHITECTURES = {"ernie4_5_moe": "Ernie4_5_MoeForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_OUTLIER_FRACTION = 1e-4
+
+
+def preset_config(preset: str, overrides: dict | None = None) -> dict:
+    """A preset's config with overrides applied (unknown presets name the known ones)."""
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+    return {**PRESETS[preset], **(overrides or {})}
+
+
+def weight_values(weight: WeightTensor, seed: int) -> np.ndarray:
+    """The float32 values of one weight in the spec's layout, a pure function of (seed, name)."""
+    rng = np.random.default_rng([seed, zlib.crc32(weight.name.encode())])
+    shape = weight.shape
+    if weight.role is Role.NORM:
+        return (1.0 + 0.05 * rng.standard_normal(shape, np.float32)).astype(np.float32)
+    if weight.role is Role.ROUTER_BIAS:
+        return (0.01 * rng.standard_normal(shape, np.float32)).astype(np.float32)
+    if weight.role is Role.ATTN_QKV_BIAS:
+        return (0.05 * rng.standard_normal(shape, np.float32)).astype(np.float32)
+    values = rng.standard_normal(shape, np.float32)
+    values *= np.float32(0.02)
+    if weight.is_linear or weight.role in (Role.EMBEDDING, Role.LM_HEAD):
+        flat = values.reshape(-1)
+        count = max(1, int(flat.size * _OUTLIER_FRACTION))
+        where = rng.choice(flat.size, size=count, replace=False)
+        flat[where] *= rng.uniform(8.0, 20.0, size=count).astype(np.float32)
+    return values
+
+
+def _source_arrays(weight: WeightTensor, layout: Layout, prefix: str, seed: int):
+    """(name, array) of the source tensors for one weight, in the source dtype."""
+    values = weight_values(weight, seed)
+    dtype = np.float32 if weight.source_dtype == "F32" else ml_dtypes.bfloat16
+    parts = weight.source_parts(layout, prefix)
+    offset = 0
+    for part in parts:
+        width = part.shape[0] if part.transpose else part.shape[-1]
+        piece = values[..., offset : offset + width] if len(parts) > 1 else values
+        offset += width
+        if part.transpose:
+            piece = piece.T
+        yield part.name, np.ascontiguousarray(piece.astype(dtype))
+
+
+def _source_config(config: dict, layout: Layout) -> dict:
+    out = {"architectures": [_HF_ARCHITECTURES[config["model_type"]]], **config}
+    if layout is Layout.PADDLE:
+        out["dtype"] = "bfloat16"
+    else:
+        out["torch_dtype"] = "bfloat16"
+        out["transformers_version"] = "5.24.0"
+    return out
+
+
+def synthesize(
+    out: str | Path,
+    config: dict,
+    layout: Layout = Layout.PADDLE,
+    seed: int = 0,
+    max_shard_bytes: int = 5 * 10**9,
+    force: bool = False,
+    progress=None,
+) -> Path:
+    """Write a BF16 source checkpoint of ``config`` to ``out``; returns the directory.
+
+    ``progress`` (optional) is called with the byte count of each tensor written.
+    """
+    layout = Layout(layout)
+    descriptor = describe(config)
+    weights = descriptor.weights()
+    planned = [
+        PlannedTensor(part.name, w.source_dtype, part.shape)
+        for w in weights
+        for part in w.source_parts(layout, descriptor.prefix)
+    ]
+    shards = plan_shards(planned, max_shard_bytes)
+    with atomic_output_dir(out, force=force) as staging:
+        queue = iter(weights)
+        pending: list[tuple[str, np.ndarray]] = []
+        for shard in shards:
+            writer = ShardWriter(staging, shard, metadata={"format": "pt" if layout is Layout.TORCH else "pd"})
+            for planned_tensor in shard.tensors:
+                if not pending:
+                    pending = list(_source_arrays(next(queue), layout, descriptor.prefix, seed))
+                name, array = pending.pop(0)
+                writer.add(name, array)
+                if progress:
+                    progress(array.nbytes)
+            writer.close()
+        write_index(staging, shards)
+        (staging / "config.json").write_text(json.dumps(_source_config(config, layout), indent=2) + "\n")
+        generation = {"bos_token_id": config.get("bos_token_id"), "eos_token_id": config.get("eos_token_id")}
+        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    return Path(out)
+
+
+def synthetic_measurements(config: dict, seed: int = 0) -> Measurements:
+    """Plausible made-up activation amax for every act point of the model, labelled ``synthetic``.
+
+    Only for tests and demos of the converter before a calibration exists; the provenance says so,
+    and so does every checkpoint converted from it.
+    """
+    descriptor = describe(config)
+    rng = np.random.default_rng([seed, 0x5EED])
+    amax = {}
+    for module in descriptor.act_modules(attention_fp8=True):
+        if module.endswith(".self_attn.s"):
+            amax[module] = 1.0
+        elif ".experts." in module and module.endswith("down_proj"):
+            amax[module] = float(rng.uniform(0.5, 5.0))
+        else:
+            amax[module] = float(rng.uniform(2.0, 20.0))
+    experts = descriptor.moe.num_experts if descriptor.moe else 0
+    return Measurements(
+        provenance=MeasurementProvenance(kind=AmaxSourceKind.SYNTHETIC, tool="hpu-fp8 synth", dataset=f"seed {seed}"),
+        model=ModelIdentity(model_type=descriptor.model_type, num_hidden_layers=descriptor.num_layers, moe_num_experts=experts),
+        amax=amax,
+    )
