@@ -48,6 +48,12 @@ class ConvertOptions:
     max_shard_bytes: int = 5 * 10**9
     force: bool = False
 
+    def __post_init__(self) -> None:
+        # Accept the plain strings the CLI and Python callers pass ("gaudi2", "fp8", "pow2").
+        object.__setattr__(self, "target", Target(self.target))
+        object.__setattr__(self, "kv_cache", KvCacheScheme(self.kv_cache))
+        object.__setattr__(self, "scale_rounding", ScaleRounding(self.scale_rounding))
+
     @property
     def fp8_max(self) -> float:
         return FP8_MAX_BY_TARGET[self.target]

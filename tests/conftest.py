@@ -1,0 +1,73 @@
+"""Shared fixtures: real checkpoints made by `synth` and `convert`, never hand-written stand-ins."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hpu_fp8_loader.convert import ConvertOptions, convert
+from hpu_fp8_loader.io.safetensors_file import read_header
+from hpu_fp8_loader.synth import preset_config, synthesize, synthetic_measurements
+
+PRESETS = ("ernie-moe-tiny", "ernie-dense-tiny", "qwen2-tiny")
+
+
+@pytest.fixture(scope="session")
+def source_factory(tmp_path_factory):
+    """(preset, layout) -> a synthesized BF16 source checkpoint, built once per session."""
+    made: dict[tuple[str, str], Path] = {}
+
+    def make(preset: str = "ernie-moe-tiny", layout: str = "paddle") -> Path:
+        key = (preset, layout)
+        if key not in made:
+            out = tmp_path_factory.mktemp("src") / f"{preset}-{layout}"
+            synthesize(out, preset_config(preset), layout, seed=7, max_shard_bytes=64_000)
+            made[key] = out
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def spec_factory(tmp_path_factory, source_factory):
+    """(preset, kv_cache) -> a converted hpu-fp8 checkpoint, built once per session. Treat as read-only."""
+    made: dict[tuple[str, str], Path] = {}
+
+    def make(preset: str = "ernie-moe-tiny", kv_cache: str = "fp8") -> Path:
+        key = (preset, kv_cache)
+        if key not in made:
+            out = tmp_path_factory.mktemp("spec") / f"{preset}-{kv_cache}"
+            options = ConvertOptions(kv_cache=kv_cache, max_shard_bytes=64_000)
+            convert(source_factory(preset), out, [synthetic_measurements(preset_config(preset))], options)
+            made[key] = out
+        return made[key]
+
+    return make
+
+
+@pytest.fixture
+def spec_copy(tmp_path, spec_factory):
+    """A private copy of the default spec checkpoint that a test may damage."""
+
+    def make(preset: str = "ernie-moe-tiny", kv_cache: str = "fp8") -> Path:
+        target = tmp_path / "ckpt"
+        shutil.copytree(spec_factory(preset, kv_cache), target)
+        return target
+
+    return make
+
+
+def overwrite_tensor_bytes(root: Path, name: str, data: bytes) -> Path:
+    """Replace the bytes of one tensor in place (same length); returns the shard path."""
+    for shard in sorted(root.glob("*.safetensors")):
+        tensors, _ = read_header(shard)
+        if name in tensors:
+            info = tensors[name]
+            assert len(data) == info.nbytes
+            with open(shard, "r+b") as f:
+                f.seek(info.begin)
+                f.write(data)
+            return shard
+    raise KeyError(name)
