@@ -89,7 +89,7 @@ def validate(directory: Path, quick: bool, as_json: bool, quiet: bool) -> None:
     from .validate import validate as run_validation
 
     try:
-        with _bar(0, "scanning weights", quiet or quick) as bar:
+        with _bar(0, "scanning weights", quiet or quick or as_json) as bar:
             report = run_validation(directory, full=not quick, progress=bar.update)
     except HpuFp8Error as exc:
         if as_json:

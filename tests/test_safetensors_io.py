@@ -1,0 +1,167 @@
+"""Our safetensors reader and streaming writer, with the safetensors library as the oracle."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from hpu_fp8_loader.errors import CheckpointIndexError, SafetensorsFormatError, UnsafePathError
+from hpu_fp8_loader.io.checkpoint import Checkpoint, safe_member
+from hpu_fp8_loader.io.safetensors_file import SafetensorsFile, dtype_name, read_header
+from hpu_fp8_loader.io.writer import PlannedTensor, ShardWriter, plan_shards
+
+np.float8_e4m3fn = ml_dtypes.float8_e4m3fn  # safetensors issue 682: its numpy path needs this alias
+
+
+def _arrays():
+    rng = np.random.default_rng(0)
+    return {
+        "a.weight": rng.standard_normal((5, 7)).astype(ml_dtypes.bfloat16),
+        "b.weight": np.clip(rng.standard_normal((3, 4)) * 50, -240, 240).astype(ml_dtypes.float8_e4m3fn),
+        "b.weight_scale": np.array([0.5], np.float32),
+        "c.transposed": np.asfortranarray(rng.standard_normal((4, 6)).astype(np.float32)),
+    }
+
+
+def _write(tmp_path, arrays, max_bytes=10**9):
+    planned = [PlannedTensor(n, dtype_name(a.dtype), a.shape) for n, a in arrays.items()]
+    shards = plan_shards(planned, max_bytes)
+    for shard in shards:
+        writer = ShardWriter(tmp_path, shard, metadata={"format": "pd"})
+        for t in shard.tensors:
+            writer.add(t.name, arrays[t.name])
+        writer.close()
+    return shards
+
+
+def test_streaming_writer_output_reads_back_identically_through_the_library(tmp_path):
+    arrays = _arrays()
+    shards = _write(tmp_path, arrays)
+    with safe_open(tmp_path / shards[0].file_name, framework="numpy") as f:
+        assert f.metadata() == {"format": "pd"}
+        for name, array in arrays.items():
+            got = f.get_tensor(name)
+            assert got.dtype == array.dtype
+            np.testing.assert_array_equal(got.view(np.uint8), np.ascontiguousarray(array).view(np.uint8))
+
+
+def test_non_contiguous_arrays_are_written_in_logical_order(tmp_path):
+    arrays = _arrays()
+    shards = _write(tmp_path, arrays)
+    got = SafetensorsFile(tmp_path / shards[0].file_name).get("c.transposed")
+    np.testing.assert_array_equal(got, arrays["c.transposed"])
+
+
+def test_our_reader_reads_library_files_zero_copy_and_read_only(tmp_path):
+    arrays = {k: np.ascontiguousarray(v) for k, v in _arrays().items()}
+    save_file(arrays, tmp_path / "x.safetensors")
+    f = SafetensorsFile(tmp_path / "x.safetensors")
+    for name, array in arrays.items():
+        got = f.get(name)
+        np.testing.assert_array_equal(got.view(np.uint8), array.view(np.uint8))
+        assert not got.flags.writeable
+
+
+def test_shards_are_named_with_the_exact_count_and_respect_the_limit(tmp_path):
+    planned = [PlannedTensor(f"t{i}", "F32", (100,)) for i in range(10)]
+    shards = plan_shards(planned, 1000)
+    assert [s.file_name for s in shards][-1] == "model-00005-of-00005.safetensors"
+    assert all(s.nbytes <= 1000 for s in shards)
+
+
+@pytest.fixture
+def good_file(tmp_path):
+    save_file({"x": np.arange(16, dtype=np.float32), "y": np.ones(4, np.float32)}, tmp_path / "g.safetensors")
+    return tmp_path / "g.safetensors"
+
+
+def test_truncated_file_is_named(good_file):
+    data = good_file.read_bytes()
+    good_file.write_bytes(data[:-8])
+    with pytest.raises(SafetensorsFormatError, match=r"g\.safetensors.*truncated"):
+        read_header(good_file)
+
+
+def test_file_shorter_than_the_length_prefix(good_file):
+    good_file.write_bytes(b"\x01\x02")
+    with pytest.raises(SafetensorsFormatError, match="too short"):
+        read_header(good_file)
+
+
+def test_header_length_beyond_the_file(good_file):
+    data = bytearray(good_file.read_bytes())
+    data[:8] = struct.pack("<Q", 10**6)
+    good_file.write_bytes(bytes(data))
+    with pytest.raises(SafetensorsFormatError, match="header claims 1000000 bytes"):
+        read_header(good_file)
+
+
+def _rewrite_header(path, edit):
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    edit(header)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n :])
+
+
+def test_offsets_beyond_the_end_of_the_file(good_file):
+    _rewrite_header(good_file, lambda h: h["y"].update(data_offsets=[64, 64 + 16 * 100], shape=[400]))
+    with pytest.raises(SafetensorsFormatError, match="tensor 'y' ends at byte .* \\(truncated\\)"):
+        read_header(good_file)
+
+
+def test_offsets_that_do_not_match_the_shape(good_file):
+    _rewrite_header(good_file, lambda h: h["x"].update(shape=[15]))
+    with pytest.raises(SafetensorsFormatError, match="tensor 'x': 64 bytes for shape \\[15\\]"):
+        read_header(good_file)
+
+
+def test_overlapping_tensors(good_file):
+    _rewrite_header(good_file, lambda h: h["y"].update(data_offsets=[0, 16]))
+    with pytest.raises(SafetensorsFormatError, match="overlaps"):
+        read_header(good_file)
+
+
+def test_unknown_dtype_and_non_json_header(good_file):
+    _rewrite_header(good_file, lambda h: h["y"].update(dtype="F4"))
+    with pytest.raises(SafetensorsFormatError, match="unknown dtype 'F4'"):
+        read_header(good_file)
+    data = bytearray(good_file.read_bytes())
+    data[8:12] = b"\xff\xfe{{"
+    good_file.write_bytes(bytes(data))
+    with pytest.raises(SafetensorsFormatError, match="not valid JSON"):
+        read_header(good_file)
+
+
+@pytest.mark.parametrize("entry", ["../outside.safetensors", "/etc/passwd", "a/../../b.safetensors", "..\\x.safetensors"])
+def test_index_entries_outside_the_directory_are_refused(tmp_path, entry):
+    with pytest.raises(UnsafePathError, match="inside the checkpoint|climbs out|outside"):
+        safe_member(tmp_path, entry)
+
+
+def test_symlink_escaping_the_directory_is_refused(tmp_path):
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    (tmp_path / "secret.safetensors").write_bytes(b"x")
+    os.symlink(tmp_path / "secret.safetensors", root / "model.safetensors")
+    with pytest.raises(UnsafePathError, match="outside the checkpoint"):
+        safe_member(root, "model.safetensors")
+
+
+def test_checkpoint_open_checks_index_against_shards(spec_copy):
+    root = spec_copy()
+    index = json.loads((root / "model.safetensors.index.json").read_text())
+    name = next(iter(index["weight_map"]))
+    index["weight_map"]["ghost.weight"] = index["weight_map"][name]
+    (root / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointIndexError, match="'ghost.weight'"):
+        Checkpoint.open(root)
