@@ -77,7 +77,11 @@ def main() -> None:
 
 @main.command()
 @click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--quick", is_flag=True, help="Check headers, scales, index and file sizes only (seconds on any size); skip the weight scan and sha256.")
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="Check headers, scales, index and file sizes only (seconds on any size); skip the weight scan and sha256.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def validate(directory: Path, quick: bool, as_json: bool, quiet: bool) -> None:
@@ -120,31 +124,58 @@ def inspect(directory: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
         return
+    _print_inspection(result)
+
+
+def _print_inspection(result) -> None:
     click.echo(
         f"{result.root}: {result.model_type}, {result.layers} layers"
         + (f" ({len(result.moe_layers)} MoE, {result.experts} experts)" if result.experts else "")
         + f"; fp8_max {result.fp8_max:g} ({result.target}); KV cache {result.kv_cache_scheme}; {result.total_bytes / 2**20:.1f} MiB"
     )
-    click.echo(f"{'role':<16}{'tensors':>8}{'MiB':>10}  {'dtypes':<14}{'weight scale min/med/max':<32}{'act scale min/med/max':<32}{'saturated':>10}")
+    click.echo(
+        f"{'role':<16}{'tensors':>8}{'MiB':>10}  {'dtypes':<14}{'weight scale min/med/max':<32}{'act scale min/med/max':<32}{'at ±max':>10}"
+    )
 
     def fmt(stats: dict | None) -> str:
         return "-" if stats is None else f"{stats['min']:.3g}/{stats['median']:.3g}/{stats['max']:.3g}"
 
     for role, s in result.roles.items():
         sat = "-" if s.saturated_share is None else f"{100 * s.saturated_share:.4f}%"
-        click.echo(f"{role:<16}{s.tensors:>8}{s.bytes / 2**20:>10.2f}  {','.join(s.dtypes):<14}{fmt(s.weight_scale):<32}{fmt(s.act_scale):<32}{sat:>10}")
+        click.echo(
+            f"{role:<16}{s.tensors:>8}{s.bytes / 2**20:>10.2f}  {','.join(s.dtypes):<14}{fmt(s.weight_scale):<32}{fmt(s.act_scale):<32}{sat:>10}"
+        )
 
 
 @main.command()
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option("--preset", default="ernie-moe-tiny", show_default=True, help="Model size preset: ernie-moe-tiny, ernie-dense-tiny, qwen2-tiny.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config.json key (JSON value), e.g. --set hidden_size=256. Repeatable.")
-@click.option("--layout", type=click.Choice([l.value for l in Layout]), default="paddle", show_default=True, help="paddle: FastDeploy's fused [in, out] names; torch: Hugging Face [out, in], separate q/k/v and gate/up.")
+@click.option(
+    "--preset",
+    default="ernie-moe-tiny",
+    show_default=True,
+    help="Model size preset: ernie-moe-tiny, ernie-dense-tiny, qwen2-tiny.",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a config.json key (JSON value), e.g. --set hidden_size=256. Repeatable.",
+)
+@click.option(
+    "--layout",
+    type=click.Choice([layout.value for layout in Layout]),
+    default="paddle",
+    show_default=True,
+    help="paddle: FastDeploy's fused [in, out] names; torch: Hugging Face [out, in], separate q/k/v and gate/up.",
+)
 @click.option("--seed", default=0, show_default=True, help="Values depend only on the seed and the tensor's name.")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest shard file.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-def synth(out: Path, preset: str, overrides: tuple[str, ...], layout: str, seed: int, max_shard_size: str, force: bool, quiet: bool) -> None:
+def synth(
+    out: Path, preset: str, overrides: tuple[str, ...], layout: str, seed: int, max_shard_size: str, force: bool, quiet: bool
+) -> None:
     """Write a deterministic random-init BF16 source checkpoint to OUT."""
     from .arch import describe
     from .synth import preset_config, synthesize
@@ -160,26 +191,83 @@ def synth(out: Path, preset: str, overrides: tuple[str, ...], layout: str, seed:
 @main.command()
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option("--measurements", "measurement_files", multiple=True, required=True, type=click.Path(path_type=Path), help="hpu-fp8 measurement file (JSON); repeat to merge several by max.")
-@click.option("--target", type=click.Choice(["gaudi2", "gaudi3"]), default="gaudi2", show_default=True, help="gaudi2: FP8 range ±240 (what FastDeploy serves); gaudi3: ±448.")
-@click.option("--kv-cache", type=click.Choice(["fp8", "none"]), default="fp8", show_default=True, help="fp8: fp8 KV cache and fp8 attention; none: attention stays BF16 (safer for Qwen2).")
-@click.option("--scale-rounding", type=click.Choice(["none", "pow2"]), default="none", show_default=True, help="pow2 rounds every scale up to a power of two.")
+@click.option(
+    "--measurements",
+    "measurement_files",
+    multiple=True,
+    required=True,
+    type=click.Path(path_type=Path),
+    help="hpu-fp8 measurement file (JSON); repeat to merge several by max.",
+)
+@click.option(
+    "--target",
+    type=click.Choice(["gaudi2", "gaudi3"]),
+    default="gaudi2",
+    show_default=True,
+    help="gaudi2: FP8 range ±240 (what FastDeploy serves); gaudi3: ±448.",
+)
+@click.option(
+    "--kv-cache",
+    type=click.Choice(["fp8", "none"]),
+    default="fp8",
+    show_default=True,
+    help="fp8: fp8 KV cache and fp8 attention; none: attention stays BF16 (safer for Qwen2).",
+)
+@click.option(
+    "--scale-rounding",
+    type=click.Choice(["none", "pow2"]),
+    default="none",
+    show_default=True,
+    help="pow2 rounds every scale up to a power of two.",
+)
 @click.option("--max-shard-size", default="5GB", show_default=True)
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-def convert(src: Path, out: Path, measurement_files: tuple[Path, ...], target: str, kv_cache: str, scale_rounding: str, max_shard_size: str, force: bool, quiet: bool) -> None:
+def convert(
+    src: Path,
+    out: Path,
+    measurement_files: tuple[Path, ...],
+    target: str,
+    kv_cache: str,
+    scale_rounding: str,
+    max_shard_size: str,
+    force: bool,
+    quiet: bool,
+) -> None:
     """Convert the BF16 checkpoint SRC into an hpu-fp8 v1 checkpoint at OUT (single process)."""
     from .convert import ConvertOptions
     from .convert import convert as run_convert
     from .spec.config import KvCacheScheme, ScaleRounding, Target
     from .spec.measurements import read_measurements
 
-    options = ConvertOptions(Target(target), KvCacheScheme(kv_cache), ScaleRounding(scale_rounding), _parse_size(max_shard_size), force)
+    options = ConvertOptions(
+        Target(target), KvCacheScheme(kv_cache), ScaleRounding(scale_rounding), _parse_size(max_shard_size), force
+    )
     with _errors():
         measurements = [read_measurements(p) for p in measurement_files]
         with _bar(0, "convert", quiet) as bar:
             run_convert(src, out, measurements, options, progress=bar.update)
     click.echo(f"{out}: hpu-fp8 v1 checkpoint ({target}, KV cache {kv_cache})")
+
+
+@main.command()
+@click.option(
+    "--out",
+    "work_dir",
+    default="hpu-fp8-demo",
+    show_default=True,
+    type=click.Path(path_type=Path),
+    help="Working directory (replaced on each run).",
+)
+@click.option("--preset", default="ernie-moe-tiny", show_default=True, help="Which tiny model to build.")
+def demo(work_dir: Path, preset: str) -> None:
+    """Run the main job on the embedded default: a tiny model built here, converted, validated, inspected."""
+    from .demo import run_demo
+
+    with _errors():
+        result = run_demo(work_dir, preset, say=click.echo)
+    _print_inspection(result.inspection)
+    sys.exit(0 if result.report.valid else EXIT_INVALID)
 
 
 @main.command()

@@ -35,7 +35,7 @@ from .spec.config import (
 )
 from .spec.measurements import Measurements
 
-__all__ = ["ConvertOptions", "detect_layout", "merge_measurements", "convert"]
+__all__ = ["ConvertOptions", "convert", "detect_layout", "merge_measurements"]
 
 _NOT_COPIED = {CONFIG_FILE, INDEX_FILE, MANIFEST_FILE}
 
@@ -105,7 +105,9 @@ def merge_measurements(
     for i, m in enumerate(measurements):
         ident = m.model
         if (ident.model_type, ident.num_hidden_layers, ident.moe_num_experts) != (
-            descriptor.model_type, descriptor.num_layers, experts,
+            descriptor.model_type,
+            descriptor.num_layers,
+            experts,
         ):
             raise MeasurementError(
                 f"measurements #{i + 1} were taken on {ident.model_type} with {ident.num_hidden_layers} layers and "
@@ -235,7 +237,12 @@ def convert(
         write_index(staging, shards)
         (staging / CONFIG_FILE).write_text(json.dumps(_output_config(checkpoint.config, descriptor, qc), indent=2) + "\n")
         for extra in sorted(src.iterdir()):
-            if extra.is_file() and extra.suffix != ".safetensors" and extra.name not in _NOT_COPIED and not extra.name.startswith("."):
+            if (
+                extra.is_file()
+                and extra.suffix != ".safetensors"
+                and extra.name not in _NOT_COPIED
+                and not extra.name.startswith(".")
+            ):
                 shutil.copyfile(extra, staging / extra.name)
         write_manifest(staging, digests)
     return out

@@ -7,18 +7,18 @@ names the file, tensor or key at fault and, where there is one, what to do next.
 from __future__ import annotations
 
 __all__ = [
-    "HpuFp8Error",
+    "CheckpointIndexError",
     "CheckpointNotFoundError",
     "ConfigError",
-    "NotHpuFp8CheckpointError",
-    "UnsupportedFormatVersionError",
-    "UnknownArchitectureError",
-    "SafetensorsFormatError",
-    "UnsafePathError",
-    "CheckpointIndexError",
-    "NonFiniteError",
+    "HpuFp8Error",
     "MeasurementError",
+    "NonFiniteError",
+    "NotHpuFp8CheckpointError",
     "OutputExistsError",
+    "SafetensorsFormatError",
+    "UnknownArchitectureError",
+    "UnsafePathError",
+    "UnsupportedFormatVersionError",
 ]
 
 

@@ -14,7 +14,7 @@ from .io.checkpoint import Checkpoint
 from .spec import names
 from .spec.config import parse_quantization_config
 
-__all__ = ["RoleSummary", "Inspection", "inspect_checkpoint"]
+__all__ = ["Inspection", "RoleSummary", "inspect_checkpoint"]
 
 
 @dataclass

@@ -17,6 +17,7 @@ in cache-sized chunks makes this pure-numpy path faster than ``ml_dtypes.astype`
 from __future__ import annotations
 
 import functools
+import itertools
 from concurrent.futures import ThreadPoolExecutor
 
 import ml_dtypes
@@ -25,22 +26,22 @@ import numpy as np
 from .errors import NonFiniteError
 
 __all__ = [
-    "FP8_DTYPE",
     "BF16_DTYPE",
+    "FP8_DTYPE",
     "GAUDI2_FP8_MAX",
     "GAUDI3_FP8_MAX",
     "abs_max",
-    "channel_abs_max",
-    "scale_from_amax",
-    "round_up_to_bf16",
-    "round_up_to_pow2",
-    "is_bf16_exact",
-    "weight_scale_from_amax",
     "act_scale_from_amax",
     "cast_to_fp8",
-    "quantize",
+    "channel_abs_max",
     "dequantize",
+    "is_bf16_exact",
     "max_code",
+    "quantize",
+    "round_up_to_bf16",
+    "round_up_to_pow2",
+    "scale_from_amax",
+    "weight_scale_from_amax",
 ]
 
 FP8_DTYPE = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -228,8 +229,16 @@ def _cast_rows(
         np.take(table, w, out=codes)
         nan_like = (codes & 0x7F) == _FP8_NAN_MAGNITUDE
         if nan_like.any():
-            _resolve_nan_codes(rows[start:stop].reshape(-1), scaled, codes, nan_like, max_code(float(table_max)),
-                               name, shape, (row_offset + start) * width)
+            _resolve_nan_codes(
+                rows[start:stop].reshape(-1),
+                scaled,
+                codes,
+                nan_like,
+                max_code(float(table_max)),
+                name,
+                shape,
+                (row_offset + start) * width,
+            )
 
 
 def _resolve_nan_codes(src, scaled, codes, nan_like, saturated_code, name, shape, flat_offset) -> None:
@@ -280,7 +289,7 @@ def quantize(
         with ThreadPoolExecutor(threads) as pool:
             jobs = [
                 pool.submit(_cast_rows, rows[a:b], divisor, table, float(fp8_max), out[a:b], name, x.shape, int(a))
-                for a, b in zip(bounds[:-1], bounds[1:])
+                for a, b in itertools.pairwise(bounds)
                 if b > a
             ]
             for job in jobs:

@@ -16,11 +16,11 @@ import numpy as np
 
 from .arch import Layout, Role, WeightTensor, describe
 from .errors import ConfigError
+from .io.writer import PlannedTensor, ShardWriter, atomic_output_dir, plan_shards, write_index
 from .spec.config import AmaxSourceKind
 from .spec.measurements import MeasurementProvenance, Measurements, ModelIdentity
-from .io.writer import PlannedTensor, ShardWriter, atomic_output_dir, plan_shards, write_index
 
-__all__ = ["PRESETS", "preset_config", "synthesize", "weight_values", "synthetic_measurements"]
+__all__ = ["PRESETS", "preset_config", "synthesize", "synthetic_measurements", "weight_values"]
 
 _ERNIE_MOE_TINY = {
     "model_type": "ernie4_5_moe",
@@ -155,7 +155,7 @@ def synthesize(
         pending: list[tuple[str, np.ndarray]] = []
         for shard in shards:
             writer = ShardWriter(staging, shard, metadata={"format": "pt" if layout is Layout.TORCH else "pd"})
-            for planned_tensor in shard.tensors:
+            for _ in shard.tensors:
                 if not pending:
                     pending = list(_source_arrays(next(queue), layout, descriptor.prefix, seed))
                 name, array = pending.pop(0)

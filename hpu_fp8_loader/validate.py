@@ -22,7 +22,7 @@ from .io.safetensors_file import SafetensorsFile, TensorInfo
 from .spec import names
 from .spec.config import KvCacheScheme, QuantizationConfig, ScaleRounding, fastdeploy_config_problems, parse_quantization_config
 
-__all__ = ["Violation", "ValidationReport", "expected_tensors", "validate"]
+__all__ = ["ValidationReport", "Violation", "expected_tensors", "validate"]
 
 # Elements of an fp8 weight checked per step of the full scan.
 _SCAN_CHUNK = 1 << 24
@@ -112,21 +112,33 @@ def _scalar(files: dict[Path, SafetensorsFile], info: TensorInfo) -> np.ndarray:
 
 
 def _check_scales(
-    tensors: dict[str, TensorInfo], files: dict[Path, SafetensorsFile], qc: QuantizationConfig,
-    descriptor: ModelDescriptor, report: ValidationReport,
+    tensors: dict[str, TensorInfo],
+    files: dict[Path, SafetensorsFile],
+    qc: QuantizationConfig,
+    descriptor: ModelDescriptor,
+    report: ValidationReport,
 ) -> None:
     for name, info in tensors.items():
         if info.dtype != "F32" or not name.endswith((names.WEIGHT_SCALE, names.ACT_SCALE, names.ACT_AMAX)):
             continue
         values = _scalar(files, info)
         if not (np.isfinite(values).all() and (values > 0).all()):
-            report.add("scales.finite-positive", name, f"holds {values.min()}..{values.max()}; scales and amax must be finite and > 0")
+            report.add(
+                "scales.finite-positive", name, f"holds {values.min()}..{values.max()}; scales and amax must be finite and > 0"
+            )
             continue
         if name.endswith(names.WEIGHT_SCALE) and not numerics.is_bf16_exact(values).all():
-            report.add("scales.weight-bf16", name, "weight scale is not bf16-representable; FastDeploy would dequantize with another value")
-        if name.endswith(names.WEIGHT_SCALE) and qc.scale_rounding is ScaleRounding.POW2:
-            if not np.array_equal(values, numerics.round_up_to_pow2(values)):
-                report.add("scales.pow2", name, "scale_rounding is pow2 but the weight scale is not a power of two")
+            report.add(
+                "scales.weight-bf16",
+                name,
+                "weight scale is not bf16-representable; FastDeploy would dequantize with another value",
+            )
+        if (
+            name.endswith(names.WEIGHT_SCALE)
+            and qc.scale_rounding is ScaleRounding.POW2
+            and not np.array_equal(values, numerics.round_up_to_pow2(values))
+        ):
+            report.add("scales.pow2", name, "scale_rounding is pow2 but the weight scale is not a power of two")
     for module in descriptor.act_modules(qc.kv_cache_scheme is KvCacheScheme.FP8, frozenset(qc.ignore)):
         scale_info = tensors.get(names.tensor(module, names.ACT_SCALE))
         amax_info = tensors.get(names.tensor(module, names.ACT_AMAX))
@@ -135,15 +147,25 @@ def _check_scales(
         amax, scale = _scalar(files, amax_info), _scalar(files, scale_info)
         want = numerics.act_scale_from_amax(amax, qc.fp8_max, qc.scale_rounding.value)
         if np.isfinite(amax).all() and not np.array_equal(scale, want):
-            report.add("scales.act-consistent", scale_info.name,
-                       f"act_scale {scale[0]!r} != act_amax / fp8_max = {want[0]!r} ({qc.scale_rounding.value} rounding)")
+            report.add(
+                "scales.act-consistent",
+                scale_info.name,
+                f"act_scale {scale[0]!r} != act_amax / fp8_max = {want[0]!r} ({qc.scale_rounding.value} rounding)",
+            )
         if module.endswith(".self_attn.s") and amax[0] != 1.0:
-            report.add("scales.s-amax-one", amax_info.name, f"s.act_amax is {amax[0]!r}; it must be 1.0 (decode quantizes exp scores peaking at 1)")
+            report.add(
+                "scales.s-amax-one",
+                amax_info.name,
+                f"s.act_amax is {amax[0]!r}; it must be 1.0 (decode quantizes exp scores peaking at 1)",
+            )
 
 
 def _scan_weights(
-    tensors: dict[str, TensorInfo], files: dict[Path, SafetensorsFile], qc: QuantizationConfig,
-    report: ValidationReport, progress: Callable[[int], None] | None,
+    tensors: dict[str, TensorInfo],
+    files: dict[Path, SafetensorsFile],
+    qc: QuantizationConfig,
+    report: ValidationReport,
+    progress: Callable[[int], None] | None,
 ) -> None:
     limit = numerics.max_code(qc.fp8_max)
     for name, info in tensors.items():
@@ -177,7 +199,11 @@ def _check_config(config: dict, qc: QuantizationConfig, descriptor: ModelDescrip
     if qc.moe is not None and descriptor.moe is not None:
         for ref in qc.moe.dead_experts.filled:
             if not descriptor.is_moe_layer(ref.layer) or ref.expert >= descriptor.moe.num_experts:
-                report.add("config.moe-policy", "quantization_config.moe.dead_experts", f"layer {ref.layer} expert {ref.expert} does not exist")
+                report.add(
+                    "config.moe-policy",
+                    "quantization_config.moe.dead_experts",
+                    f"layer {ref.layer} expert {ref.expert} does not exist",
+                )
     linear_modules = {w.module for w in descriptor.weights() if w.is_linear}
     for module in qc.ignore:
         if module not in linear_modules:
@@ -185,7 +211,11 @@ def _check_config(config: dict, qc: QuantizationConfig, descriptor: ModelDescrip
     act = set(descriptor.act_modules(qc.kv_cache_scheme is KvCacheScheme.FP8, frozenset(qc.ignore)))
     for module in qc.calibration.overrides:
         if module not in act:
-            report.add("config.calibration", "quantization_config.calibration.overrides", f"{module!r} is not an act module of this checkpoint")
+            report.add(
+                "config.calibration",
+                "quantization_config.calibration.overrides",
+                f"{module!r} is not an act module of this checkpoint",
+            )
 
 
 def validate(root: str | Path, full: bool = True, progress: Callable[[int], None] | None = None) -> ValidationReport:

@@ -76,7 +76,9 @@ def test_qwen2_fused_qkv_width_and_bias(size, width):
 
 def test_moe_layers_follow_fastdeploy_rule_not_transformers_for_interval_two():
     # FastDeploy: (L - start) % interval == 0; transformers: (L + 1) % interval == 0. They differ here.
-    d = describe({**ERNIE_21B, "num_hidden_layers": 8, "moe_layer_start_index": 2, "moe_layer_end_index": 7, "moe_layer_interval": 2})
+    d = describe(
+        {**ERNIE_21B, "num_hidden_layers": 8, "moe_layer_start_index": 2, "moe_layer_end_index": 7, "moe_layer_interval": 2}
+    )
     assert d.moe_layers() == [2, 4, 6]
     assert [i for i in range(8) if 2 <= i <= 7 and (i + 1) % 2 == 0] == [3, 5, 7]
 

@@ -38,7 +38,11 @@ def test_per_expert_up_gate_input_keys_merge_into_the_shared_input():
 
 @pytest.mark.parametrize(
     "key",
-    ["ernie.layers.3.self_attn.qkv_proj.weight", "ernie.layers.3.self_attn.k_matmul.activation_scale", "lm_head.activation_scale"],
+    [
+        "ernie.layers.3.self_attn.qkv_proj.weight",
+        "ernie.layers.3.self_attn.k_matmul.activation_scale",
+        "lm_head.activation_scale",
+    ],
 )
 def test_unknown_fastdeploy_keys_are_refused(key):
     with pytest.raises(ValueError, match="activation_scale|measurement key"):

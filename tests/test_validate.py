@@ -45,7 +45,10 @@ def test_kv_scheme_none_has_no_attention_act_tensors(spec_factory):
     root = spec_factory("qwen2-tiny", "none")
     names = json.loads((root / "model.safetensors.index.json").read_text())["weight_map"]
     assert not any(".self_attn.cache_k." in n or ".self_attn.s." in n for n in names)
-    assert any(".self_attn.cache_k." in n for n in json.loads((spec_factory("qwen2-tiny", "fp8") / "model.safetensors.index.json").read_text())["weight_map"])
+    assert any(
+        ".self_attn.cache_k." in n
+        for n in json.loads((spec_factory("qwen2-tiny", "fp8") / "model.safetensors.index.json").read_text())["weight_map"]
+    )
 
 
 def test_truncated_shard(spec_copy):
@@ -103,8 +106,11 @@ def test_index_that_is_not_json(spec_copy):
     [
         (lambda root: (root / "config.json").write_text("{'single': quotes}"), ConfigError, "not valid JSON"),
         (lambda root: (root / "config.json").unlink(), ConfigError, "missing"),
-        (lambda root: _edit_config(root, lambda c: c["quantization_config"].update(format_version=2)),
-         UnsupportedFormatVersionError, "format_version is 2"),
+        (
+            lambda root: _edit_config(root, lambda c: c["quantization_config"].update(format_version=2)),
+            UnsupportedFormatVersionError,
+            "format_version is 2",
+        ),
         (lambda root: _edit_config(root, lambda c: c.pop("quantization_config")), NotHpuFp8CheckpointError, "source"),
     ],
 )
@@ -212,8 +218,12 @@ def test_missing_tensor_is_named(spec_copy):
         (lambda c: c.update(torch_dtype="bfloat16"), "config.fastdeploy"),
         (lambda c: c.update(architectures=["Ernie4_5_MoeForCausalLMPT"]), "config.fastdeploy"),
         (lambda c: c["quantization_config"].update(ignore=["ernie.layers.0.self_attn.nothing"]), "config.ignore"),
-        (lambda c: c["quantization_config"]["moe"]["dead_experts"].update(policy="sibling-max", filled=[{"layer": 0, "expert": 1}]),
-         "config.moe-policy"),
+        (
+            lambda c: c["quantization_config"]["moe"]["dead_experts"].update(
+                policy="sibling-max", filled=[{"layer": 0, "expert": 1}]
+            ),
+            "config.moe-policy",
+        ),
     ],
 )
 def test_config_rules(spec_copy, edit, rule):

@@ -10,7 +10,7 @@ from .ernie import ernie_dense, ernie_moe
 from .qwen2 import qwen2
 
 __all__ = [
-    "describe",
+    "LINEAR_ROLES",
     "SUPPORTED_MODEL_TYPES",
     "Layout",
     "ModelDescriptor",
@@ -18,7 +18,7 @@ __all__ = [
     "Role",
     "SourcePart",
     "WeightTensor",
-    "LINEAR_ROLES",
+    "describe",
 ]
 
 _REGISTRY: dict[str, Callable[[dict], ModelDescriptor]] = {

@@ -20,7 +20,7 @@ from enum import Enum
 
 from ..spec import names
 
-__all__ = ["Role", "Layout", "SourcePart", "WeightTensor", "MoeConfig", "ModelDescriptor", "LINEAR_ROLES"]
+__all__ = ["LINEAR_ROLES", "Layout", "ModelDescriptor", "MoeConfig", "Role", "SourcePart", "WeightTensor"]
 
 
 class Role(str, Enum):
@@ -102,7 +102,7 @@ class WeightTensor:
         """The source tensors this spec tensor is made of, in fusion order."""
         if layout is Layout.PADDLE:
             return (SourcePart(self.name, self.shape),)
-        torch_name = _TORCH_PREFIX + self.name[len(prefix):] if self.name.startswith(prefix + ".") else self.name
+        torch_name = _TORCH_PREFIX + self.name[len(prefix) :] if self.name.startswith(prefix + ".") else self.name
         if self.role in (Role.EMBEDDING, Role.NORM, Role.ROUTER_BIAS):
             return (SourcePart(torch_name, self.shape),)
         if self.role is Role.ATTN_QKV_BIAS:
@@ -227,7 +227,13 @@ class ModelDescriptor:
 
 def _mlp(module: str, hidden: int, width: int, up_role: Role, down_role: Role, layer: int, expert: int | None):
     return [
-        WeightTensor(f"{module}.up_gate_proj.weight", up_role, (hidden, 2 * width), layer, expert,
-                     parts=(("gate_proj", width), ("up_proj", width))),
+        WeightTensor(
+            f"{module}.up_gate_proj.weight",
+            up_role,
+            (hidden, 2 * width),
+            layer,
+            expert,
+            parts=(("gate_proj", width), ("up_proj", width)),
+        ),
         WeightTensor(f"{module}.down_proj.weight", down_role, (width, hidden), layer, expert),
     ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 
-__all__ = ["required_int", "head_dim", "common_sizes"]
+__all__ = ["common_sizes", "head_dim", "required_int"]
 
 
 def required_int(config: dict, key: str) -> int:

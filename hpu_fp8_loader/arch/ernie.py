@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from .base import ModelDescriptor, MoeConfig
-from .config_keys import head_dim, required_int, common_sizes
+from .config_keys import common_sizes, head_dim, required_int
 
-__all__ = ["ernie_moe", "ernie_dense"]
+__all__ = ["ernie_dense", "ernie_moe"]
 
 
 def _moe(config: dict, num_layers: int) -> MoeConfig:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .base import ModelDescriptor
-from .config_keys import head_dim, common_sizes
+from .config_keys import common_sizes, head_dim
 
 __all__ = ["qwen2"]
 

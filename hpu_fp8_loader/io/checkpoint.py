@@ -16,12 +16,12 @@ from ..errors import CheckpointIndexError, CheckpointNotFoundError, ConfigError,
 from .safetensors_file import SafetensorsFile, TensorInfo
 
 __all__ = [
-    "INDEX_FILE",
     "CONFIG_FILE",
+    "INDEX_FILE",
+    "Checkpoint",
     "read_config",
     "read_index",
     "safe_member",
-    "Checkpoint",
 ]
 
 INDEX_FILE = "model.safetensors.index.json"

@@ -9,7 +9,7 @@ import hashlib
 import json
 from pathlib import Path
 
-__all__ = ["MANIFEST_FILE", "file_digest", "write_manifest", "check_manifest"]
+__all__ = ["MANIFEST_FILE", "check_manifest", "file_digest", "write_manifest"]
 
 MANIFEST_FILE = "hpu_fp8_manifest.json"
 _FORMAT = "hpu-fp8-manifest"

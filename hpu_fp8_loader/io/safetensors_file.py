@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import SafetensorsFormatError
 
-__all__ = ["DTYPES", "dtype_name", "TensorInfo", "read_header", "SafetensorsFile"]
+__all__ = ["DTYPES", "SafetensorsFile", "TensorInfo", "dtype_name", "read_header"]
 
 DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
@@ -92,7 +92,9 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     with open(path, "rb") as f:
         (header_len,) = struct.unpack("<Q", f.read(8))
         if header_len > _MAX_HEADER_BYTES or 8 + header_len > size:
-            raise _bad(path, f"header claims {header_len} bytes but the file has {size - 8} after the length (truncated or corrupt)")
+            raise _bad(
+                path, f"header claims {header_len} bytes but the file has {size - 8} after the length (truncated or corrupt)"
+            )
         raw = f.read(header_len)
     try:
         header = json.loads(raw)

@@ -25,7 +25,7 @@ from ..errors import HpuFp8Error, OutputExistsError
 from .checkpoint import INDEX_FILE
 from .safetensors_file import DTYPES, dtype_name
 
-__all__ = ["PlannedTensor", "Shard", "plan_shards", "ShardWriter", "write_index", "atomic_output_dir"]
+__all__ = ["PlannedTensor", "Shard", "ShardWriter", "atomic_output_dir", "plan_shards", "write_index"]
 
 PARTIAL_SUFFIX = ".partial"
 
@@ -89,7 +89,7 @@ class ShardWriter:
         self.shard = shard
         self._next = 0
         self._sha = hashlib.sha256()
-        self._file = open(self.path, "wb")
+        self._file = open(self.path, "wb")  # noqa: SIM115 - held open across add() calls, closed in close()
         self._write(_header_bytes(shard, metadata))
 
     def _write(self, data: bytes | memoryview) -> None:

@@ -15,19 +15,19 @@ from ..errors import ConfigError, NotHpuFp8CheckpointError, UnsupportedFormatVer
 from . import FORMAT_VERSION
 
 __all__ = [
-    "Target",
-    "KvCacheScheme",
-    "ScaleRounding",
+    "FASTDEPLOY_ARCHITECTURES",
+    "FP8_MAX_BY_TARGET",
     "AmaxSourceKind",
+    "Calibration",
+    "CalibrationSource",
     "DeadExpertPolicy",
     "ExpertRef",
-    "CalibrationSource",
-    "Calibration",
+    "KvCacheScheme",
     "QuantizationConfig",
-    "FP8_MAX_BY_TARGET",
-    "FASTDEPLOY_ARCHITECTURES",
-    "parse_quantization_config",
+    "ScaleRounding",
+    "Target",
     "fastdeploy_config_problems",
+    "parse_quantization_config",
 ]
 
 

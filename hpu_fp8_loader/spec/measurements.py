@@ -17,7 +17,7 @@ from ..errors import MeasurementError
 from . import names
 from .config import AmaxSourceKind
 
-__all__ = ["ModelIdentity", "MeasurementProvenance", "Measurements", "read_measurements", "write_measurements"]
+__all__ = ["MeasurementProvenance", "Measurements", "ModelIdentity", "read_measurements", "write_measurements"]
 
 FORMAT = "hpu-fp8-measurements"
 

@@ -9,22 +9,22 @@ from __future__ import annotations
 import re
 
 __all__ = [
+    "ACT_AMAX",
+    "ACT_SCALE",
+    "ATTENTION_POINTS",
+    "BIAS",
+    "MODULE_PATTERN",
     "WEIGHT",
     "WEIGHT_SCALE",
-    "ACT_SCALE",
-    "ACT_AMAX",
-    "BIAS",
-    "ATTENTION_POINTS",
-    "tensor",
-    "layer",
     "attention_point",
     "expert",
-    "shared_expert_input",
-    "MODULE_PATTERN",
-    "is_act_module",
-    "module_from_fastdeploy_key",
-    "fastdeploy_key_from_module",
     "expert_tokens_key",
+    "fastdeploy_key_from_module",
+    "is_act_module",
+    "layer",
+    "module_from_fastdeploy_key",
+    "shared_expert_input",
+    "tensor",
 ]
 
 WEIGHT = "weight"

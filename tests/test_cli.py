@@ -1,0 +1,68 @@
+"""The installed console script, run as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from hpu_fp8_loader.cli import main
+from hpu_fp8_loader.spec.measurements import write_measurements
+from hpu_fp8_loader.synth import preset_config, synthetic_measurements
+
+
+def test_demo_runs_the_pipeline_end_to_end_through_the_console_script(tmp_path):
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("hpu-fp8")), "demo", "--out", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "4/4 validated: valid" in result.stdout and "expert_down" in result.stdout
+    assert (tmp_path / "demo" / "fp8" / "hpu_fp8_manifest.json").is_file()
+
+
+def test_synth_convert_validate_through_the_cli(tmp_path):
+    runner = CliRunner()
+    assert (
+        runner.invoke(main, ["synth", str(tmp_path / "src"), "--preset", "qwen2-tiny", "--layout", "torch", "-q"]).exit_code == 0
+    )
+    write_measurements(tmp_path / "m.json", synthetic_measurements(preset_config("qwen2-tiny")))
+    result = runner.invoke(
+        main,
+        [
+            "convert",
+            str(tmp_path / "src"),
+            str(tmp_path / "out"),
+            "--measurements",
+            str(tmp_path / "m.json"),
+            "--kv-cache",
+            "none",
+            "--max-shard-size",
+            "50kB",
+            "-q",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert len(list((tmp_path / "out").glob("*.safetensors"))) > 1
+    assert runner.invoke(main, ["validate", "-q", str(tmp_path / "out")]).exit_code == 0
+
+
+def test_convert_errors_are_one_line_without_traceback(tmp_path, source_factory):
+    (tmp_path / "m.json").write_text("not json")
+    result = CliRunner().invoke(
+        main, ["convert", str(source_factory()), str(tmp_path / "out"), "--measurements", str(tmp_path / "m.json")]
+    )
+    assert result.exit_code == 1
+    assert result.output.startswith("hpu-fp8: error:") and "not a JSON measurement file" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
+def test_schema_command_prints_json_schemas():
+    for what in ("quantization-config", "measurements"):
+        schema = json.loads(CliRunner().invoke(main, ["schema", what]).stdout)
+        assert schema["type"] == "object" and schema["properties"]

@@ -1,0 +1,129 @@
+"""The single-process converter: numerics per tensor, layouts, and refusals that leave nothing behind."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import overwrite_tensor_bytes
+
+from hpu_fp8_loader.arch import Layout, describe
+from hpu_fp8_loader.convert import ConvertOptions, convert
+from hpu_fp8_loader.errors import ConfigError, HpuFp8Error, MeasurementError, NonFiniteError, OutputExistsError
+from hpu_fp8_loader.io.checkpoint import Checkpoint
+from hpu_fp8_loader.spec import names
+from hpu_fp8_loader.synth import preset_config, synthetic_measurements
+
+
+@pytest.mark.parametrize("preset", ["ernie-moe-tiny", "qwen2-tiny"])
+def test_dequantized_weights_match_the_source_within_fp8_rounding(source_factory, spec_factory, preset):
+    torch_src = Checkpoint.open(source_factory(preset, "torch"))
+    spec = Checkpoint.open(spec_factory(preset))  # converted from the paddle layout
+    descriptor = describe(spec.config)
+    checked = 0
+    for w in descriptor.weights():
+        parts = w.source_parts(Layout.TORCH, descriptor.prefix)
+        arrays = [torch_src.get(p.name).astype(np.float32) for p in parts]
+        source = np.concatenate([a.T if p.transpose else a for p, a in zip(parts, arrays, strict=True)], axis=-1)
+        assert source.shape == w.shape
+        if not w.is_linear:
+            np.testing.assert_array_equal(spec.get(w.name).astype(np.float32), source)
+            continue
+        scale = spec.get(names.tensor(w.module, names.WEIGHT_SCALE))
+        back = spec.get(w.name).astype(np.float32) * scale
+        # Round to nearest: at most half a step (2^-4 relative, or 2^-10 * scale among subnormals).
+        assert np.all(np.abs(back - source) <= np.maximum(np.abs(source) / 16, scale * 2.0**-10) * 1.0001), w.name
+        # The scale covers the amax (no clipping), and is tight: the largest value uses the top binade.
+        assert np.all(np.abs(source) <= scale * 240.0 * (1 + 1e-6)), w.name
+        amax = np.abs(source).max(axis=0) if w.channel_wise else np.abs(source).max()
+        assert np.all(amax >= scale * 128.0), w.name
+        checked += 1
+    assert checked == sum(w.is_linear for w in descriptor.weights())
+
+
+def test_act_tensors_come_from_the_measurements(spec_factory):
+    spec = Checkpoint.open(spec_factory())
+    m = synthetic_measurements(preset_config("ernie-moe-tiny"))
+    for module, amax in m.amax.items():
+        assert spec.get(names.tensor(module, names.ACT_AMAX))[0] == np.float32(amax)
+        assert spec.get(names.tensor(module, names.ACT_SCALE))[0] == np.float32(amax) / np.float32(240.0)
+
+
+def test_output_config_is_fastdeploy_paddle_format_from_a_torch_source(source_factory, tmp_path):
+    out = convert(source_factory("qwen2-tiny", "torch"), tmp_path / "o", [synthetic_measurements(preset_config("qwen2-tiny"))])
+    config = json.loads((out / "config.json").read_text())
+    assert config["dtype"] == "bfloat16" and "torch_dtype" not in config and "transformers_version" not in config
+    assert config["architectures"] == ["Qwen2ForCausalLM"]
+    assert (out / "generation_config.json").read_bytes() == (
+        source_factory("qwen2-tiny", "torch") / "generation_config.json"
+    ).read_bytes()
+
+
+def _convert_fails(src, out, error, match, measurements=None):
+    measurements = measurements if measurements is not None else [synthetic_measurements(preset_config("ernie-moe-tiny"))]
+    with pytest.raises(error, match=match):
+        convert(src, out, measurements, ConvertOptions())
+    assert not out.exists()  # nothing that looks complete
+
+
+def test_nan_in_a_source_weight_is_named_and_nothing_is_published(source_factory, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(source_factory(), src)
+    name = "ernie.layers.1.mlp.experts.2.down_proj.weight"
+    values = np.zeros((32, 64), ml_dtypes.bfloat16)
+    values[3, 5] = np.nan
+    overwrite_tensor_bytes(src, name, values.tobytes())
+    _convert_fails(src, tmp_path / "out", NonFiniteError, rf"'{name}' holds nan at index \[3, 5\]")
+
+
+def test_missing_measurements_are_listed(source_factory, tmp_path):
+    m = synthetic_measurements(preset_config("ernie-moe-tiny"))
+    del m.amax["ernie.layers.2.mlp.experts.1.down_proj"]
+    _convert_fails(source_factory(), tmp_path / "out", MeasurementError, "lack 1 module.*layers.2.mlp.experts.1.down_proj", [m])
+
+
+def test_zero_amax_is_refused_never_divided_by(source_factory, tmp_path):
+    m = synthetic_measurements(preset_config("ernie-moe-tiny"))
+    m.amax["ernie.layers.1.mlp.experts.3.down_proj"] = 0.0
+    _convert_fails(source_factory(), tmp_path / "out", MeasurementError, "zero.*experts.3.down_proj", [m])
+
+
+def test_measurements_of_another_model_are_refused(source_factory, tmp_path):
+    _convert_fails(
+        source_factory(),
+        tmp_path / "out",
+        MeasurementError,
+        "qwen2 with 2 layers",
+        [synthetic_measurements(preset_config("qwen2-tiny"))],
+    )
+
+
+def test_shape_contradicting_config_is_named(source_factory, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(source_factory(), src)
+    config = json.loads((src / "config.json").read_text())
+    config["moe_intermediate_size"] = 16
+    (src / "config.json").write_text(json.dumps(config))
+    m = synthetic_measurements(config)
+    _convert_fails(
+        src,
+        tmp_path / "out",
+        ConfigError,
+        r"experts.0.up_gate_proj.weight' has shape \[64, 64\], config.json implies \[64, 32\]",
+        [m],
+    )
+
+
+def test_existing_output_is_refused_without_force_and_source_never_equals_output(source_factory, spec_factory, tmp_path):
+    m = [synthetic_measurements(preset_config("ernie-moe-tiny"))]
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(OutputExistsError, match="--force"):
+        convert(source_factory(), out, m)
+    convert(source_factory(), out, m, ConvertOptions(force=True))
+    assert (out / "hpu_fp8_manifest.json").is_file()
+    with pytest.raises(HpuFp8Error, match="same directory"):
+        convert(source_factory(), source_factory(), m)
