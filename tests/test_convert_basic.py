@@ -127,3 +127,22 @@ def test_existing_output_is_refused_without_force_and_source_never_equals_output
     assert (out / "hpu_fp8_manifest.json").is_file()
     with pytest.raises(HpuFp8Error, match="same directory"):
         convert(source_factory(), source_factory(), m)
+
+
+def test_pow2_rounding_makes_every_scale_a_power_of_two_and_validates(source_factory, tmp_path):
+    from hpu_fp8_loader.validate import validate
+
+    out = convert(
+        source_factory(),
+        tmp_path / "pow2",
+        [synthetic_measurements(preset_config("ernie-moe-tiny"))],
+        ConvertOptions(scale_rounding="pow2"),
+    )
+    assert validate(out).valid
+    spec = Checkpoint.open(out)
+    scales = [spec.get(n) for n in spec.tensors if n.endswith(("weight_scale", "act_scale"))]
+    for s in scales:
+        mantissa, _ = np.frexp(s)
+        assert np.all(mantissa == 0.5)
+    qkv = "ernie.layers.0.self_attn.qkv_proj"
+    assert spec.get(f"{qkv}.act_scale")[0] >= spec.get(f"{qkv}.act_amax")[0] / 240

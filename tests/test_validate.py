@@ -255,3 +255,20 @@ def test_cli_lists_every_violation_and_exits_1(spec_copy):
 def test_cli_valid_exits_0(spec_factory):
     result = CliRunner().invoke(main, ["validate", "-q", str(spec_factory())])
     assert result.exit_code == 0 and "valid hpu-fp8 v1 checkpoint" in result.output
+
+
+def test_calibration_overrides_must_name_act_modules(spec_copy):
+    root = spec_copy()
+
+    def edit(c):
+        calibration = c["quantization_config"]["calibration"]
+        calibration["overrides"] = {"ernie.layers.0.mlp.gate": calibration["default_source"]}
+
+    _edit_config(root, edit)
+    assert "config.calibration" in rules(validate(root, full=False))
+
+
+def test_pow2_declared_but_scales_not_powers_of_two(spec_copy):
+    root = spec_copy()
+    _edit_config(root, lambda c: c["quantization_config"].update(scale_rounding="pow2"))
+    assert {"scales.pow2", "scales.act-consistent"} <= rules(validate(root, full=False))
