@@ -32,6 +32,8 @@ def _errors(code: int = EXIT_INVALID):
         yield
     except HpuFp8Error as exc:
         _fail(str(exc), code)
+    except OSError as exc:  # permissions, a full disk: the file and the reason, not a traceback
+        _fail(f"{exc.filename or ''}: {exc.strerror or exc}", code)
 
 
 def _bar(total: int, desc: str, quiet: bool) -> tqdm:

@@ -58,7 +58,7 @@ def test_convert_errors_are_one_line_without_traceback(tmp_path, source_factory)
         main, ["convert", str(source_factory()), str(tmp_path / "out"), "--measurements", str(tmp_path / "m.json")]
     )
     assert result.exit_code == 1
-    assert result.output.startswith("hpu-fp8: error:") and "not a JSON measurement file" in result.output
+    assert result.output.startswith("hpu-fp8: error:") and "not valid JSON" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
 
 

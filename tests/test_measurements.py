@@ -52,5 +52,5 @@ def test_malformed_files_are_refused_naming_the_file(measurement_file, changes, 
 def test_not_json(tmp_path):
     path = tmp_path / "m.json"
     path.write_text("ernie.layers.0.self_attn.qkv_proj.activation_scale\t3.5\n")
-    with pytest.raises(MeasurementError, match="not a JSON measurement file"):
+    with pytest.raises(MeasurementError, match="not valid JSON"):
         read_measurements(path)

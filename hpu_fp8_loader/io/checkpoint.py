@@ -6,13 +6,13 @@ opened, so a hostile index cannot make us read /etc/passwd or follow a symlink o
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import CheckpointIndexError, CheckpointNotFoundError, ConfigError, UnsafePathError
+from .jsonfile import read_json_object
 from .safetensors_file import SafetensorsFile, TensorInfo
 
 __all__ = [
@@ -31,16 +31,7 @@ SINGLE_FILE = "model.safetensors"
 
 def read_config(root: Path) -> dict:
     """config.json as a dict, or :class:`ConfigError` naming the file and the JSON error."""
-    path = Path(root) / CONFIG_FILE
-    if not path.is_file():
-        raise ConfigError(f"{path}: missing; every checkpoint needs a config.json")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"{path}: top level is not a JSON object")
-    return config
+    return read_json_object(Path(root) / CONFIG_FILE, ConfigError, "missing; every checkpoint needs a config.json")
 
 
 def safe_member(root: Path, relative: str) -> Path:
@@ -58,13 +49,8 @@ def safe_member(root: Path, relative: str) -> Path:
 def read_index(root: Path) -> tuple[dict[str, str], dict]:
     """(weight_map, metadata) of model.safetensors.index.json, shape-checked."""
     path = Path(root) / INDEX_FILE
-    try:
-        index = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointIndexError(f"{path}: missing") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointIndexError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
+    index = read_json_object(path, CheckpointIndexError)
+    if not isinstance(index.get("weight_map"), dict):
         raise CheckpointIndexError(f"{path}: no 'weight_map' object")
     weight_map = index["weight_map"]
     for name, file in weight_map.items():

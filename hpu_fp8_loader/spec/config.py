@@ -23,6 +23,7 @@ __all__ = [
     "DeadExpertPolicy",
     "ExpertRef",
     "KvCacheScheme",
+    "Provenance",
     "QuantizationConfig",
     "ScaleRounding",
     "Target",
@@ -107,8 +108,9 @@ class MoePolicy(_Strict):
     dead_experts: DeadExperts = Field(default_factory=DeadExperts)
 
 
-class CalibrationSource(_Strict):
-    id: str = Field(min_length=1)
+class Provenance(_Strict):
+    """Where activation statistics came from; a measurement file carries one, a checkpoint one per source."""
+
     kind: AmaxSourceKind
     dataset: str | None = None
     samples: int | None = Field(default=None, ge=0)
@@ -118,6 +120,10 @@ class CalibrationSource(_Strict):
     tool: str | None = None
     tool_version: str | None = None
     files: list[str] = Field(default_factory=list)
+
+
+class CalibrationSource(Provenance):
+    id: str = Field(min_length=1)
 
 
 class Calibration(_Strict):

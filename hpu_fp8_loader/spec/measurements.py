@@ -6,7 +6,6 @@ text files are mapped onto the same module names by :mod:`hpu_fp8_loader.spec.na
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Literal
@@ -14,8 +13,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..errors import MeasurementError
+from ..io.jsonfile import read_json_object
 from . import names
-from .config import AmaxSourceKind
+from .config import Provenance as MeasurementProvenance
 
 __all__ = ["MeasurementProvenance", "Measurements", "ModelIdentity", "read_measurements", "write_measurements"]
 
@@ -32,18 +32,6 @@ class ModelIdentity(_Strict):
     model_type: str
     num_hidden_layers: int = Field(ge=1)
     moe_num_experts: int = Field(default=0, ge=0)
-
-
-class MeasurementProvenance(_Strict):
-    kind: AmaxSourceKind
-    dataset: str | None = None
-    samples: int | None = Field(default=None, ge=0)
-    tokens: int | None = Field(default=None, ge=0)
-    seq_len: int | None = Field(default=None, ge=1)
-    date: str | None = None
-    tool: str | None = None
-    tool_version: str | None = None
-    files: list[str] = Field(default_factory=list)
 
 
 class Measurements(_Strict):
@@ -77,13 +65,8 @@ class Measurements(_Strict):
 
 def read_measurements(path: str | Path) -> Measurements:
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise MeasurementError(f"{path}: no such measurement file") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MeasurementError(f"{path}: not a JSON measurement file ({exc})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    data = read_json_object(path, MeasurementError, "no such measurement file")
+    if data.get("format") != FORMAT:
         raise MeasurementError(f"{path}: 'format' is not {FORMAT!r}")
     if data.get("version") != 1:
         raise MeasurementError(f"{path}: version {data.get('version')!r}; this reader implements version 1")
