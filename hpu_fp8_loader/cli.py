@@ -6,6 +6,7 @@ Every :class:`~hpu_fp8_loader.errors.HpuFp8Error` becomes one line on stderr and
 from __future__ import annotations
 
 import json
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -191,15 +192,16 @@ def synth(
 
 
 @main.command()
-@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("src")
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option(
     "--measurements",
-    "measurement_files",
+    "measurement_paths",
     multiple=True,
     required=True,
     type=click.Path(path_type=Path),
-    help="hpu-fp8 measurement file (JSON); repeat to merge several by max.",
+    help="Activation amax: an hpu-fp8 measurement file (.json), or FastDeploy's model_measurement.txt, its "
+    "per-rank model_measurement_{rank}.txt set, or a directory holding them. Repeat to combine sources (max per point).",
 )
 @click.option(
     "--target",
@@ -222,34 +224,67 @@ def synth(
     show_default=True,
     help="pow2 rounds every scale up to a power of two.",
 )
-@click.option("--max-shard-size", default="5GB", show_default=True)
+@click.option(
+    "--dead-experts",
+    type=click.Choice(["error", "sibling-max"]),
+    default="error",
+    show_default=True,
+    help="Experts without a positive amax: error stops and lists them; sibling-max gives each the max of its "
+    "layer's other experts and records which in config.json.",
+)
+@click.option("--workers", default=min(2, os.cpu_count() or 1), show_default=True, help="Worker processes.")
+@click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard.")
+@click.option("--revision", default=None, help="Revision of SRC when it is a Hub repo id.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def convert(
-    src: Path,
+    src: str,
     out: Path,
-    measurement_files: tuple[Path, ...],
+    measurement_paths: tuple[Path, ...],
     target: str,
     kv_cache: str,
     scale_rounding: str,
+    dead_experts: str,
+    workers: int,
     max_shard_size: str,
+    revision: str | None,
     force: bool,
     quiet: bool,
 ) -> None:
-    """Convert the BF16 checkpoint SRC into an hpu-fp8 v1 checkpoint at OUT (single process)."""
+    """Convert the BF16 checkpoint SRC into an hpu-fp8 v1 checkpoint at OUT.
+
+    SRC is a directory (Paddle or Hugging Face torch layout; BF16, FP16 or FP32) or a Hub repo id
+    (the local cache is used offline). Output is written into OUT.partial and renamed when complete;
+    after an interruption the same command resumes, reusing finished shards whose sha256 still matches.
+    """
     from .convert import ConvertOptions
     from .convert import convert as run_convert
-    from .spec.config import KvCacheScheme, ScaleRounding, Target
-    from .spec.measurements import read_measurements
+    from .hub import resolve_checkpoint
+    from .measurements import load_measurements
 
-    options = ConvertOptions(
-        Target(target), KvCacheScheme(kv_cache), ScaleRounding(scale_rounding), _parse_size(max_shard_size), force
-    )
+    options = ConvertOptions(target, kv_cache, scale_rounding, _parse_size(max_shard_size), force, workers, dead_experts)
     with _errors():
-        measurements = [read_measurements(p) for p in measurement_files]
+        source = resolve_checkpoint(src, revision)
+        loaded = [load_measurements(p) for p in measurement_paths]
+        for item in loaded:
+            for warning in item.warnings:
+                click.echo(f"warning: {warning}", err=True)
         with _bar(0, "convert", quiet) as bar:
-            run_convert(src, out, measurements, options, progress=bar.update)
-    click.echo(f"{out}: hpu-fp8 v1 checkpoint ({target}, KV cache {kv_cache})")
+
+            def show(p) -> None:
+                bar.total = p.bytes_total
+                bar.update(p.bytes_done - bar.n)
+                bar.set_postfix_str(f"{p.tensors_done}/{p.tensors_total} tensors", refresh=False)
+
+            result = run_convert(source, out, [item.measurements for item in loaded], options, progress=show)
+    filled = f"; {len(result.filled_experts)} dead expert(s) given their siblings' max" if result.filled_experts else ""
+    reused = f"; resumed, {result.reused_shards} shard(s) reused" if result.reused_shards else ""
+    click.echo(
+        f"{out}: hpu-fp8 v1 ({target}, KV cache {kv_cache}) from {result.layout.value} layout; "
+        f"{result.tensors_quantized} tensors quantized, {result.tensors_kept} kept; "
+        f"{result.bytes_in / 2**30:.2f} GiB -> {result.bytes_out / 2**30:.2f} GiB ({result.ratio:.3f}); "
+        f"{result.seconds:.1f} s, {result.bytes_in / 2**20 / max(result.seconds, 1e-9):.0f} MiB/s{filled}{reused}"
+    )
 
 
 @main.command()

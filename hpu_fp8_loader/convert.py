@@ -1,31 +1,42 @@
-"""BF16 source checkpoint + activation amax -> hpu-fp8 v1 checkpoint, one tensor at a time.
+"""BF16 source checkpoint + activation amax -> hpu-fp8 v1 checkpoint, on CPU, in bounded memory.
 
-The plan (every output tensor's name, dtype and shape) is known from the descriptor before any
-weight is read, so shards are written as a stream and never held in memory; output goes to
-``OUT.partial`` and is renamed only once the index and the manifest are written.
+The plan (every output tensor's name, dtype, shape and shard) is fixed from the descriptor before
+any weight is read. Shards are created at full size in ``OUT.partial``; worker processes convert
+one tensor at a time and write it at its offset, reading the source with ``pread`` in row blocks,
+so a worker holds a few blocks, never a model. A journal in ``OUT.partial`` records each finished
+shard with its sha256; a re-run after an interruption checks those and converts only the rest.
+The index and the manifest are written last, then ``OUT.partial`` is renamed to ``OUT``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
+import multiprocessing
 import shutil
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from . import __version__, numerics
 from .arch import Layout, ModelDescriptor, WeightTensor, describe
-from .errors import ConfigError, HpuFp8Error, MeasurementError
+from .errors import ConfigError, HpuFp8Error, MeasurementError, NonFiniteError
 from .io.checkpoint import CONFIG_FILE, INDEX_FILE, Checkpoint
-from .io.manifest import MANIFEST_FILE, write_manifest
-from .io.writer import PlannedTensor, ShardWriter, atomic_output_dir, plan_shards, write_index
+from .io.manifest import MANIFEST_FILE, file_digest, write_manifest
+from .io.writer import PlannedTensor, Shard, ShardFile, plan_shards, prepare_output_dir, publish_output_dir, write_index
 from .spec import names
 from .spec.config import (
     FP8_MAX_BY_TARGET,
     Calibration,
     CalibrationSource,
+    DeadExpertPolicy,
+    DeadExperts,
+    ExpertRef,
     KvCacheScheme,
     MoePolicy,
     Producer,
@@ -35,9 +46,11 @@ from .spec.config import (
 )
 from .spec.measurements import Measurements
 
-__all__ = ["ConvertOptions", "convert", "detect_layout", "merge_measurements"]
+__all__ = ["ConvertOptions", "ConvertProgress", "ConvertResult", "convert", "detect_layout", "merge_measurements"]
 
 _NOT_COPIED = {CONFIG_FILE, INDEX_FILE, MANIFEST_FILE}
+_JOURNAL = ".hpu_fp8_progress.json"
+_SOURCE_DTYPES = ("BF16", "F16", "F32")
 
 
 @dataclass(frozen=True)
@@ -47,16 +60,53 @@ class ConvertOptions:
     scale_rounding: ScaleRounding = ScaleRounding.NONE
     max_shard_bytes: int = 5 * 10**9
     force: bool = False
+    workers: int = 1
+    dead_experts: DeadExpertPolicy = DeadExpertPolicy.ERROR
+    # Elements per row block when a tensor is streamed; ~16 MB of float32 working memory.
+    block_elements: int = 1 << 22
+    # Tensors whose source is at most this many bytes are read whole (fast path for fused experts).
+    whole_tensor_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
         # Accept the plain strings the CLI and Python callers pass ("gaudi2", "fp8", "pow2").
         object.__setattr__(self, "target", Target(self.target))
         object.__setattr__(self, "kv_cache", KvCacheScheme(self.kv_cache))
         object.__setattr__(self, "scale_rounding", ScaleRounding(self.scale_rounding))
+        object.__setattr__(self, "dead_experts", DeadExpertPolicy(self.dead_experts))
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
 
     @property
     def fp8_max(self) -> float:
         return FP8_MAX_BY_TARGET[self.target]
+
+
+@dataclass(frozen=True)
+class ConvertProgress:
+    bytes_done: int
+    bytes_total: int
+    tensors_done: int
+    tensors_total: int
+
+
+@dataclass
+class ConvertResult:
+    out: Path
+    layout: Layout
+    tensors_quantized: int
+    tensors_kept: int
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+    reused_shards: int
+    filled_experts: list[ExpertRef] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float:
+        return self.bytes_out / self.bytes_in if self.bytes_in else 0.0
+
+
+# ----------------------------------------------------------------------------- planning
 
 
 def detect_layout(checkpoint: Checkpoint, descriptor: ModelDescriptor) -> Layout:
@@ -71,79 +121,24 @@ def detect_layout(checkpoint: Checkpoint, descriptor: ModelDescriptor) -> Layout
     )
 
 
-def _assemble(checkpoint: Checkpoint, weight: WeightTensor, layout: Layout, prefix: str) -> np.ndarray:
-    """The spec-layout source tensor: transposes and fusions applied, dtype as on disk."""
-    arrays = []
-    for part in weight.source_parts(layout, prefix):
-        info = checkpoint.tensors.get(part.name)
-        if info is None:
-            raise ConfigError(f"{checkpoint.root}: tensor '{part.name}' is missing")
-        if info.shape != part.shape:
-            raise ConfigError(
-                f"{checkpoint.root}: tensor '{part.name}' has shape {list(info.shape)}, config.json implies {list(part.shape)}"
-            )
-        if info.dtype not in ("BF16", "F16", "F32"):
-            raise ConfigError(f"{checkpoint.root}: tensor '{part.name}' has dtype {info.dtype}; expected BF16, F16 or F32")
-        array = checkpoint.get(part.name)
-        arrays.append(array.T if part.transpose else array)
-    if len(arrays) == 1:
-        return arrays[0]
-    common = np.result_type(*[a.dtype for a in arrays]) if len({a.dtype for a in arrays}) > 1 else arrays[0].dtype
-    return np.concatenate([a.astype(common, copy=False) for a in arrays], axis=-1)
+def _check_sources(checkpoint: Checkpoint, descriptor: ModelDescriptor, layout: Layout) -> None:
+    """Every source part exists with the shape config.json implies and a float dtype; list what does not."""
+    problems = []
+    for w in descriptor.weights():
+        for part in w.source_parts(layout, descriptor.prefix):
+            info = checkpoint.tensors.get(part.name)
+            if info is None:
+                problems.append(f"tensor '{part.name}' is missing")
+            elif info.shape != part.shape:
+                problems.append(f"tensor '{part.name}' has shape {list(info.shape)}, config.json implies {list(part.shape)}")
+            elif info.dtype not in _SOURCE_DTYPES:
+                problems.append(f"tensor '{part.name}' has dtype {info.dtype}; supported: {', '.join(_SOURCE_DTYPES)}")
+    if problems:
+        more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+        raise ConfigError(f"{checkpoint.root}: " + "; ".join(problems[:10]) + more)
 
 
-def merge_measurements(
-    measurements: Sequence[Measurements], descriptor: ModelDescriptor
-) -> tuple[dict[str, float], dict[str, str], list[CalibrationSource]]:
-    """Max-merge several measurement files: (amax per module, source id per module, sources)."""
-    if not measurements:
-        raise MeasurementError("no measurements given; pass --measurements")
-    amax: dict[str, float] = {}
-    origin: dict[str, str] = {}
-    sources = []
-    experts = descriptor.moe.num_experts if descriptor.moe else 0
-    for i, m in enumerate(measurements):
-        ident = m.model
-        if (ident.model_type, ident.num_hidden_layers, ident.moe_num_experts) != (
-            descriptor.model_type,
-            descriptor.num_layers,
-            experts,
-        ):
-            raise MeasurementError(
-                f"measurements #{i + 1} were taken on {ident.model_type} with {ident.num_hidden_layers} layers and "
-                f"{ident.moe_num_experts} experts; this model is {descriptor.model_type} with {descriptor.num_layers} "
-                f"layers and {experts} experts"
-            )
-        source_id = f"{m.provenance.kind.value}-{i + 1}"
-        sources.append(CalibrationSource(id=source_id, **m.provenance.model_dump()))
-        for module, value in m.amax.items():
-            if module not in amax or value > amax[module]:
-                amax[module], origin[module] = value, source_id
-    return amax, origin, sources
-
-
-def _act_amax(descriptor: ModelDescriptor, modules: list[str], amax: dict[str, float]) -> dict[str, float]:
-    """amax of every act module, with ``s`` fixed at 1.0; refuses missing and zero values by name."""
-    out, missing, zero = {}, [], []
-    for module in modules:
-        if module.endswith(".self_attn.s"):
-            out[module] = 1.0  # FastDeploy's decode path quantizes exp scores peaking at exactly 1
-        elif module not in amax:
-            missing.append(module)
-        elif amax[module] <= 0:
-            zero.append(module)
-        else:
-            out[module] = amax[module]
-    if missing:
-        raise MeasurementError(f"measurements lack {len(missing)} module(s): {', '.join(missing[:20])}")
-    if zero:
-        raise MeasurementError(
-            f"amax is zero for {len(zero)} module(s) (dead experts or an uncalibrated path): {', '.join(zero[:20])}"
-        )
-    return out
-
-
-def _plan(descriptor: ModelDescriptor, act_modules: list[str]) -> list[PlannedTensor]:
+def _plan(descriptor: ModelDescriptor, act_modules: Sequence[str]) -> list[PlannedTensor]:
     planned = []
     for w in descriptor.weights():
         if w.is_linear:
@@ -158,24 +153,247 @@ def _plan(descriptor: ModelDescriptor, act_modules: list[str]) -> list[PlannedTe
     return planned
 
 
-def _output_tensors(
-    checkpoint: Checkpoint, descriptor: ModelDescriptor, layout: Layout, options: ConvertOptions, act: dict[str, float]
-) -> Iterator[tuple[str, np.ndarray]]:
-    rounding = options.scale_rounding.value
-    for w in descriptor.weights():
-        source = _assemble(checkpoint, w, layout, descriptor.prefix)
-        if w.is_linear:
-            amax = numerics.channel_abs_max(source, w.name) if w.channel_wise else numerics.abs_max(source, w.name)
-            scale = numerics.weight_scale_from_amax(amax, options.fp8_max, rounding).reshape(-1)
-            yield w.name, numerics.quantize(source, scale if w.channel_wise else scale[0], options.fp8_max, w.name)
-            yield names.tensor(w.module, names.WEIGHT_SCALE), scale
+# ----------------------------------------------------------------------------- measurements
+
+
+def merge_measurements(
+    measurements: Sequence[Measurements], descriptor: ModelDescriptor
+) -> tuple[dict[str, float], dict[str, str], list[CalibrationSource]]:
+    """Max-merge several measurement sets: (amax per module, source id per module, sources).
+
+    Refuses a set taken on another model: a different identity, or keys this model does not have.
+    """
+    if not measurements:
+        raise MeasurementError("no measurements given; pass --measurements")
+    known = set(descriptor.act_modules(attention_fp8=True))
+    experts = descriptor.moe.num_experts if descriptor.moe else 0
+    amax: dict[str, float] = {}
+    origin: dict[str, str] = {}
+    sources = []
+    for i, m in enumerate(measurements):
+        label = f"measurements #{i + 1}" + (f" ({', '.join(m.provenance.files)})" if m.provenance.files else "")
+        ident = m.model
+        if ident is not None and (ident.model_type, ident.num_hidden_layers, ident.moe_num_experts) != (
+            descriptor.model_type,
+            descriptor.num_layers,
+            experts,
+        ):
+            raise MeasurementError(
+                f"{label} were taken on {ident.model_type} with {ident.num_hidden_layers} layers and "
+                f"{ident.moe_num_experts} experts; this model is {descriptor.model_type} with {descriptor.num_layers} "
+                f"layers and {experts} experts"
+            )
+        foreign = sorted(set(m.amax) - known)
+        if foreign:
+            raise MeasurementError(
+                f"{label} hold {len(foreign)} point(s) this model does not have, e.g. {', '.join(foreign[:3])} "
+                f"(the model has {descriptor.num_layers} layers"
+                + (f", {experts} experts per MoE layer" if experts else "")
+                + "): were they taken on another model?"
+            )
+        source_id = f"{m.provenance.kind.value}-{i + 1}"
+        sources.append(CalibrationSource(id=source_id, **m.provenance.model_dump()))
+        for module, value in m.amax.items():
+            if module not in amax or value > amax[module]:
+                amax[module], origin[module] = value, source_id
+    return amax, origin, sources
+
+
+def _expert_of(module: str) -> tuple[int, int] | None:
+    match = names.MODULE_PATTERN.match(module)
+    if match is None or match.group("expert") is None:
+        return None
+    return int(match.group("layer")), int(match.group("expert"))
+
+
+def _act_amax(
+    modules: Sequence[str], amax: dict[str, float], policy: DeadExpertPolicy
+) -> tuple[dict[str, float], list[ExpertRef]]:
+    """amax of every act module (``s`` fixed at 1.0), dead experts handled by ``policy``.
+
+    Refuses, by name, every module without a positive amax; never divides by zero or invents 1e-5.
+    """
+    out: dict[str, float] = {}
+    missing, zero, dead = [], [], []
+    for module in modules:
+        value = amax.get(module)
+        if module.endswith(".self_attn.s"):
+            out[module] = 1.0  # FastDeploy's decode path quantizes exp scores peaking at exactly 1
+        elif value is not None and value > 0:
+            out[module] = value
+        elif _expert_of(module) is not None:
+            dead.append(module)
         else:
-            numerics.abs_max(source, w.name)  # refuses NaN/inf in kept tensors too
-            dtype = np.float32 if w.source_dtype == "F32" else numerics.BF16_DTYPE
-            yield w.name, np.ascontiguousarray(source.astype(dtype))
-    for module, value in act.items():
-        yield names.tensor(module, names.ACT_SCALE), numerics.act_scale_from_amax(value, options.fp8_max, rounding).reshape(1)
-        yield names.tensor(module, names.ACT_AMAX), np.array([value], np.float32)
+            (missing if value is None else zero).append(module)
+    if missing:
+        raise MeasurementError(f"measurements lack {len(missing)} module(s): {', '.join(missing[:20])}")
+    if zero:
+        raise MeasurementError(f"amax is zero for {len(zero)} module(s) (an uncalibrated path?): {', '.join(zero[:20])}")
+    filled: list[ExpertRef] = []
+    if dead:
+        refs = [_expert_of(m) for m in dead]
+        listing = ", ".join(f"layer {layer} expert {e}" for layer, e in refs)
+        if policy is DeadExpertPolicy.ERROR:
+            raise MeasurementError(
+                f"{len(dead)} expert(s) have no positive amax (no calibration token was routed to them): {listing}. "
+                "Calibrate with more data or `hpu-fp8 calibrate --all-experts`, or pass --dead-experts sibling-max "
+                "to give each the max of its layer's other experts (recorded in config.json)."
+            )
+        for module, (layer, expert) in zip(dead, refs, strict=True):
+            prefix = module.split(".mlp.experts.")[0] + ".mlp.experts."
+            siblings = [v for m, v in out.items() if m.startswith(prefix) and m.endswith(".down_proj")]
+            if not siblings:
+                raise MeasurementError(f"every expert of layer {layer} is dead; there is no sibling to take an amax from")
+            out[module] = max(siblings)
+            filled.append(ExpertRef(layer=layer, expert=expert))
+    return {m: out[m] for m in modules}, filled
+
+
+# ----------------------------------------------------------------------------- the worker side
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What every worker needs; sent once per worker process."""
+
+    src: Path
+    staging: Path
+    layout: Layout
+    prefix: str
+    options: ConvertOptions
+    shards: tuple[Shard, ...]
+    skip_shards: frozenset[str]
+    metadata: dict[str, str]
+
+
+_worker: dict = {}
+
+
+def _init_worker(context: _Context) -> None:
+    _worker.clear()
+    _worker["context"] = context
+    _worker["source"] = Checkpoint.open(context.src)
+    location = {}
+    files = {}
+    for shard in context.shards:
+        if shard.file_name in context.skip_shards:
+            continue
+        files[shard.file_name] = ShardFile(context.staging, shard, context.metadata)
+        for t in shard.tensors:
+            location[t.name] = files[shard.file_name]
+    _worker["location"] = location
+
+
+def _part_rows(source: Checkpoint, name: str, start: int, stop: int) -> np.ndarray:
+    return source.files[source.tensors[name].file].read_rows(name, start, stop)
+
+
+def _blocks(rows: int, row_elements: int, budget: int):
+    step = max(1, budget // max(1, row_elements))
+    for start in range(0, rows, step):
+        yield start, min(rows, start + step)
+
+
+def _part_amax(source: Checkpoint, part, channel_wise: bool, budget: int) -> np.ndarray | float:
+    """amax of one source part, streamed; per output channel when ``channel_wise``. Refuses NaN/inf by name."""
+    rows, row_elements = part.shape[0], math.prod(part.shape[1:])
+    result = None
+    for start, stop in _blocks(rows, row_elements, budget):
+        block = _part_rows(source, part.name, start, stop)
+        try:
+            if not channel_wise:
+                value = numerics.abs_max(block, part.name)
+                result = value if result is None else max(result, value)
+            elif part.transpose:  # [out_p, in]: one channel per row
+                peak = numerics.channel_abs_max(np.ascontiguousarray(block.T), part.name)
+                result = peak if result is None else np.concatenate([result, peak])
+            else:  # [in, out_p]: one channel per column
+                peak = numerics.channel_abs_max(block, part.name)
+                result = peak if result is None else np.maximum(result, peak)
+        except NonFiniteError:
+            raise _locate_non_finite(part.name, block, start, part.shape) from None
+    return result if result is not None else 0.0
+
+
+def _locate_non_finite(name: str, block: np.ndarray, first_row: int, shape: tuple[int, ...]) -> HpuFp8Error:
+    bad = np.argwhere(~np.isfinite(block.astype(np.float32)))[0]
+    index = [first_row + int(bad[0]), *(int(i) for i in bad[1:])]
+    value = float(block.astype(np.float32)[tuple(bad)])
+    return NonFiniteError(
+        f"tensor '{name}' {list(shape)} holds {value} at index {index}; FP8 casts must never see NaN or inf "
+        "(Paddle's CPU cast would silently turn them into ±448). Fix the source checkpoint."
+    )
+
+
+def _convert_tensor(weight: WeightTensor) -> int:
+    """Convert and write one spec tensor; returns the source bytes read."""
+    context: _Context = _worker["context"]
+    source: Checkpoint = _worker["source"]
+    options = context.options
+    parts = weight.source_parts(context.layout, context.prefix)
+    target = _worker["location"].get(weight.name)
+    scale_name = names.tensor(weight.module, names.WEIGHT_SCALE) if weight.is_linear else None
+    bytes_in = sum(source.tensors[p.name].nbytes for p in parts)
+    if target is None and (scale_name is None or scale_name not in _worker["location"]):
+        return bytes_in  # everything it writes lives in shards reused from an interrupted run
+    scale = None
+    if weight.is_linear:
+        amaxes = [_part_amax(source, p, weight.channel_wise, options.block_elements) for p in parts]
+        amax = np.concatenate([np.atleast_1d(a) for a in amaxes]) if weight.channel_wise else max(amaxes)
+        scale = numerics.weight_scale_from_amax(amax, options.fp8_max, options.scale_rounding.value).reshape(-1)
+        if scale_name in _worker["location"]:
+            _worker["location"][scale_name].write(scale_name, scale.astype(np.float32))
+    else:
+        for p in parts:  # refuse NaN/inf in kept tensors too, naming the source tensor
+            _part_amax(source, p, False, options.block_elements)
+    if target is not None:
+        if bytes_in <= options.whole_tensor_bytes:
+            _write_whole(source, weight, parts, scale, target, options)
+        else:
+            _write_streamed(source, weight, parts, scale, target, options)
+    return bytes_in
+
+
+def _encode(weight: WeightTensor, values: np.ndarray, scale: np.ndarray | None, options: ConvertOptions) -> np.ndarray:
+    """The output bytes of a block: fp8 codes for linears (scale over the last axis), BF16/F32 otherwise."""
+    if scale is not None:
+        return numerics.quantize(values, scale if weight.channel_wise else scale[0], options.fp8_max, weight.name)
+    dtype = np.float32 if weight.source_dtype == "F32" else numerics.BF16_DTYPE
+    return values.astype(dtype, copy=False)
+
+
+def _write_whole(source, weight, parts, scale, target: ShardFile, options) -> None:
+    arrays = []
+    for p in parts:
+        a = _part_rows(source, p.name, 0, p.shape[0])
+        arrays.append(a.T if p.transpose else a)
+    values = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=-1)
+    target.write(weight.name, np.ascontiguousarray(_encode(weight, values, scale, options)))
+
+
+def _write_streamed(source, weight, parts, scale, target: ShardFile, options) -> None:
+    """Row blocks of each part; a transposed part lands as column segments of the spec tensor."""
+    offset = 0
+    for p in parts:
+        width = p.shape[0] if p.transpose else p.shape[-1]
+        part_scale = None if scale is None else (scale[offset : offset + width] if weight.channel_wise else scale)
+        for start, stop in _blocks(p.shape[0], math.prod(p.shape[1:]), options.block_elements):
+            block = _part_rows(source, p.name, start, stop)
+            if p.transpose:  # rows start:stop of [out_p, in] are spec columns offset+start : offset+stop
+                encoded = _encode(weight, np.ascontiguousarray(block.T), _slice(part_scale, start, stop), options)
+                target.write_columns(weight.name, encoded, 0, offset + start)
+            elif len(parts) == 1:
+                target.write(weight.name, _encode(weight, block, part_scale, options), start)
+            else:  # a 1-D fused bias: its parts are consecutive runs
+                target.write_columns(weight.name, _encode(weight, block, part_scale, options).reshape(1, -1), 0, offset + start)
+        offset += width
+
+
+def _slice(scale: np.ndarray | None, start: int, stop: int) -> np.ndarray | None:
+    return scale if scale is None or scale.size == 1 else scale[start:stop]
+
+
+# ----------------------------------------------------------------------------- the main side
 
 
 def _output_config(source_config: dict, descriptor: ModelDescriptor, qc: QuantizationConfig) -> dict:
@@ -186,27 +404,70 @@ def _output_config(source_config: dict, descriptor: ModelDescriptor, qc: Quantiz
     return config
 
 
+def _fingerprint(checkpoint: Checkpoint, shards: list[Shard], qc: QuantizationConfig, act: dict[str, float]) -> str:
+    """Identity of a conversion: the source files, the plan, the config and every amax. Resume requires equality."""
+    source = sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in checkpoint.files)
+    plan = [(s.file_name, [(t.name, t.dtype, list(t.shape)) for t in s.tensors]) for s in shards]
+    identity = {
+        "source": source,
+        "config": checkpoint.config,
+        "plan": plan,
+        "qc": qc.model_dump(mode="json", exclude={"producer"}),
+        "act": act,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _reusable_shards(staging: Path, fingerprint: str) -> dict[str, dict]:
+    """Finished shards an interrupted run left in ``staging`` whose sha256 still matches; clears the rest."""
+    journal = staging / _JOURNAL
+    try:
+        recorded = json.loads(journal.read_text())
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        recorded = {}
+    if recorded.get("fingerprint") != fingerprint:
+        for child in staging.iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        return {}
+    reusable = {}
+    for name, entry in recorded.get("shards", {}).items():
+        path = staging / name
+        if path.is_file() and path.stat().st_size == entry.get("size") and file_digest(path)[1] == entry.get("sha256"):
+            reusable[name] = entry
+    return reusable
+
+
+def _save_journal(staging: Path, fingerprint: str, done: dict[str, dict]) -> None:
+    temporary = staging / (_JOURNAL + ".tmp")
+    temporary.write_text(json.dumps({"fingerprint": fingerprint, "shards": done}))
+    temporary.replace(staging / _JOURNAL)
+
+
 def convert(
     src: str | Path,
     out: str | Path,
     measurements: Sequence[Measurements],
     options: ConvertOptions = ConvertOptions(),
-    progress=None,
-) -> Path:
-    """Convert ``src`` into an hpu-fp8 v1 checkpoint at ``out``; returns ``out``.
+    progress: Callable[[ConvertProgress], None] | None = None,
+) -> ConvertResult:
+    """Convert ``src`` into an hpu-fp8 v1 checkpoint at ``out``.
 
-    ``progress`` (optional) is called with each output tensor's byte count.
+    Everything that can be refused (measurements, shapes, dtypes, an existing ``out``) is refused
+    before any output is written. On failure ``out`` is untouched and ``out.partial`` holds what was
+    finished; the same call resumes from it.
     """
+    started = time.perf_counter()
     src, out = Path(src), Path(out)
     if src.resolve() == out.resolve():
         raise HpuFp8Error(f"{out}: output and source are the same directory; the source is never modified")
     checkpoint = Checkpoint.open(src)
     descriptor = describe(checkpoint.config)
     layout = detect_layout(checkpoint, descriptor)
+    _check_sources(checkpoint, descriptor, layout)
     attention_fp8 = options.kv_cache is KvCacheScheme.FP8
     modules = descriptor.act_modules(attention_fp8)
     amax, origin, sources = merge_measurements(measurements, descriptor)
-    act = _act_amax(descriptor, modules, amax)
+    act, filled = _act_amax(modules, amax, options.dead_experts)
     default = sources[0].id
     qc = QuantizationConfig(
         kv_cache_quant_type="float8_e4m3" if attention_fp8 else None,
@@ -214,7 +475,7 @@ def convert(
         target=options.target,
         kv_cache_scheme=options.kv_cache,
         scale_rounding=options.scale_rounding,
-        moe=MoePolicy() if descriptor.moe else None,
+        moe=MoePolicy(dead_experts=DeadExperts(policy=options.dead_experts, filled=filled)) if descriptor.moe else None,
         calibration=Calibration(
             sources=sources,
             default_source=default,
@@ -223,26 +484,105 @@ def convert(
         producer=Producer(name="hpu-fp8-loader", version=__version__),
     )
     shards = plan_shards(_plan(descriptor, list(act)), options.max_shard_bytes)
-    with atomic_output_dir(out, force=options.force) as staging:
-        tensors = _output_tensors(checkpoint, descriptor, layout, options, act)
-        digests = {}
-        for shard in shards:
-            writer = ShardWriter(staging, shard, metadata={"format": "pd", "producer": f"hpu-fp8-loader {__version__}"})
-            for _ in shard.tensors:
-                name, array = next(tensors)
-                writer.add(name, array)
-                if progress:
-                    progress(array.nbytes)
-            digests[shard.file_name] = writer.close()
-        write_index(staging, shards)
-        (staging / CONFIG_FILE).write_text(json.dumps(_output_config(checkpoint.config, descriptor, qc), indent=2) + "\n")
-        for extra in sorted(src.iterdir()):
-            if (
-                extra.is_file()
-                and extra.suffix != ".safetensors"
-                and extra.name not in _NOT_COPIED
-                and not extra.name.startswith(".")
-            ):
-                shutil.copyfile(extra, staging / extra.name)
-        write_manifest(staging, digests)
-    return out
+    staging = prepare_output_dir(out, force=options.force)
+    fingerprint = _fingerprint(checkpoint, shards, qc, act)
+    done = _reusable_shards(staging, fingerprint)
+    metadata = {"format": "pd", "producer": f"hpu-fp8-loader {__version__}"}
+    context = _Context(src, staging, layout, descriptor.prefix, options, tuple(shards), frozenset(done), metadata)
+    files = {s.file_name: ShardFile(staging, s, metadata) for s in shards if s.file_name not in done}
+    for shard_file in files.values():
+        shard_file.create()
+    for module, value in act.items():  # the small act tensors, written here
+        for name, array in (
+            (
+                names.tensor(module, names.ACT_SCALE),
+                numerics.act_scale_from_amax(value, options.fp8_max, options.scale_rounding.value),
+            ),
+            (names.tensor(module, names.ACT_AMAX), np.float32(value)),
+        ):
+            shard_of = next(s.file_name for s in shards if any(t.name == name for t in s.tensors))
+            if shard_of in files:
+                files[shard_of].write(name, np.asarray(array, np.float32).reshape(1))
+    _run_jobs(descriptor, context, shards, done, fingerprint, progress)
+    write_index(staging, shards)
+    (staging / CONFIG_FILE).write_text(json.dumps(_output_config(checkpoint.config, descriptor, qc), indent=2) + "\n")
+    for extra in sorted(src.iterdir()):
+        if (
+            extra.is_file()
+            and extra.suffix != ".safetensors"
+            and extra.name not in _NOT_COPIED
+            and not extra.name.startswith(".")
+        ):
+            shutil.copyfile(extra, staging / extra.name)
+    (staging / _JOURNAL).unlink()
+    write_manifest(staging, {name: (entry["size"], entry["sha256"]) for name, entry in done.items()})
+    publish_output_dir(staging, out)
+    weights = descriptor.weights()
+    return ConvertResult(
+        out=out,
+        layout=layout,
+        tensors_quantized=sum(w.is_linear for w in weights),
+        tensors_kept=sum(not w.is_linear for w in weights),
+        bytes_in=sum(info.nbytes for info in checkpoint.tensors.values()),
+        bytes_out=sum(s.nbytes for s in shards),
+        seconds=time.perf_counter() - started,
+        reused_shards=len(context.skip_shards),
+        filled_experts=filled,
+    )
+
+
+def _run_jobs(descriptor, context: _Context, shards, done: dict, fingerprint: str, progress) -> None:
+    """Convert every tensor (in worker processes when asked), hashing each shard as it completes."""
+    weights = descriptor.weights()
+    owner = {t.name: s.file_name for s in shards for t in s.tensors}
+    pending_in_shard = {s.file_name: {t.name for t in s.tensors} for s in shards if s.file_name not in done}
+    for s in shards:  # act tensors are already written
+        if s.file_name in pending_in_shard:
+            pending_in_shard[s.file_name] -= {t.name for t in s.tensors if t.name.endswith((names.ACT_SCALE, names.ACT_AMAX))}
+    source = Checkpoint.open(context.src)
+    total_bytes = sum(source.tensors[p.name].nbytes for w in weights for p in w.source_parts(context.layout, context.prefix))
+    state = {"bytes": 0, "tensors": 0}
+
+    def finished(weight: WeightTensor, bytes_in: int) -> None:
+        outputs = [weight.name] + ([names.tensor(weight.module, names.WEIGHT_SCALE)] if weight.is_linear else [])
+        for name in outputs:
+            shard = owner[name]
+            if shard in pending_in_shard:
+                pending_in_shard[shard].discard(name)
+        for shard, remaining in list(pending_in_shard.items()):
+            if not remaining:
+                size, sha = file_digest(context.staging / shard)
+                done[shard] = {"size": size, "sha256": sha}
+                del pending_in_shard[shard]
+                _save_journal(context.staging, fingerprint, done)
+        state["bytes"] += bytes_in
+        state["tensors"] += 1
+        if progress:
+            progress(ConvertProgress(state["bytes"], total_bytes, state["tensors"], len(weights)))
+
+    if context.options.workers == 1:
+        _init_worker(context)
+        for w in weights:
+            finished(w, _convert_tensor(w))
+    else:
+        mp = multiprocessing.get_context("forkserver")
+        with ProcessPoolExecutor(context.options.workers, mp_context=mp, initializer=_init_worker, initargs=(context,)) as pool:
+            queue = list(reversed(_largest_first(weights)))
+            running: dict[Future, WeightTensor] = {}
+            while queue or running:
+                while queue and len(running) < 2 * context.options.workers:
+                    w = queue.pop()
+                    running[pool.submit(_convert_tensor, w)] = w
+                finished_now, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished_now:
+                    w = running.pop(future)
+                    finished(w, future.result())  # result() re-raises a worker's HpuFp8Error with its message
+    for shard, remaining in pending_in_shard.items():
+        if remaining:
+            raise HpuFp8Error(f"internal error: shard {shard} still misses {sorted(remaining)[:3]}")
+    _save_journal(context.staging, fingerprint, done)
+
+
+def _largest_first(weights: list[WeightTensor]) -> list[WeightTensor]:
+    """Big tensors first, so two workers do not end with one of them alone on a huge tensor."""
+    return sorted(weights, key=lambda w: -math.prod(w.shape))

@@ -40,7 +40,7 @@ def run_demo(work_dir: str | Path, preset: str = "ernie-moe-tiny", say=print) ->
     measurements = work_dir / "measurements.json"
     write_measurements(measurements, synthetic_measurements(config))
     say(f"2/4 wrote synthetic activation amax (labelled 'synthetic'; real calibration comes later) -> {measurements}")
-    checkpoint = convert(source, work_dir / "fp8", [synthetic_measurements(config)], ConvertOptions())
+    checkpoint = convert(source, work_dir / "fp8", [synthetic_measurements(config)], ConvertOptions()).out
     say(f"3/4 converted to hpu-fp8 v1 (gaudi2, ±240, fp8 KV cache) -> {checkpoint}")
     report = validate(checkpoint)
     say(f"4/4 validated: {'valid' if report.valid else 'INVALID'} ({report.tensors} tensors, full scan)")

@@ -16,7 +16,7 @@ import numpy as np
 
 from .arch import Layout, Role, WeightTensor, describe
 from .errors import ConfigError
-from .io.writer import PlannedTensor, ShardWriter, atomic_output_dir, plan_shards, write_index
+from .io.writer import PlannedTensor, ShardFile, plan_shards, prepare_output_dir, publish_output_dir, write_index
 from .spec.config import AmaxSourceKind
 from .spec.measurements import MeasurementProvenance, Measurements, ModelIdentity
 
@@ -150,23 +150,23 @@ def synthesize(
         for part in w.source_parts(layout, descriptor.prefix)
     ]
     shards = plan_shards(planned, max_shard_bytes)
-    with atomic_output_dir(out, force=force) as staging:
-        queue = iter(weights)
-        pending: list[tuple[str, np.ndarray]] = []
-        for shard in shards:
-            writer = ShardWriter(staging, shard, metadata={"format": "pt" if layout is Layout.TORCH else "pd"})
-            for _ in shard.tensors:
-                if not pending:
-                    pending = list(_source_arrays(next(queue), layout, descriptor.prefix, seed))
-                name, array = pending.pop(0)
-                writer.add(name, array)
-                if progress:
-                    progress(array.nbytes)
-            writer.close()
-        write_index(staging, shards)
-        (staging / "config.json").write_text(json.dumps(_source_config(config, layout), indent=2) + "\n")
-        generation = {"bos_token_id": config.get("bos_token_id"), "eos_token_id": config.get("eos_token_id")}
-        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    staging = prepare_output_dir(out, force=force)
+    files = {s.file_name: ShardFile(staging, s, {"format": "pt" if layout is Layout.TORCH else "pd"}) for s in shards}
+    for shard_file in files.values():
+        shard_file.create()
+    owner = {t.name: files[s.file_name] for s in shards for t in s.tensors}
+    for weight in weights:
+        for name, array in _source_arrays(weight, layout, descriptor.prefix, seed):
+            owner[name].write(name, array)
+            if progress:
+                progress(array.nbytes)
+    write_index(staging, shards)
+    (staging / "config.json").write_text(json.dumps(_source_config(config, layout), indent=2) + "\n")
+    generation = {"bos_token_id": config.get("bos_token_id"), "eos_token_id": config.get("eos_token_id")}
+    (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    for shard_file in files.values():
+        shard_file.close()
+    publish_output_dir(staging, out)
     return Path(out)
 
 

@@ -53,7 +53,9 @@ def test_act_tensors_come_from_the_measurements(spec_factory):
 
 
 def test_output_config_is_fastdeploy_paddle_format_from_a_torch_source(source_factory, tmp_path):
-    out = convert(source_factory("qwen2-tiny", "torch"), tmp_path / "o", [synthetic_measurements(preset_config("qwen2-tiny"))])
+    out = convert(
+        source_factory("qwen2-tiny", "torch"), tmp_path / "o", [synthetic_measurements(preset_config("qwen2-tiny"))]
+    ).out
     config = json.loads((out / "config.json").read_text())
     assert config["dtype"] == "bfloat16" and "torch_dtype" not in config and "transformers_version" not in config
     assert config["architectures"] == ["Qwen2ForCausalLM"]
@@ -67,6 +69,7 @@ def _convert_fails(src, out, error, match, measurements=None):
     with pytest.raises(error, match=match):
         convert(src, out, measurements, ConvertOptions())
     assert not out.exists()  # nothing that looks complete
+    assert not (out.with_name(out.name + ".partial") / "hpu_fp8_manifest.json").exists()
 
 
 def test_nan_in_a_source_weight_is_named_and_nothing_is_published(source_factory, tmp_path):
@@ -76,19 +79,54 @@ def test_nan_in_a_source_weight_is_named_and_nothing_is_published(source_factory
     values = np.zeros((32, 64), ml_dtypes.bfloat16)
     values[3, 5] = np.nan
     overwrite_tensor_bytes(src, name, values.tobytes())
-    _convert_fails(src, tmp_path / "out", NonFiniteError, rf"'{name}' holds nan at index \[3, 5\]")
+    _convert_fails(src, tmp_path / "out", NonFiniteError, rf"'{name}' \[32, 64\] holds nan at index \[3, 5\]")
 
 
 def test_missing_measurements_are_listed(source_factory, tmp_path):
     m = synthetic_measurements(preset_config("ernie-moe-tiny"))
-    del m.amax["ernie.layers.2.mlp.experts.1.down_proj"]
-    _convert_fails(source_factory(), tmp_path / "out", MeasurementError, "lack 1 module.*layers.2.mlp.experts.1.down_proj", [m])
+    del m.amax["ernie.layers.2.self_attn.o_proj"]
+    del m.amax["ernie.layers.0.mlp.down_proj"]
+    _convert_fails(
+        source_factory(),
+        tmp_path / "out",
+        MeasurementError,
+        "lack 2 module.*layers.0.mlp.down_proj.*layers.2.self_attn.o_proj",
+        [m],
+    )
 
 
 def test_zero_amax_is_refused_never_divided_by(source_factory, tmp_path):
     m = synthetic_measurements(preset_config("ernie-moe-tiny"))
+    m.amax["ernie.layers.1.mlp.shared_experts.down_proj"] = 0.0
+    _convert_fails(source_factory(), tmp_path / "out", MeasurementError, "zero.*shared_experts.down_proj", [m])
+
+
+def test_dead_experts_stop_the_conversion_and_are_all_listed(source_factory, tmp_path):
+    m = synthetic_measurements(preset_config("ernie-moe-tiny"))
     m.amax["ernie.layers.1.mlp.experts.3.down_proj"] = 0.0
-    _convert_fails(source_factory(), tmp_path / "out", MeasurementError, "zero.*experts.3.down_proj", [m])
+    del m.amax["ernie.layers.2.mlp.experts.0.down_proj"]
+    _convert_fails(
+        source_factory(), tmp_path / "out", MeasurementError, "2 expert.*layer 1 expert 3, layer 2 expert 0.*sibling-max", [m]
+    )
+
+
+def test_sibling_max_fills_dead_experts_and_records_them(source_factory, tmp_path):
+    m = synthetic_measurements(preset_config("ernie-moe-tiny"))
+    m.amax["ernie.layers.1.mlp.experts.3.down_proj"] = 0.0
+    out = convert(source_factory(), tmp_path / "out", [m], ConvertOptions(dead_experts="sibling-max")).out
+    spec = Checkpoint.open(out)
+    siblings = max(m.amax[f"ernie.layers.1.mlp.experts.{e}.down_proj"] for e in range(3))
+    assert spec.get("ernie.layers.1.mlp.experts.3.down_proj.act_amax")[0] == np.float32(siblings)
+    dead = json.loads((out / "config.json").read_text())["quantization_config"]["moe"]["dead_experts"]
+    assert dead == {"policy": "sibling-max", "filled": [{"layer": 1, "expert": 3}]}
+
+
+def test_a_layer_without_any_live_expert_is_refused(source_factory, tmp_path):
+    m = synthetic_measurements(preset_config("ernie-moe-tiny"))
+    for e in range(4):
+        m.amax[f"ernie.layers.2.mlp.experts.{e}.down_proj"] = 0.0
+    with pytest.raises(MeasurementError, match="every expert of layer 2 is dead"):
+        convert(source_factory(), tmp_path / "out", [m], ConvertOptions(dead_experts="sibling-max"))
 
 
 def test_measurements_of_another_model_are_refused(source_factory, tmp_path):
@@ -137,7 +175,7 @@ def test_pow2_rounding_makes_every_scale_a_power_of_two_and_validates(source_fac
         tmp_path / "pow2",
         [synthetic_measurements(preset_config("ernie-moe-tiny"))],
         ConvertOptions(scale_rounding="pow2"),
-    )
+    ).out
     assert validate(out).valid
     spec = Checkpoint.open(out)
     scales = [spec.get(n) for n in spec.tensors if n.endswith(("weight_scale", "act_scale"))]

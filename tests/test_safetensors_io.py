@@ -15,7 +15,7 @@ from safetensors.numpy import save_file
 from hpu_fp8_loader.errors import CheckpointIndexError, SafetensorsFormatError, UnsafePathError
 from hpu_fp8_loader.io.checkpoint import Checkpoint, safe_member
 from hpu_fp8_loader.io.safetensors_file import SafetensorsFile, dtype_name, read_header
-from hpu_fp8_loader.io.writer import PlannedTensor, ShardWriter, plan_shards
+from hpu_fp8_loader.io.writer import PlannedTensor, ShardFile, plan_shards
 
 np.float8_e4m3fn = ml_dtypes.float8_e4m3fn  # safetensors issue 682: its numpy path needs this alias
 
@@ -34,9 +34,10 @@ def _write(tmp_path, arrays, max_bytes=10**9):
     planned = [PlannedTensor(n, dtype_name(a.dtype), a.shape) for n, a in arrays.items()]
     shards = plan_shards(planned, max_bytes)
     for shard in shards:
-        writer = ShardWriter(tmp_path, shard, metadata={"format": "pd"})
-        for t in shard.tensors:
-            writer.add(t.name, arrays[t.name])
+        writer = ShardFile(tmp_path, shard, metadata={"format": "pd"})
+        writer.create()
+        for t in reversed(shard.tensors):  # any order: each tensor lands at its planned offset
+            writer.write(t.name, arrays[t.name])
         writer.close()
     return shards
 
@@ -67,6 +68,18 @@ def test_our_reader_reads_library_files_zero_copy_and_read_only(tmp_path):
         got = f.get(name)
         np.testing.assert_array_equal(got.view(np.uint8), array.view(np.uint8))
         assert not got.flags.writeable
+
+
+def test_column_segments_land_where_a_transpose_would_put_them(tmp_path):
+    full = np.arange(6 * 10, dtype=np.float32).reshape(6, 10)
+    shard = plan_shards([PlannedTensor("t", "F32", (6, 10))], 10**6)[0]
+    writer = ShardFile(tmp_path, shard)
+    writer.create()
+    writer.write_columns("t", full[:, 4:], 0, 4)
+    writer.write_columns("t", full[2:, :4], 2, 0)
+    writer.write_columns("t", full[:2, :4], 0, 0)
+    writer.close()
+    np.testing.assert_array_equal(SafetensorsFile(tmp_path / shard.file_name).get("t"), full)
 
 
 def test_shards_are_named_with_the_exact_count_and_respect_the_limit(tmp_path):

@@ -34,6 +34,20 @@ def read_config(root: Path) -> dict:
     return read_json_object(Path(root) / CONFIG_FILE, ConfigError, "missing; every checkpoint needs a config.json")
 
 
+def _allowed_roots(root: Path) -> list[Path]:
+    """The checkpoint itself, plus the blob store when it is a Hugging Face cache snapshot.
+
+    huggingface_hub lays a snapshot out as links into ``models--org--name/blobs``; those links are
+    the cache's own, so following them is safe, while any other link out of the tree is not.
+    """
+    resolved = Path(root).resolve()
+    roots = [resolved]
+    absolute = Path(root).absolute()
+    if absolute.parent.name == "snapshots":
+        roots.append((absolute.parent.parent / "blobs").resolve())
+    return roots
+
+
 def safe_member(root: Path, relative: str) -> Path:
     """``root / relative`` after checking it stays inside ``root`` (no absolute path, ``..`` or symlink escape)."""
     if not isinstance(relative, str) or not relative or Path(relative).is_absolute() or "\\" in relative:
@@ -41,9 +55,9 @@ def safe_member(root: Path, relative: str) -> Path:
     if any(part == ".." for part in Path(relative).parts):
         raise UnsafePathError(f"{root}: index names {relative!r}, which climbs out of the checkpoint with '..'")
     candidate = (Path(root) / relative).resolve()
-    if not candidate.is_relative_to(Path(root).resolve()):
+    if not any(candidate.is_relative_to(allowed) for allowed in _allowed_roots(root)):
         raise UnsafePathError(f"{root}: index entry {relative!r} resolves to {candidate}, outside the checkpoint")
-    return candidate
+    return Path(root).absolute() / relative
 
 
 def read_index(root: Path) -> tuple[dict[str, str], dict]:

@@ -149,6 +149,7 @@ class SafetensorsFile:
         self.path = Path(path)
         self.tensors, self.metadata = read_header(self.path)
         self._map: mmap.mmap | None = None
+        self._fd: int | None = None
 
     def _buffer(self) -> mmap.mmap:
         if self._map is None:
@@ -168,9 +169,36 @@ class SafetensorsFile:
         flat = np.frombuffer(self._buffer(), dtype=dtype, count=info.numel, offset=info.begin)
         return flat.reshape(info.shape)
 
+    def read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of axis 0, read with pread into a fresh array (no mapping stays resident).
+
+        The converter uses this instead of :meth:`get` so that what it has read is freed as soon as
+        it is processed: mapped pages would count against the process for the whole run.
+        """
+        info = self.tensors[name]
+        dtype = DTYPES[info.dtype]
+        row_elements = math.prod(info.shape[1:])
+        out = np.empty((stop - start, *info.shape[1:]), dtype)
+        if out.size == 0:
+            return out
+        offset = info.begin + start * row_elements * dtype.itemsize
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        done = 0
+        while done < len(view):
+            n = os.preadv(self._fd, [view[done:]], offset + done)
+            if n == 0:
+                raise _bad(self.path, f"tensor '{name}': file ended while reading (truncated since it was opened?)")
+            done += n
+        return out
+
     def close(self) -> None:
         """Drop our reference to the map; arrays still alive keep it mapped until they go."""
         self._map = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self) -> SafetensorsFile:
         return self

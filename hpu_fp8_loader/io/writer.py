@@ -1,21 +1,22 @@
-"""Streaming sharded safetensors output, written into ``OUT.partial`` and renamed when complete.
+"""Sharded safetensors output, planned up front and written at known offsets.
 
-The header of a safetensors file only needs names, dtypes and shapes, so a shard is planned up
-front and each tensor's bytes are appended as soon as it is ready: nothing holds more than one
-tensor. The index and the manifest are written last; a directory without ``hpu_fp8_manifest.json``
-was never finished, and a ``.partial`` directory is never mistaken for output.
+A safetensors header needs only names, dtypes and shapes, which are known before any weight is read.
+So every shard is created at its final size with its header in place, and tensors (or blocks of
+rows, or column segments of a transposed tensor) are written with ``pwrite`` at their offsets, in
+any order and from any worker process. Output goes into ``OUT.partial`` and is renamed only when
+the index and the manifest are written: a directory without ``hpu_fp8_manifest.json`` was never
+finished, and a ``.partial`` directory is never mistaken for output.
 """
 
 from __future__ import annotations
 
-import hashlib
+import errno
 import json
 import math
 import os
 import shutil
 import struct
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,9 +26,23 @@ from ..errors import HpuFp8Error, OutputExistsError
 from .checkpoint import INDEX_FILE
 from .safetensors_file import DTYPES, dtype_name
 
-__all__ = ["PlannedTensor", "Shard", "ShardWriter", "atomic_output_dir", "plan_shards", "write_index"]
+__all__ = [
+    "PARTIAL_SUFFIX",
+    "PlannedTensor",
+    "Shard",
+    "ShardFile",
+    "WriteFailedError",
+    "plan_shards",
+    "prepare_output_dir",
+    "publish_output_dir",
+    "write_index",
+]
 
 PARTIAL_SUFFIX = ".partial"
+
+
+class WriteFailedError(HpuFp8Error):
+    """Writing output failed (no space left, a file-size limit, an I/O error); nothing was published."""
 
 
 @dataclass(frozen=True)
@@ -81,48 +96,91 @@ def _header_bytes(shard: Shard, metadata: dict[str, str] | None) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
-class ShardWriter:
-    """Writes one planned shard; tensors must arrive in plan order. Hashes the bytes as they go."""
+def _write_failed(path: Path, exc: OSError, what: str) -> WriteFailedError:
+    reason = {
+        errno.ENOSPC: "no space left on the device",
+        errno.EFBIG: "the file would exceed the file-size limit",
+        errno.EDQUOT: "the disk quota is exhausted",
+    }.get(exc.errno, exc.strerror or str(exc))
+    return WriteFailedError(
+        f"{path}: {what} failed: {reason}. Nothing was published; fix that and run the same command again to resume."
+    )
+
+
+class ShardFile:
+    """One planned shard on disk. ``create`` makes it at full size; ``write*`` fill it in from any process."""
 
     def __init__(self, directory: Path, shard: Shard, metadata: dict[str, str] | None = None):
         self.path = Path(directory) / shard.file_name
         self.shard = shard
-        self._next = 0
-        self._sha = hashlib.sha256()
-        self._file = open(self.path, "wb")  # noqa: SIM115 - held open across add() calls, closed in close()
-        self._write(_header_bytes(shard, metadata))
+        self._header = _header_bytes(shard, metadata)
+        self._begin: dict[str, int] = {}
+        self._planned: dict[str, PlannedTensor] = {}
+        offset = len(self._header)
+        for t in shard.tensors:
+            self._begin[t.name], self._planned[t.name] = offset, t
+            offset += t.nbytes
+        self.size = offset
+        self._fd: int | None = None
 
-    def _write(self, data: bytes | memoryview) -> None:
+    def create(self) -> None:
+        """(Re)create the file: header written, data region allocated (sparse until written)."""
         try:
-            self._file.write(data)
+            with open(self.path, "wb") as f:
+                f.write(self._header)
+                f.truncate(self.size)
         except OSError as exc:
-            self._file.close()
-            raise HpuFp8Error(f"{self.path}: write failed ({exc.strerror or exc}); nothing was published") from exc
-        self._sha.update(data)
+            raise _write_failed(self.path, exc, "creating the shard") from exc
 
-    def add(self, name: str, array: np.ndarray) -> None:
-        planned = self.shard.tensors[self._next]
-        if name != planned.name or dtype_name(array.dtype) != planned.dtype or tuple(array.shape) != planned.shape:
+    def _pwrite(self, data: np.ndarray, offset: int) -> None:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY)
+        view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+        try:
+            while len(view):
+                n = os.pwrite(self._fd, view, offset)
+                view, offset = view[n:], offset + n
+        except OSError as exc:
+            raise _write_failed(self.path, exc, f"writing {data.nbytes} bytes at offset {offset}") from exc
+
+    def _check(self, name: str, array: np.ndarray) -> PlannedTensor:
+        planned = self._planned[name]
+        if dtype_name(array.dtype) != planned.dtype:
+            raise ValueError(f"{self.path}: {name} is {dtype_name(array.dtype)}, planned {planned.dtype}")
+        return planned
+
+    def write(self, name: str, array: np.ndarray, first_row: int = 0) -> None:
+        """Write whole rows of ``name`` starting at row ``first_row`` (the whole tensor by default)."""
+        planned = self._check(name, array)
+        row_bytes = math.prod(planned.shape[1:]) * DTYPES[planned.dtype].itemsize if planned.shape else 0
+        if first_row * row_bytes + array.nbytes > planned.nbytes:
+            raise ValueError(f"{self.path}: {name} rows {first_row}+{len(array)} exceed shape {list(planned.shape)}")
+        self._pwrite(array, self._begin[name] + first_row * row_bytes)
+
+    def write_columns(self, name: str, block: np.ndarray, first_row: int, first_column: int) -> None:
+        """Write a 2-D ``block`` into rows ``first_row:`` and columns ``first_column:`` of a 2-D tensor.
+
+        This is how a transposed source lands in the spec's ``[in, out]`` layout without ever holding
+        the whole tensor: one pwrite per row segment, or one for the block when it spans full rows.
+        """
+        planned = self._check(name, block)
+        rows, columns = planned.shape if len(planned.shape) == 2 else (1, planned.shape[0])  # a 1-D tensor is one row
+        item = DTYPES[planned.dtype].itemsize
+        if first_column == 0 and block.shape[1] == columns:
+            self._pwrite(block, self._begin[name] + first_row * columns * item)
+            return
+        if first_row + block.shape[0] > rows or first_column + block.shape[1] > columns:
             raise ValueError(
-                f"{self.path}: got {name} {dtype_name(array.dtype)}{list(array.shape)}, "
-                f"planned {planned.name} {planned.dtype}{list(planned.shape)}"
+                f"{self.path}: {name} block {block.shape} at ({first_row}, {first_column}) exceeds {list(planned.shape)}"
             )
-        data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-        self._write(memoryview(data))
-        self._next += 1
+        base = self._begin[name] + (first_row * columns + first_column) * item
+        for i in range(block.shape[0]):
+            self._pwrite(block[i], base + i * columns * item)
 
-    def close(self) -> tuple[int, str]:
-        """Flush to disk; returns (size, sha256)."""
-        if self._next != len(self.shard.tensors):
-            raise ValueError(f"{self.path}: closed after {self._next} of {len(self.shard.tensors)} tensors")
-        try:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-        except OSError as exc:
-            raise HpuFp8Error(f"{self.path}: flush failed ({exc.strerror or exc}); nothing was published") from exc
-        finally:
-            self._file.close()
-        return self.path.stat().st_size, self._sha.hexdigest()
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def write_index(directory: Path, shards: list[Shard]) -> None:
@@ -131,18 +189,22 @@ def write_index(directory: Path, shards: list[Shard]) -> None:
     (Path(directory) / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
 
 
-@contextmanager
-def atomic_output_dir(out: str | Path, force: bool = False) -> Iterator[Path]:
-    """Yield ``OUT.partial``; on success replace ``OUT`` with it in one rename.
-
-    On failure the partial directory stays (a later run may resume from it) and ``OUT`` is untouched.
-    """
+def prepare_output_dir(out: str | Path, force: bool = False) -> Path:
+    """``OUT.partial`` (kept if present, for resuming); refuses an existing ``OUT`` unless ``force``."""
     out = Path(out)
     if out.exists() and not force:
         raise OutputExistsError(f"{out}: already exists; pass --force to replace it")
     partial = out.with_name(out.name + PARTIAL_SUFFIX)
-    partial.mkdir(parents=True, exist_ok=True)
-    yield partial
+    try:
+        partial.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _write_failed(partial, exc, "creating the output directory") from exc
+    return partial
+
+
+def publish_output_dir(partial: Path, out: str | Path) -> Path:
+    """Replace ``OUT`` with the finished ``OUT.partial`` by renames, so ``OUT`` is never half-written."""
+    out = Path(out)
     if out.exists():
         retired = out.with_name(out.name + ".replaced")
         shutil.rmtree(retired, ignore_errors=True)
@@ -151,3 +213,4 @@ def atomic_output_dir(out: str | Path, force: bool = False) -> Iterator[Path]:
         shutil.rmtree(retired)
     else:
         partial.rename(out)
+    return out

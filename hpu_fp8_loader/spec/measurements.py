@@ -38,7 +38,7 @@ class Measurements(_Strict):
     format: Literal["hpu-fp8-measurements"] = FORMAT
     version: Literal[1] = 1
     provenance: MeasurementProvenance
-    model: ModelIdentity
+    model: ModelIdentity | None = None  # absent for FastDeploy's files, which do not say
     amax: dict[str, float]
     expert_tokens: dict[str, int] = Field(default_factory=dict)
 

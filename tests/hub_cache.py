@@ -1,0 +1,26 @@
+"""A Hugging Face Hub cache laid out on disk the way huggingface_hub lays it out, for offline tests.
+
+blobs/<sha256> hold the bytes; snapshots/<commit>/<file> link to them; refs/main names the commit
+(environment-facts.md section 7 records that huggingface_hub resolves such a cache offline).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+
+def add_to_cache(cache: Path, repo_id: str, source: Path, commit: str = "0" * 39 + "1") -> Path:
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for file in sorted(source.iterdir()):
+        digest = hashlib.sha256(file.read_bytes()).hexdigest()
+        blob = repo / "blobs" / digest
+        blob.write_bytes(file.read_bytes())
+        os.symlink(os.path.relpath(blob, snapshot), snapshot / file.name)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot
