@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 import ml_dtypes
 import numpy as np
 
-from hpu_fp8_loader import numerics
+from hpu_fp8_loader import numerics, scales
 
 
 def best_of(repeat: int, fn) -> float:
@@ -52,7 +52,7 @@ def main() -> None:
     rows = args.elements // 4096
     x32 = rng.standard_normal((rows, 4096), dtype=np.float32)
     x16 = x32.astype(ml_dtypes.bfloat16)
-    scale = float(numerics.weight_scale_from_amax(numerics.abs_max(x32), 240.0))
+    scale = float(scales.weight_scale_from_amax(numerics.abs_max(x32), 240.0))
     cores = os.cpu_count() or 1
 
     baseline = best_of(args.repeat, lambda: x32.astype(ml_dtypes.float8_e4m3fn))

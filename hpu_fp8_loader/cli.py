@@ -85,9 +85,10 @@ def main() -> None:
     is_flag=True,
     help="Check headers, scales, index and file sizes only (seconds on any size); skip the weight scan and sha256.",
 )
+@click.option("--hashes", is_flag=True, help="Also compare every file's sha256 with hpu_fp8_manifest.json (reads every byte).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-def validate(directory: Path, quick: bool, as_json: bool, quiet: bool) -> None:
+def validate(directory: Path, quick: bool, hashes: bool, as_json: bool, quiet: bool) -> None:
     """Check DIRECTORY against every rule of the hpu-fp8 v1 spec.
 
     Exit status: 0 valid, 1 invalid (every violation is listed), 2 unreadable (no directory,
@@ -97,7 +98,7 @@ def validate(directory: Path, quick: bool, as_json: bool, quiet: bool) -> None:
 
     try:
         with _bar(0, "scanning weights", quiet or quick or as_json) as bar:
-            report = run_validation(directory, full=not quick, progress=bar.update)
+            report = run_validation(directory, full=not quick, hashes=hashes, progress=bar.update)
     except HpuFp8Error as exc:
         if as_json:
             click.echo(json.dumps({"root": str(directory), "valid": False, "unreadable": str(exc)}, indent=2))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, numerics
+from . import __version__, numerics, scales
 from .arch import Layout, ModelDescriptor, WeightTensor, describe
 from .errors import ConfigError, HpuFp8Error, MeasurementError, NonFiniteError
 from .io.checkpoint import CONFIG_FILE, INDEX_FILE, Checkpoint
@@ -340,7 +340,7 @@ def _convert_tensor(weight: WeightTensor) -> int:
     if weight.is_linear:
         amaxes = [_part_amax(source, p, weight.channel_wise, options.block_elements) for p in parts]
         amax = np.concatenate([np.atleast_1d(a) for a in amaxes]) if weight.channel_wise else max(amaxes)
-        scale = numerics.weight_scale_from_amax(amax, options.fp8_max, options.scale_rounding.value).reshape(-1)
+        scale = scales.weight_scale_from_amax(amax, options.fp8_max, options.scale_rounding.value).reshape(-1)
         if scale_name in _worker["location"]:
             _worker["location"][scale_name].write(scale_name, scale.astype(np.float32))
     else:
@@ -496,7 +496,7 @@ def convert(
         for name, array in (
             (
                 names.tensor(module, names.ACT_SCALE),
-                numerics.act_scale_from_amax(value, options.fp8_max, options.scale_rounding.value),
+                scales.act_scale_from_amax(value, options.fp8_max, options.scale_rounding.value),
             ),
             (names.tensor(module, names.ACT_AMAX), np.float32(value)),
         ):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import numerics
+from . import scales
 from .arch import describe
 from .io.checkpoint import Checkpoint
 from .spec import names
@@ -63,7 +63,7 @@ def inspect_checkpoint(root: str | Path) -> Inspection:
     checkpoint = Checkpoint.open(root)
     qc = parse_quantization_config(checkpoint.config, str(Path(root) / "config.json"))
     descriptor = describe(checkpoint.config)
-    limit = numerics.max_code(qc.fp8_max)
+    limit = scales.max_code(qc.fp8_max)
     role_of = {w.name: w.role.value for w in descriptor.weights()}
     module_role = {w.module: w.role.value for w in descriptor.weights() if w.is_linear}
     roles: dict[str, RoleSummary] = defaultdict(RoleSummary)

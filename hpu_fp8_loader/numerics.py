@@ -1,4 +1,4 @@
-"""FP8 arithmetic: amax, scales, the saturating round-to-nearest-even cast, dequantization.
+"""FP8 arithmetic: amax, the saturating round-to-nearest-even cast, dequantization (scale math: scales.py).
 
 Pure functions on numpy arrays; no I/O. Every scale here is a *dequantization* scale
 (``real ~= fp8 * scale``, ``scale = amax / fp8_max``), the one meaning the spec gives the word.
@@ -24,30 +24,20 @@ import ml_dtypes
 import numpy as np
 
 from .errors import NonFiniteError
+from .scales import max_code
 
 __all__ = [
     "BF16_DTYPE",
     "FP8_DTYPE",
-    "GAUDI2_FP8_MAX",
-    "GAUDI3_FP8_MAX",
     "abs_max",
-    "act_scale_from_amax",
     "cast_to_fp8",
     "channel_abs_max",
     "dequantize",
-    "is_bf16_exact",
-    "max_code",
     "quantize",
-    "round_up_to_bf16",
-    "round_up_to_pow2",
-    "scale_from_amax",
-    "weight_scale_from_amax",
 ]
 
 FP8_DTYPE = np.dtype(ml_dtypes.float8_e4m3fn)
 BF16_DTYPE = np.dtype(ml_dtypes.bfloat16)
-GAUDI2_FP8_MAX = 240.0
-GAUDI3_FP8_MAX = 448.0
 _FP8_NAN_MAGNITUDE = 0x7F
 # Elements per chunk. Measured (bench/quantize.py): 2^18 is fastest on one core and scales best to two;
 # smaller chunks pay more per-call overhead under the GIL, larger ones fall out of cache.
@@ -64,11 +54,6 @@ def _cast_table(fp8_max: float) -> np.ndarray:
     non_finite = ~np.isfinite(values)
     table[non_finite] = _FP8_NAN_MAGNITUDE | (table[non_finite] & 0x80)
     return table
-
-
-def max_code(fp8_max: float) -> int:
-    """The largest magnitude code (sign bit clear) a checkpoint with this range may contain."""
-    return int(np.array(fp8_max, dtype=FP8_DTYPE).view(np.uint8))
 
 
 def _as_float32_into(src: np.ndarray, buf: np.ndarray) -> np.ndarray:
@@ -142,56 +127,6 @@ def channel_abs_max(x: np.ndarray, name: str = "tensor") -> np.ndarray:
             raise _non_finite_error(name, x.shape, start * rows.shape[1] + bad, float(chunk.reshape(-1)[bad]))
         np.maximum(hi, peak, out=hi)
     return hi
-
-
-def scale_from_amax(amax: float | np.ndarray, fp8_max: float) -> np.ndarray:
-    """``amax / fp8_max`` in float32: the dequantization scale before any rounding."""
-    return np.asarray(np.asarray(amax, np.float32) / np.float32(fp8_max), np.float32)
-
-
-def round_up_to_bf16(scale: np.ndarray) -> np.ndarray:
-    """Smallest bf16-representable float32 >= each positive finite scale.
-
-    FastDeploy holds weight scales in bf16; rounding up before quantizing makes its dequantization
-    use exactly the scale the converter used, and rounding *up* keeps |w / scale| <= fp8_max.
-    """
-    s = np.asarray(scale, np.float32)
-    bits = np.ascontiguousarray(s).view(np.uint32)
-    rounded = ((bits.astype(np.uint64) + 0xFFFF) & 0xFFFF0000).astype(np.uint32)
-    return rounded.view(np.float32).reshape(s.shape)
-
-
-def round_up_to_pow2(scale: np.ndarray) -> np.ndarray:
-    """Smallest power of two >= each positive finite scale (exact; via frexp)."""
-    s = np.asarray(scale, np.float32)
-    mantissa, exponent = np.frexp(s)
-    exponent = np.where(mantissa == 0.5, exponent - 1, exponent)
-    return np.ldexp(np.float32(1.0), exponent).astype(np.float32)
-
-
-def is_bf16_exact(values: np.ndarray) -> np.ndarray:
-    """True where a float32 value has no bits below bf16 precision."""
-    values = np.asarray(values, np.float32)
-    return ((np.ascontiguousarray(values).view(np.uint32) & 0xFFFF) == 0).reshape(values.shape)
-
-
-def weight_scale_from_amax(amax: float | np.ndarray, fp8_max: float, rounding: str = "none") -> np.ndarray:
-    """Weight dequantization scale: amax / fp8_max, optionally up to a power of two, then up to bf16.
-
-    A zero amax (an all-zero tensor or channel) gets scale 1.0: any positive scale represents zeros
-    exactly, and the spec requires every scale to be positive.
-    """
-    amax = np.asarray(amax, np.float32)
-    scale = np.where(amax > 0, scale_from_amax(amax, fp8_max), np.float32(1.0)).astype(np.float32)
-    if rounding == "pow2":
-        scale = round_up_to_pow2(scale)
-    return round_up_to_bf16(scale)
-
-
-def act_scale_from_amax(amax: float | np.ndarray, fp8_max: float, rounding: str = "none") -> np.ndarray:
-    """Activation dequantization scale: float32(amax / fp8_max), or its power-of-two round-up."""
-    scale = scale_from_amax(amax, fp8_max)
-    return round_up_to_pow2(scale) if rounding == "pow2" else scale
 
 
 def _cast_rows(

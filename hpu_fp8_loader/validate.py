@@ -7,13 +7,16 @@ Everything else is collected, so one run shows every problem.
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from . import numerics
+from . import scales
 from .arch import ModelDescriptor, describe
 from .errors import CheckpointNotFoundError, HpuFp8Error
 from .io.checkpoint import INDEX_FILE, read_config, read_index, safe_member
@@ -24,8 +27,9 @@ from .spec.config import KvCacheScheme, QuantizationConfig, ScaleRounding, fastd
 
 __all__ = ["ValidationReport", "Violation", "expected_tensors", "validate"]
 
-# Elements of an fp8 weight checked per step of the full scan.
-_SCAN_CHUNK = 1 << 24
+# Bytes read per step of the full scan, and files scanned at once.
+_SCAN_BLOCK = 8 << 20
+_SCAN_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -127,7 +131,7 @@ def _check_scales(
                 "scales.finite-positive", name, f"holds {values.min()}..{values.max()}; scales and amax must be finite and > 0"
             )
             continue
-        if name.endswith(names.WEIGHT_SCALE) and not numerics.is_bf16_exact(values).all():
+        if name.endswith(names.WEIGHT_SCALE) and not scales.is_bf16_exact(values).all():
             report.add(
                 "scales.weight-bf16",
                 name,
@@ -136,7 +140,7 @@ def _check_scales(
         if (
             name.endswith(names.WEIGHT_SCALE)
             and qc.scale_rounding is ScaleRounding.POW2
-            and not np.array_equal(values, numerics.round_up_to_pow2(values))
+            and not np.array_equal(values, scales.round_up_to_pow2(values))
         ):
             report.add("scales.pow2", name, "scale_rounding is pow2 but the weight scale is not a power of two")
     for module in descriptor.act_modules(qc.kv_cache_scheme is KvCacheScheme.FP8, frozenset(qc.ignore)):
@@ -145,7 +149,7 @@ def _check_scales(
         if scale_info is None or amax_info is None or scale_info.shape != (1,) or amax_info.shape != (1,):
             continue
         amax, scale = _scalar(files, amax_info), _scalar(files, scale_info)
-        want = numerics.act_scale_from_amax(amax, qc.fp8_max, qc.scale_rounding.value)
+        want = scales.act_scale_from_amax(amax, qc.fp8_max, qc.scale_rounding.value)
         if np.isfinite(amax).all() and not np.array_equal(scale, want):
             report.add(
                 "scales.act-consistent",
@@ -160,30 +164,83 @@ def _check_scales(
             )
 
 
-def _scan_weights(
+def _check_codes(codes: np.ndarray, info: TensorInfo, first: int, fp8_max: float, work: np.ndarray) -> Violation | None:
+    """A violation if a block of ``info``'s codes (starting at element ``first``) holds NaN or out-of-range codes."""
+    magnitude = np.bitwise_and(codes, 0x7F, out=work[: codes.size])
+    limit = scales.max_code(fp8_max)
+    if magnitude.max() <= limit:
+        return None
+    bad = np.flatnonzero(magnitude > limit)
+    kind = "NaN codes" if (magnitude[bad] == 0x7F).any() else f"values beyond ±{fp8_max:g}"
+    return Violation("weights.fp8-codes", info.name, f"{bad.size}+ {kind}, first at flat index {first + int(bad[0])}")
+
+
+def _scan_file(
+    path: Path, fp8: list[TensorInfo], fp8_max: float, hashes: bool, progress: Callable[[int], None] | None
+) -> tuple[str | None, list[Violation]]:
+    """Check every fp8 tensor of a shard; with ``hashes``, in one sequential read that also hashes the file."""
+    buffer = bytearray(_SCAN_BLOCK)
+    work = np.empty(_SCAN_BLOCK, np.uint8)
+    flagged: dict[str, Violation] = {}
+    sha = hashlib.sha256() if hashes else None
+    with open(path, "rb", buffering=0) as f:
+        if sha is None:  # only the fp8 regions need reading
+            for t in fp8:
+                for start in range(t.begin, t.end, _SCAN_BLOCK):
+                    n = os.preadv(f.fileno(), [memoryview(buffer)[: min(_SCAN_BLOCK, t.end - start)]], start)
+                    violation = _check_codes(np.frombuffer(buffer, np.uint8, n), t, start - t.begin, fp8_max, work)
+                    if progress:
+                        progress(n)
+                    if violation:
+                        flagged[t.name] = violation
+                        break
+            return None, list(flagged.values())
+        fp8 = sorted(fp8, key=lambda t: t.begin)
+        position = 0
+        while n := f.readinto(buffer):
+            view = memoryview(buffer)[:n]
+            sha.update(view)
+            codes = np.frombuffer(view, np.uint8)
+            for t in fp8:
+                if t.end <= position or t.name in flagged:
+                    continue
+                if t.begin >= position + n:
+                    break
+                lo, hi = max(t.begin, position) - position, min(t.end, position + n) - position
+                violation = _check_codes(codes[lo:hi], t, position + lo - t.begin, fp8_max, work)
+                if violation:
+                    flagged[t.name] = violation
+            position += n
+            if progress:
+                progress(n)
+    return sha.hexdigest(), list(flagged.values())
+
+
+def _scan_files(
+    root: Path,
     tensors: dict[str, TensorInfo],
-    files: dict[Path, SafetensorsFile],
     qc: QuantizationConfig,
+    hashes: bool,
     report: ValidationReport,
     progress: Callable[[int], None] | None,
-) -> None:
-    limit = numerics.max_code(qc.fp8_max)
-    for name, info in tensors.items():
-        if info.dtype != "F8_E4M3":
-            continue
-        codes = files[info.file].get(name).reshape(-1).view(np.uint8)
-        work = np.empty(min(_SCAN_CHUNK, codes.size), np.uint8)
-        for start in range(0, codes.size, _SCAN_CHUNK):
-            chunk = codes[start : start + _SCAN_CHUNK]
-            magnitude = np.bitwise_and(chunk, 0x7F, out=work[: chunk.size])
-            if magnitude.max() > limit:
-                bad = np.flatnonzero(magnitude > limit)
-                kind = "NaN codes" if (magnitude[bad] == 0x7F).any() else f"values beyond ±{qc.fp8_max:g}"
-                report.add("weights.fp8-codes", name, f"{bad.size}+ {kind}, first at flat index {start + int(bad[0])}")
-                break
-        report.weight_bytes_scanned += info.nbytes
-        if progress:
-            progress(info.nbytes)
+) -> dict[str, str]:
+    """The fp8 code check of every shard (and its sha256 when ``hashes``), two files at a time."""
+    by_file: dict[Path, list[TensorInfo]] = {}
+    for info in tensors.values():
+        by_file.setdefault(info.file, []).append(info)
+    with ThreadPoolExecutor(_SCAN_THREADS) as pool:  # hashlib and numpy release the GIL on large buffers
+        results = {
+            path: pool.submit(_scan_file, path, [t for t in infos if t.dtype == "F8_E4M3"], qc.fp8_max, hashes, progress)
+            for path, infos in by_file.items()
+        }
+        digests = {}
+        for path, future in results.items():
+            digest, violations = future.result()
+            if digest is not None:
+                digests[Path(path).relative_to(Path(root).absolute()).as_posix()] = digest
+            report.violations.extend(violations)
+            report.weight_bytes_scanned += sum(t.nbytes for t in by_file[path] if t.dtype == "F8_E4M3")
+    return digests
 
 
 def _check_config(config: dict, qc: QuantizationConfig, descriptor: ModelDescriptor, report: ValidationReport) -> None:
@@ -218,8 +275,13 @@ def _check_config(config: dict, qc: QuantizationConfig, descriptor: ModelDescrip
             )
 
 
-def validate(root: str | Path, full: bool = True, progress: Callable[[int], None] | None = None) -> ValidationReport:
-    """Check ``root``; ``full`` also scans every fp8 weight and every file's sha256.
+def validate(
+    root: str | Path, full: bool = True, hashes: bool = False, progress: Callable[[int], None] | None = None
+) -> ValidationReport:
+    """Check ``root``; ``full`` also scans every fp8 weight; ``hashes`` also checks every sha256.
+
+    sha256 guards transport, not the format: ``pull``, ``push`` and a resumed ``convert`` always
+    check it; here it is asked for, since hashing costs more than the rest of a full check.
 
     Raises :class:`~hpu_fp8_loader.errors.HpuFp8Error` subclasses when the directory cannot be read
     as an hpu-fp8 v1 checkpoint at all.
@@ -230,11 +292,12 @@ def validate(root: str | Path, full: bool = True, progress: Callable[[int], None
     config = read_config(root)
     qc = parse_quantization_config(config, str(root / "config.json"))
     descriptor = describe(config)
-    report = ValidationReport(str(root), "full" if full else "quick")
+    report = ValidationReport(str(root), ("full" if full else "quick") + (" + sha256" if hashes else ""))
     _check_config(config, qc, descriptor, report)
     tensors = _read_shards(root, report)
     report.tensors = len(tensors)
-    for problem in check_manifest(root, hashes=full):
+    digests = _scan_files(root, tensors, qc, hashes, report, progress) if full or hashes else {}
+    for problem in check_manifest(root, hashes=hashes, known=digests):
         report.add("container.manifest", "hpu_fp8_manifest.json", problem)
     expected = expected_tensors(descriptor, qc)
     missing = [n for n in expected if n not in tensors]
@@ -250,6 +313,4 @@ def validate(root: str | Path, full: bool = True, progress: Callable[[int], None
     files = {info.file: None for info in tensors.values()}
     opened = {path: SafetensorsFile(path) for path in files}
     _check_scales(tensors, opened, qc, descriptor, report)
-    if full:
-        _scan_weights(tensors, opened, qc, report, progress)
     return report

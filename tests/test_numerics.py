@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from hpu_fp8_loader import numerics
+from hpu_fp8_loader import numerics, scales
 from hpu_fp8_loader.errors import NonFiniteError
 
 F8 = ml_dtypes.float8_e4m3fn
@@ -63,7 +63,7 @@ def test_clamp_happens_before_rounding():
 def test_no_code_above_range_is_ever_produced():
     values = all_bf16()
     codes = numerics.cast_to_fp8(values[np.isfinite(values.astype(np.float32))], 240.0).view(np.uint8)
-    assert (codes & 0x7F).max() == numerics.max_code(240.0) == 0x77
+    assert (codes & 0x7F).max() == scales.max_code(240.0) == 0x77
 
 
 def test_finite_value_that_overflows_when_scaled_saturates():
@@ -86,7 +86,7 @@ def test_nan_is_refused_with_name_and_first_index():
 def test_channel_wise_quantize_uses_one_scale_per_output_column():
     rng = np.random.default_rng(2)
     w = rng.standard_normal((70, 33)).astype(np.float32) * np.linspace(0.1, 10, 33, dtype=np.float32)
-    scale = numerics.weight_scale_from_amax(numerics.channel_abs_max(w), 240.0)
+    scale = scales.weight_scale_from_amax(numerics.channel_abs_max(w), 240.0)
     got = numerics.quantize(w, scale, 240.0).view(np.uint8)
     np.testing.assert_array_equal(got, oracle(w / scale[None, :], 240.0))
     np.testing.assert_array_equal(numerics.channel_abs_max(w), np.abs(w).max(axis=0))
@@ -105,7 +105,7 @@ def test_abs_max_over_chunks_matches_numpy():
 
 
 def test_zero_amax_weight_gets_scale_one():
-    np.testing.assert_array_equal(numerics.weight_scale_from_amax(np.array([0.0, 2.4], np.float32), 240.0)[0], 1.0)
+    np.testing.assert_array_equal(scales.weight_scale_from_amax(np.array([0.0, 2.4], np.float32), 240.0)[0], 1.0)
 
 
 positive_floats = st.floats(min_value=2.0**-100, max_value=2.0**100, width=32)
@@ -114,9 +114,9 @@ positive_floats = st.floats(min_value=2.0**-100, max_value=2.0**100, width=32)
 @given(positive_floats)
 def test_bf16_round_up_is_the_smallest_bf16_not_below(scale):
     s = np.float32(scale)
-    up = numerics.round_up_to_bf16(np.array([s]))[0]
+    up = scales.round_up_to_bf16(np.array([s]))[0]
     assert up >= s
-    assert numerics.is_bf16_exact(np.array([up]))[0]
+    assert scales.is_bf16_exact(np.array([up]))[0]
     below = (np.array([up]).view(np.uint32) - 0x10000).view(np.float32)[0]
     assert below < s or up == s
 
@@ -124,7 +124,7 @@ def test_bf16_round_up_is_the_smallest_bf16_not_below(scale):
 @given(positive_floats)
 def test_pow2_round_up_is_the_smallest_power_of_two_not_below(scale):
     s = np.float32(scale)
-    up = float(numerics.round_up_to_pow2(np.array([s]))[0])
+    up = float(scales.round_up_to_pow2(np.array([s]))[0])
     mantissa, _ = np.frexp(up)
     assert mantissa == 0.5 and up >= s and up / 2 < s
 
@@ -133,7 +133,7 @@ def test_pow2_round_up_is_the_smallest_power_of_two_not_below(scale):
 @given(hnp.arrays(np.float32, st.integers(1, 300), elements=st.floats(-1e4, 1e4, width=32)), st.sampled_from(RANGES))
 def test_quantize_then_dequantize_is_within_half_an_fp8_step(x, fp8_max):
     amax = numerics.abs_max(x)
-    scale = numerics.weight_scale_from_amax(amax, fp8_max).reshape(())
+    scale = scales.weight_scale_from_amax(amax, fp8_max).reshape(())
     back = numerics.dequantize(numerics.quantize(x, scale, fp8_max), scale)
     # e4m3 has 3 mantissa bits: relative step 2^-3 for normals, absolute 2^-9 * scale for subnormals.
     tolerance = np.maximum(np.abs(x) * 2.0**-4, 2.0**-10 * scale) * 1.0001
@@ -147,3 +147,11 @@ def test_cast_is_odd_and_monotonic(x):
     np.testing.assert_array_equal(numerics.cast_to_fp8(-x, 240.0).astype(np.float32), -codes.astype(np.float32))
     order = np.argsort(x, kind="stable")
     assert np.all(np.diff(codes.astype(np.float32)[order]) >= 0)
+
+
+def test_max_code_agrees_with_ml_dtypes_for_every_normal_value():
+    codes = np.arange(0x08, 0x7F, dtype=np.uint8)  # every positive normal e4m3fn code
+    for code, value in zip(codes, codes.view(F8).astype(np.float32), strict=True):
+        assert scales.max_code(float(value)) == code
+    with pytest.raises(ValueError, match="not an e4m3fn value"):
+        scales.max_code(241.0)

@@ -171,17 +171,21 @@ def test_fp8_codes_beyond_range_or_nan_are_found_by_the_full_scan(spec_copy, cod
         f.write(bytes([code]))
     write_manifest(root)
     assert validate(root, full=False).valid  # the quick check does not read weights
-    report = validate(root)
-    assert [(v.rule, v.where) for v in report.violations] == [("weights.fp8-codes", name)]
-    assert kind in report.violations[0].message and "flat index 17" in report.violations[0].message
+    for hashes in (False, True):  # the fp8-only reads and the hashing sequential read find the same
+        report = validate(root, hashes=hashes)
+        assert [(v.rule, v.where) for v in report.violations] == [("weights.fp8-codes", name)]
+        assert kind in report.violations[0].message and "flat index 17" in report.violations[0].message
 
 
-def test_manifest_sha256_is_checked_in_full_mode_only(spec_copy):
+def test_manifest_sha256_is_checked_when_asked(spec_copy):
     root = spec_copy()
     overwrite_tensor_bytes(root, "ernie.norm.weight", bytes(2 * 64))  # same size, other bytes
-    assert validate(root, full=False).valid
-    report = validate(root)
-    assert any(v.rule == "container.manifest" and "sha256" in v.message for v in report.violations)
+    assert validate(root, full=False).valid and validate(root).valid
+    for full in (True, False):
+        report = validate(root, full=full, hashes=True)
+        assert [v.rule for v in report.violations] == ["container.manifest"] and "sha256" in report.violations[0].message
+    result = CliRunner().invoke(main, ["validate", "-q", "--hashes", str(root)])
+    assert result.exit_code == 1 and "sha256 differs" in result.output
 
 
 def test_missing_manifest_means_unfinished(spec_copy):

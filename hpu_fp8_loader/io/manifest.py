@@ -44,8 +44,13 @@ def write_manifest(root: Path, known: dict[str, tuple[int, str]] | None = None) 
     return manifest
 
 
-def check_manifest(root: Path, hashes: bool) -> list[str]:
-    """Every disagreement between the manifest and the files; sha256 only when ``hashes``."""
+def check_manifest(root: Path, hashes: bool, known: dict[str, str] | None = None) -> list[str]:
+    """Every disagreement between the manifest and the files; sha256 only when ``hashes``.
+
+    ``known`` holds sha256 digests the caller already computed (relative name -> hex), so a full
+    validation reads each shard once.
+    """
+    known = known or {}
     root = Path(root)
     path = root / MANIFEST_FILE
     try:
@@ -69,7 +74,7 @@ def check_manifest(root: Path, hashes: bool) -> list[str]:
         size = target.stat().st_size
         if not isinstance(entry, dict) or size != entry.get("size"):
             problems.append(f"{name}: {size} bytes, manifest says {entry.get('size') if isinstance(entry, dict) else entry}")
-        elif hashes and file_digest(target)[1] != entry.get("sha256"):
+        elif hashes and (known.get(name) or file_digest(target)[1]) != entry.get("sha256"):
             problems.append(f"{name}: sha256 differs from {MANIFEST_FILE} (file changed or corrupt)")
     for name in _members(root):
         if name not in listed:

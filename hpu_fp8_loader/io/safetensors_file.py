@@ -8,6 +8,7 @@ of a memory map, so opening a checkpoint never modifies it and costs no RAM.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import mmap
@@ -16,31 +17,62 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
 from ..errors import SafetensorsFormatError
 
-__all__ = ["DTYPES", "SafetensorsFile", "TensorInfo", "dtype_name", "read_header"]
+__all__ = ["ITEMSIZES", "SafetensorsFile", "TensorInfo", "dtype_name", "numpy_dtype", "read_header"]
 
-DTYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    "U8": np.dtype(np.uint8),
-    "I8": np.dtype(np.int8),
-    "U16": np.dtype(np.uint16),
-    "I16": np.dtype(np.int16),
-    "U32": np.dtype(np.uint32),
-    "I32": np.dtype(np.int32),
-    "U64": np.dtype(np.uint64),
-    "I64": np.dtype(np.int64),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F32": np.dtype(np.float32),
-    "F64": np.dtype(np.float64),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+# Item size of every safetensors dtype code; numpy dtypes are made on demand (numpy_dtype), so code
+# that only checks headers or reads F32/uint8 never imports ml_dtypes (its import costs ~0.7 s here).
+ITEMSIZES: dict[str, int] = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "U16": 2,
+    "I16": 2,
+    "U32": 4,
+    "I32": 4,
+    "U64": 8,
+    "I64": 8,
+    "F16": 2,
+    "BF16": 2,
+    "F32": 4,
+    "F64": 8,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
 }
-_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+_NUMPY_NAMES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "U16": "uint16",
+    "I16": "int16",
+    "U32": "uint32",
+    "I32": "int32",
+    "U64": "uint64",
+    "I64": "int64",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F32": "float32",
+    "F64": "float64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+}
+_CODES = {name: code for code, name in _NUMPY_NAMES.items()}
+
+
+@functools.cache
+def numpy_dtype(code: str) -> np.dtype:
+    """The numpy dtype of a safetensors dtype code (BF16 and F8 as ml_dtypes types)."""
+    name = _NUMPY_NAMES[code]
+    if code in ("BF16", "F8_E4M3", "F8_E5M2"):
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name))
+    return np.dtype(name)
+
+
 # A header larger than this is corrupt, not big: the reference implementation uses the same bound.
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
 
@@ -48,7 +80,7 @@ _MAX_HEADER_BYTES = 100 * 1024 * 1024
 def dtype_name(dtype: np.dtype) -> str:
     """The safetensors dtype code of a numpy dtype (``BF16``, ``F8_E4M3``, ...)."""
     try:
-        return _NAMES[np.dtype(dtype)]
+        return _CODES[np.dtype(dtype).name]
     except KeyError:
         raise TypeError(f"dtype {dtype} has no safetensors code") from None
 
@@ -122,7 +154,7 @@ def _tensor_info(path: Path, name: str, entry: object, data_start: int, size: in
     if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
         raise _bad(path, f"tensor '{name}': header entry lacks dtype/shape/data_offsets")
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if dtype not in DTYPES:
+    if dtype not in ITEMSIZES:
         raise _bad(path, f"tensor '{name}': unknown dtype {dtype!r}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
         raise _bad(path, f"tensor '{name}': shape {shape!r} is not a list of non-negative integers")
@@ -133,7 +165,7 @@ def _tensor_info(path: Path, name: str, entry: object, data_start: int, size: in
         or offsets[0] > offsets[1]
     ):
         raise _bad(path, f"tensor '{name}': data_offsets {offsets!r} are not [begin, end]")
-    expected = math.prod(shape) * DTYPES[dtype].itemsize
+    expected = math.prod(shape) * ITEMSIZES[dtype]
     if offsets[1] - offsets[0] != expected:
         raise _bad(path, f"tensor '{name}': {offsets[1] - offsets[0]} bytes for shape {shape} of {dtype} (needs {expected})")
     begin, end = data_start + offsets[0], data_start + offsets[1]
@@ -163,7 +195,7 @@ class SafetensorsFile:
     def get(self, name: str) -> np.ndarray:
         """A zero-copy read-only array of the tensor (F8 and BF16 as ml_dtypes arrays)."""
         info = self.tensors[name]
-        dtype = DTYPES[info.dtype]
+        dtype = numpy_dtype(info.dtype)
         if info.nbytes == 0:
             return np.zeros(info.shape, dtype)
         flat = np.frombuffer(self._buffer(), dtype=dtype, count=info.numel, offset=info.begin)
@@ -176,7 +208,7 @@ class SafetensorsFile:
         it is processed: mapped pages would count against the process for the whole run.
         """
         info = self.tensors[name]
-        dtype = DTYPES[info.dtype]
+        dtype = numpy_dtype(info.dtype)
         row_elements = math.prod(info.shape[1:])
         out = np.empty((stop - start, *info.shape[1:]), dtype)
         if out.size == 0:

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import HpuFp8Error, OutputExistsError
 from .checkpoint import INDEX_FILE
-from .safetensors_file import DTYPES, dtype_name
+from .safetensors_file import ITEMSIZES, dtype_name
 
 __all__ = [
     "PARTIAL_SUFFIX",
@@ -53,7 +53,7 @@ class PlannedTensor:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * DTYPES[self.dtype].itemsize
+        return math.prod(self.shape) * ITEMSIZES[self.dtype]
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ class ShardFile:
     def write(self, name: str, array: np.ndarray, first_row: int = 0) -> None:
         """Write whole rows of ``name`` starting at row ``first_row`` (the whole tensor by default)."""
         planned = self._check(name, array)
-        row_bytes = math.prod(planned.shape[1:]) * DTYPES[planned.dtype].itemsize if planned.shape else 0
+        row_bytes = math.prod(planned.shape[1:]) * ITEMSIZES[planned.dtype] if planned.shape else 0
         if first_row * row_bytes + array.nbytes > planned.nbytes:
             raise ValueError(f"{self.path}: {name} rows {first_row}+{len(array)} exceed shape {list(planned.shape)}")
         self._pwrite(array, self._begin[name] + first_row * row_bytes)
@@ -165,7 +165,7 @@ class ShardFile:
         """
         planned = self._check(name, block)
         rows, columns = planned.shape if len(planned.shape) == 2 else (1, planned.shape[0])  # a 1-D tensor is one row
-        item = DTYPES[planned.dtype].itemsize
+        item = ITEMSIZES[planned.dtype]
         if first_column == 0 and block.shape[1] == columns:
             self._pwrite(block, self._begin[name] + first_row * columns * item)
             return
