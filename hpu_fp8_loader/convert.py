@@ -294,12 +294,11 @@ def _blocks(rows: int, row_elements: int, budget: int):
         yield start, min(rows, start + step)
 
 
-def _part_amax(source: Checkpoint, part, channel_wise: bool, budget: int) -> np.ndarray | float:
-    """amax of one source part, streamed; per output channel when ``channel_wise``. Refuses NaN/inf by name."""
-    rows, row_elements = part.shape[0], math.prod(part.shape[1:])
+def _part_amax(part, blocks, channel_wise: bool) -> np.ndarray | float:
+    """amax of one source part from its row blocks ``(first_row, array)``; per output channel when
+    ``channel_wise``. Refuses NaN/inf naming the source tensor and the index in it."""
     result = None
-    for start, stop in _blocks(rows, row_elements, budget):
-        block = _part_rows(source, part.name, start, stop)
+    for start, block in blocks:
         try:
             if not channel_wise:
                 value = numerics.abs_max(block, part.name)
@@ -313,6 +312,11 @@ def _part_amax(source: Checkpoint, part, channel_wise: bool, budget: int) -> np.
         except NonFiniteError:
             raise _locate_non_finite(part.name, block, start, part.shape) from None
     return result if result is not None else 0.0
+
+
+def _streamed_blocks(source: Checkpoint, part, budget: int):
+    for start, stop in _blocks(part.shape[0], math.prod(part.shape[1:]), budget):
+        yield start, _part_rows(source, part.name, start, stop)
 
 
 def _locate_non_finite(name: str, block: np.ndarray, first_row: int, shape: tuple[int, ...]) -> HpuFp8Error:
@@ -336,21 +340,26 @@ def _convert_tensor(weight: WeightTensor) -> int:
     bytes_in = sum(source.tensors[p.name].nbytes for p in parts)
     if target is None and (scale_name is None or scale_name not in _worker["location"]):
         return bytes_in  # everything it writes lives in shards reused from an interrupted run
+    whole = bytes_in <= options.whole_tensor_bytes
+    # Small tensors are read once and kept; large ones are read in row blocks, once per pass.
+    arrays = [_part_rows(source, p.name, 0, p.shape[0]) for p in parts] if whole else None
+
+    def blocks(k: int):
+        return [(0, arrays[k])] if whole else _streamed_blocks(source, parts[k], options.block_elements)
+
+    amaxes = [_part_amax(p, blocks(k), weight.channel_wise) for k, p in enumerate(parts)]  # also refuses NaN/inf
     scale = None
     if weight.is_linear:
-        amaxes = [_part_amax(source, p, weight.channel_wise, options.block_elements) for p in parts]
         amax = np.concatenate([np.atleast_1d(a) for a in amaxes]) if weight.channel_wise else max(amaxes)
         scale = scales.weight_scale_from_amax(amax, options.fp8_max, options.scale_rounding.value).reshape(-1)
         if scale_name in _worker["location"]:
             _worker["location"][scale_name].write(scale_name, scale.astype(np.float32))
-    else:
-        for p in parts:  # refuse NaN/inf in kept tensors too, naming the source tensor
-            _part_amax(source, p, False, options.block_elements)
-    if target is not None:
-        if bytes_in <= options.whole_tensor_bytes:
-            _write_whole(source, weight, parts, scale, target, options)
-        else:
-            _write_streamed(source, weight, parts, scale, target, options)
+    if target is not None and whole:
+        fused = [a.T if p.transpose else a for p, a in zip(parts, arrays, strict=True)]
+        values = fused[0] if len(fused) == 1 else np.concatenate(fused, axis=-1)
+        target.write(weight.name, np.ascontiguousarray(_encode(weight, values, scale, options)))
+    elif target is not None:
+        _write_streamed(source, weight, parts, scale, target, options)
     return bytes_in
 
 
@@ -360,15 +369,6 @@ def _encode(weight: WeightTensor, values: np.ndarray, scale: np.ndarray | None, 
         return numerics.quantize(values, scale if weight.channel_wise else scale[0], options.fp8_max, weight.name)
     dtype = np.float32 if weight.source_dtype == "F32" else numerics.BF16_DTYPE
     return values.astype(dtype, copy=False)
-
-
-def _write_whole(source, weight, parts, scale, target: ShardFile, options) -> None:
-    arrays = []
-    for p in parts:
-        a = _part_rows(source, p.name, 0, p.shape[0])
-        arrays.append(a.T if p.transpose else a)
-    values = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=-1)
-    target.write(weight.name, np.ascontiguousarray(_encode(weight, values, scale, options)))
 
 
 def _write_streamed(source, weight, parts, scale, target: ShardFile, options) -> None:
