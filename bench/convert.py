@@ -132,6 +132,7 @@ def main() -> None:
         )
         raw, _ = best(args.runs, [py, "-c", RAW_READ, str(work / "out")])
         check, check_peak = best(args.runs, [cli, "validate", "-q", str(work / "out")])
+        hashed, _ = best(1, [cli, "validate", "-q", "--hashes", str(work / "out")])
         peaks[size] = conv_peak
         print(f"plain copy (safetensors numpy API): {copy.seconds:.1f} s, peak PSS {copy_peak / 2**30:.2f} GiB")
         print(f"hpu-fp8 convert --workers 2:        {conv.seconds:.1f} s, peak PSS {conv_peak / 2**30:.2f} GiB")
@@ -141,6 +142,9 @@ def main() -> None:
             f"raw read of the output: {raw.seconds:.2f} s; validate (full): {check.seconds:.2f} s, peak PSS {check_peak / 2**30:.2f} GiB"
         )
         print(f"  -> validate / raw read = {check.seconds / raw.seconds:.2f} (goal <= 2)")
+        print(
+            f"  (validate --hashes, which also sha256es every byte: {hashed.seconds:.2f} s, {hashed.seconds / raw.seconds:.2f}x raw read)"
+        )
         shutil.rmtree(work, ignore_errors=True)
     if len(peaks) > 1:
         low, high = min(peaks), max(peaks)

@@ -66,3 +66,12 @@ def test_schema_command_prints_json_schemas():
     for what in ("quantization-config", "measurements"):
         schema = json.loads(CliRunner().invoke(main, ["schema", what]).stdout)
         assert schema["type"] == "object" and schema["properties"]
+
+
+def test_the_quantize_benchmark_runs_and_reports_ratios():
+    bench = Path(__file__).resolve().parents[1] / "bench" / "quantize.py"
+    result = subprocess.run(
+        [sys.executable, str(bench), "--elements", "400000", "--repeat", "1"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "x the baseline" in result.stdout and "machine ceiling" in result.stdout
