@@ -26,9 +26,9 @@ import numpy as np
 from . import __version__, numerics, scales
 from .arch import Layout, ModelDescriptor, WeightTensor, describe
 from .errors import ConfigError, HpuFp8Error, MeasurementError, NonFiniteError
-from .io.checkpoint import CONFIG_FILE, INDEX_FILE, Checkpoint
-from .io.manifest import MANIFEST_FILE, file_digest, write_manifest
-from .io.writer import PlannedTensor, Shard, ShardFile, plan_shards, prepare_output_dir, publish_output_dir, write_index
+from .io.checkpoint import Checkpoint
+from .io.manifest import file_digest
+from .io.writer import PlannedTensor, Shard, ShardFile, finish_output, plan_shards, prepare_output_dir
 from .spec import names
 from .spec.config import (
     FP8_MAX_BY_TARGET,
@@ -48,7 +48,6 @@ from .spec.measurements import Measurements
 
 __all__ = ["ConvertOptions", "ConvertProgress", "ConvertResult", "convert", "detect_layout", "merge_measurements"]
 
-_NOT_COPIED = {CONFIG_FILE, INDEX_FILE, MANIFEST_FILE}
 _JOURNAL = ".hpu_fp8_progress.json"
 _SOURCE_DTYPES = ("BF16", "F16", "F32")
 
@@ -504,19 +503,15 @@ def convert(
             if shard_of in files:
                 files[shard_of].write(name, np.asarray(array, np.float32).reshape(1))
     _run_jobs(descriptor, context, shards, done, fingerprint, progress)
-    write_index(staging, shards)
-    (staging / CONFIG_FILE).write_text(json.dumps(_output_config(checkpoint.config, descriptor, qc), indent=2) + "\n")
-    for extra in sorted(src.iterdir()):
-        if (
-            extra.is_file()
-            and extra.suffix != ".safetensors"
-            and extra.name not in _NOT_COPIED
-            and not extra.name.startswith(".")
-        ):
-            shutil.copyfile(extra, staging / extra.name)
     (staging / _JOURNAL).unlink()
-    write_manifest(staging, {name: (entry["size"], entry["sha256"]) for name, entry in done.items()})
-    publish_output_dir(staging, out)
+    finish_output(
+        staging,
+        out,
+        shards,
+        _output_config(checkpoint.config, descriptor, qc),
+        copy_from=src,
+        digests={name: (entry["size"], entry["sha256"]) for name, entry in done.items()},
+    )
     weights = descriptor.weights()
     return ConvertResult(
         out=out,

@@ -16,7 +16,7 @@ import numpy as np
 
 from .arch import Layout, Role, WeightTensor, describe
 from .errors import ConfigError
-from .io.writer import PlannedTensor, ShardFile, plan_shards, prepare_output_dir, publish_output_dir, write_index
+from .io.writer import CheckpointWriter, PlannedTensor
 from .spec.config import AmaxSourceKind
 from .spec.measurements import MeasurementProvenance, Measurements, ModelIdentity
 
@@ -118,6 +118,10 @@ def _source_arrays(weight: WeightTensor, layout: Layout, prefix: str, seed: int)
         yield part.name, np.ascontiguousarray(piece.astype(dtype))
 
 
+def generation_config(config: dict) -> dict:
+    return {"bos_token_id": config.get("bos_token_id"), "eos_token_id": config.get("eos_token_id")}
+
+
 def _source_config(config: dict, layout: Layout) -> dict:
     out = {"architectures": [_HF_ARCHITECTURES[config["model_type"]]], **config}
     if layout is Layout.PADDLE:
@@ -149,24 +153,14 @@ def synthesize(
         for w in weights
         for part in w.source_parts(layout, descriptor.prefix)
     ]
-    shards = plan_shards(planned, max_shard_bytes)
-    staging = prepare_output_dir(out, force=force)
-    files = {s.file_name: ShardFile(staging, s, {"format": "pt" if layout is Layout.TORCH else "pd"}) for s in shards}
-    for shard_file in files.values():
-        shard_file.create()
-    owner = {t.name: files[s.file_name] for s in shards for t in s.tensors}
+    writer = CheckpointWriter(out, planned, max_shard_bytes, force, {"format": "pt" if layout is Layout.TORCH else "pd"})
     for weight in weights:
         for name, array in _source_arrays(weight, layout, descriptor.prefix, seed):
-            owner[name].write(name, array)
+            writer.write(name, array)
             if progress:
                 progress(array.nbytes)
-    write_index(staging, shards)
-    (staging / "config.json").write_text(json.dumps(_source_config(config, layout), indent=2) + "\n")
-    generation = {"bos_token_id": config.get("bos_token_id"), "eos_token_id": config.get("eos_token_id")}
-    (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    for shard_file in files.values():
-        shard_file.close()
-    publish_output_dir(staging, out)
+    (writer.staging / "generation_config.json").write_text(json.dumps(generation_config(config), indent=2) + "\n")
+    writer.finish(_source_config(config, layout))
     return Path(out)
 
 

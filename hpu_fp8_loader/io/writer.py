@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import HpuFp8Error, OutputExistsError
-from .checkpoint import INDEX_FILE
+from .checkpoint import CONFIG_FILE, INDEX_FILE
+from .manifest import MANIFEST_FILE, write_manifest
 from .safetensors_file import ITEMSIZES, dtype_name
 
 __all__ = [
@@ -214,3 +215,65 @@ def publish_output_dir(partial: Path, out: str | Path) -> Path:
     else:
         partial.rename(out)
     return out
+
+
+def finish_output(
+    staging: Path,
+    out: str | Path,
+    shards: list[Shard],
+    config: dict,
+    copy_from: Path | None = None,
+    digests: dict[str, tuple[int, str]] | None = None,
+) -> Path:
+    """Index, config.json, the source's other files, the manifest (last), then publish ``OUT``.
+
+    ``copy_from``'s tokenizer, generation and other plain files are copied unchanged; its weights,
+    index, config and manifest are not. ``digests`` are shard sha256s already computed.
+    """
+    write_index(staging, shards)
+    (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    if copy_from is not None:
+        for extra in sorted(Path(copy_from).iterdir()):
+            if (
+                extra.is_file()
+                and extra.suffix != ".safetensors"
+                and extra.name not in (CONFIG_FILE, INDEX_FILE, MANIFEST_FILE)
+                and not extra.name.startswith(".")
+            ):
+                shutil.copyfile(extra, staging / extra.name)
+    write_manifest(staging, digests)
+    return publish_output_dir(staging, out)
+
+
+class CheckpointWriter:
+    """A new checkpoint written tensor by tensor (or row block by row block) in one process.
+
+    For the tools that rewrite a checkpoint (import, export, retarget, synth): plan, write, finish.
+    Nothing is resumed: a leftover ``OUT.partial`` is cleared first.
+    """
+
+    def __init__(
+        self,
+        out: str | Path,
+        planned: list[PlannedTensor],
+        max_shard_bytes: int,
+        force: bool = False,
+        metadata: dict[str, str] | None = None,
+    ):
+        self.out = Path(out)
+        self.staging = prepare_output_dir(self.out, force)
+        for child in self.staging.iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        self.shards = plan_shards(planned, max_shard_bytes)
+        self._files = [ShardFile(self.staging, shard, metadata) for shard in self.shards]
+        self._owner = {t.name: f for f in self._files for t in f.shard.tensors}
+        for f in self._files:
+            f.create()
+
+    def write(self, name: str, array: np.ndarray, first_row: int = 0) -> None:
+        self._owner[name].write(name, array, first_row)
+
+    def finish(self, config: dict, copy_from: Path | None = None) -> Path:
+        for f in self._files:
+            f.close()
+        return finish_output(self.staging, self.out, self.shards, config, copy_from)
