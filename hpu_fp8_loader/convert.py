@@ -24,8 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__, numerics, scales
+from .activations import merge_measurements, resolve_act_amax
 from .arch import Layout, ModelDescriptor, WeightTensor, describe
-from .errors import ConfigError, HpuFp8Error, MeasurementError, NonFiniteError
+from .errors import ConfigError, HpuFp8Error, NonFiniteError
 from .io.checkpoint import Checkpoint
 from .io.manifest import file_digest
 from .io.writer import PlannedTensor, Shard, ShardFile, finish_output, plan_shards, prepare_output_dir
@@ -46,7 +47,16 @@ from .spec.config import (
 )
 from .spec.measurements import Measurements
 
-__all__ = ["ConvertOptions", "ConvertProgress", "ConvertResult", "convert", "detect_layout", "merge_measurements"]
+__all__ = [
+    "ConvertOptions",
+    "ConvertProgress",
+    "ConvertResult",
+    "convert",
+    "detect_layout",
+    "output_config",
+    "plan_tensors",
+    "quantization_config_for",
+]
 
 _JOURNAL = ".hpu_fp8_progress.json"
 _SOURCE_DTYPES = ("BF16", "F16", "F32")
@@ -137,7 +147,8 @@ def _check_sources(checkpoint: Checkpoint, descriptor: ModelDescriptor, layout: 
         raise ConfigError(f"{checkpoint.root}: " + "; ".join(problems[:10]) + more)
 
 
-def _plan(descriptor: ModelDescriptor, act_modules: Sequence[str]) -> list[PlannedTensor]:
+def plan_tensors(descriptor: ModelDescriptor, act_modules: Sequence[str]) -> list[PlannedTensor]:
+    """Every output tensor of a spec checkpoint, in the order shards are filled."""
     planned = []
     for w in descriptor.weights():
         if w.is_linear:
@@ -150,102 +161,6 @@ def _plan(descriptor: ModelDescriptor, act_modules: Sequence[str]) -> list[Plann
         planned.append(PlannedTensor(names.tensor(module, names.ACT_SCALE), "F32", (1,)))
         planned.append(PlannedTensor(names.tensor(module, names.ACT_AMAX), "F32", (1,)))
     return planned
-
-
-# ----------------------------------------------------------------------------- measurements
-
-
-def merge_measurements(
-    measurements: Sequence[Measurements], descriptor: ModelDescriptor
-) -> tuple[dict[str, float], dict[str, str], list[CalibrationSource]]:
-    """Max-merge several measurement sets: (amax per module, source id per module, sources).
-
-    Refuses a set taken on another model: a different identity, or keys this model does not have.
-    """
-    if not measurements:
-        raise MeasurementError("no measurements given; pass --measurements")
-    known = set(descriptor.act_modules(attention_fp8=True))
-    experts = descriptor.moe.num_experts if descriptor.moe else 0
-    amax: dict[str, float] = {}
-    origin: dict[str, str] = {}
-    sources = []
-    for i, m in enumerate(measurements):
-        label = f"measurements #{i + 1}" + (f" ({', '.join(m.provenance.files)})" if m.provenance.files else "")
-        ident = m.model
-        if ident is not None and (ident.model_type, ident.num_hidden_layers, ident.moe_num_experts) != (
-            descriptor.model_type,
-            descriptor.num_layers,
-            experts,
-        ):
-            raise MeasurementError(
-                f"{label} were taken on {ident.model_type} with {ident.num_hidden_layers} layers and "
-                f"{ident.moe_num_experts} experts; this model is {descriptor.model_type} with {descriptor.num_layers} "
-                f"layers and {experts} experts"
-            )
-        foreign = sorted(set(m.amax) - known)
-        if foreign:
-            raise MeasurementError(
-                f"{label} hold {len(foreign)} point(s) this model does not have, e.g. {', '.join(foreign[:3])} "
-                f"(the model has {descriptor.num_layers} layers"
-                + (f", {experts} experts per MoE layer" if experts else "")
-                + "): were they taken on another model?"
-            )
-        source_id = f"{m.provenance.kind.value}-{i + 1}"
-        sources.append(CalibrationSource(id=source_id, **m.provenance.model_dump()))
-        for module, value in m.amax.items():
-            if module not in amax or value > amax[module]:
-                amax[module], origin[module] = value, source_id
-    return amax, origin, sources
-
-
-def _expert_of(module: str) -> tuple[int, int] | None:
-    match = names.MODULE_PATTERN.match(module)
-    if match is None or match.group("expert") is None:
-        return None
-    return int(match.group("layer")), int(match.group("expert"))
-
-
-def _act_amax(
-    modules: Sequence[str], amax: dict[str, float], policy: DeadExpertPolicy
-) -> tuple[dict[str, float], list[ExpertRef]]:
-    """amax of every act module (``s`` fixed at 1.0), dead experts handled by ``policy``.
-
-    Refuses, by name, every module without a positive amax; never divides by zero or invents 1e-5.
-    """
-    out: dict[str, float] = {}
-    missing, zero, dead = [], [], []
-    for module in modules:
-        value = amax.get(module)
-        if module.endswith(".self_attn.s"):
-            out[module] = 1.0  # FastDeploy's decode path quantizes exp scores peaking at exactly 1
-        elif value is not None and value > 0:
-            out[module] = value
-        elif _expert_of(module) is not None:
-            dead.append(module)
-        else:
-            (missing if value is None else zero).append(module)
-    if missing:
-        raise MeasurementError(f"measurements lack {len(missing)} module(s): {', '.join(missing[:20])}")
-    if zero:
-        raise MeasurementError(f"amax is zero for {len(zero)} module(s) (an uncalibrated path?): {', '.join(zero[:20])}")
-    filled: list[ExpertRef] = []
-    if dead:
-        refs = [_expert_of(m) for m in dead]
-        listing = ", ".join(f"layer {layer} expert {e}" for layer, e in refs)
-        if policy is DeadExpertPolicy.ERROR:
-            raise MeasurementError(
-                f"{len(dead)} expert(s) have no positive amax (no calibration token was routed to them): {listing}. "
-                "Calibrate with more data or `hpu-fp8 calibrate --all-experts`, or pass --dead-experts sibling-max "
-                "to give each the max of its layer's other experts (recorded in config.json)."
-            )
-        for module, (layer, expert) in zip(dead, refs, strict=True):
-            prefix = module.split(".mlp.experts.")[0] + ".mlp.experts."
-            siblings = [v for m, v in out.items() if m.startswith(prefix) and m.endswith(".down_proj")]
-            if not siblings:
-                raise MeasurementError(f"every expert of layer {layer} is dead; there is no sibling to take an amax from")
-            out[module] = max(siblings)
-            filled.append(ExpertRef(layer=layer, expert=expert))
-    return {m: out[m] for m in modules}, filled
 
 
 # ----------------------------------------------------------------------------- the worker side
@@ -395,7 +310,34 @@ def _slice(scale: np.ndarray | None, start: int, stop: int) -> np.ndarray | None
 # ----------------------------------------------------------------------------- the main side
 
 
-def _output_config(source_config: dict, descriptor: ModelDescriptor, qc: QuantizationConfig) -> dict:
+def quantization_config_for(
+    descriptor: ModelDescriptor,
+    options: ConvertOptions,
+    act: dict[str, float],
+    origin: dict[str, str],
+    sources: list[CalibrationSource],
+    filled: list[ExpertRef],
+) -> QuantizationConfig:
+    """The quantization_config of a checkpoint made with ``options`` from these activation sources."""
+    attention_fp8 = options.kv_cache is KvCacheScheme.FP8
+    default = sources[0].id
+    return QuantizationConfig(
+        kv_cache_quant_type="float8_e4m3" if attention_fp8 else None,
+        fp8_max=options.fp8_max,
+        target=options.target,
+        kv_cache_scheme=options.kv_cache,
+        scale_rounding=options.scale_rounding,
+        moe=MoePolicy(dead_experts=DeadExperts(policy=options.dead_experts, filled=filled)) if descriptor.moe else None,
+        calibration=Calibration(
+            sources=sources,
+            default_source=default,
+            overrides={m: origin[m] for m in act if origin.get(m, default) != default},
+        ),
+        producer=Producer(name="hpu-fp8-loader", version=__version__),
+    )
+
+
+def output_config(source_config: dict, descriptor: ModelDescriptor, qc: QuantizationConfig) -> dict:
     config = {k: v for k, v in source_config.items() if k not in ("torch_dtype", "transformers_version", "quantization_config")}
     config["architectures"] = [descriptor.architecture]
     config["dtype"] = "bfloat16"
@@ -466,23 +408,9 @@ def convert(
     attention_fp8 = options.kv_cache is KvCacheScheme.FP8
     modules = descriptor.act_modules(attention_fp8)
     amax, origin, sources = merge_measurements(measurements, descriptor)
-    act, filled = _act_amax(modules, amax, options.dead_experts)
-    default = sources[0].id
-    qc = QuantizationConfig(
-        kv_cache_quant_type="float8_e4m3" if attention_fp8 else None,
-        fp8_max=options.fp8_max,
-        target=options.target,
-        kv_cache_scheme=options.kv_cache,
-        scale_rounding=options.scale_rounding,
-        moe=MoePolicy(dead_experts=DeadExperts(policy=options.dead_experts, filled=filled)) if descriptor.moe else None,
-        calibration=Calibration(
-            sources=sources,
-            default_source=default,
-            overrides={m: origin[m] for m in act if origin.get(m, default) != default},
-        ),
-        producer=Producer(name="hpu-fp8-loader", version=__version__),
-    )
-    shards = plan_shards(_plan(descriptor, list(act)), options.max_shard_bytes)
+    act, filled = resolve_act_amax(modules, amax, options.dead_experts)
+    qc = quantization_config_for(descriptor, options, act, origin, sources, filled)
+    shards = plan_shards(plan_tensors(descriptor, list(act)), options.max_shard_bytes)
     staging = prepare_output_dir(out, force=options.force)
     fingerprint = _fingerprint(checkpoint, shards, qc, act)
     done = _reusable_shards(staging, fingerprint)
@@ -508,7 +436,7 @@ def convert(
         staging,
         out,
         shards,
-        _output_config(checkpoint.config, descriptor, qc),
+        output_config(checkpoint.config, descriptor, qc),
         copy_from=src,
         digests={name: (entry["size"], entry["sha256"]) for name, entry in done.items()},
     )
