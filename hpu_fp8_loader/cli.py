@@ -288,6 +288,103 @@ def convert(
     )
 
 
+@main.command("import-legacy")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option(
+    "--measurements",
+    "measurement_paths",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Points the legacy checkpoint lacks (e.g. Qwen2's MLP, which FastDeploy never measures); JSON or FastDeploy files.",
+)
+@click.option(
+    "--dead-experts",
+    type=click.Choice(["error", "sibling-max"]),
+    default="error",
+    show_default=True,
+    help="Experts whose legacy amax is zero (the legacy converter stored 0): error, or their layer's max.",
+)
+@click.option("--max-shard-size", default="5GB", show_default=True)
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+def import_legacy(
+    src: Path, out: Path, measurement_paths: tuple[Path, ...], dead_experts: str, max_shard_size: str, force: bool
+) -> None:
+    """Bring a checkpoint of FastDeploy's legacy converter (Model_convert.py) into hpu-fp8 v1.
+
+    Resolves the legacy activation_scale's two meanings (raw amax for self_attn keys, amax/240
+    elsewhere), widens the older converter's tensor-wise expert scales to exact channel-wise ones,
+    and fuses Hugging Face-named Qwen2 tensors (requantizing once where their scales differ).
+    """
+    from .legacy import import_legacy as run_import
+    from .measurements import load_measurements
+
+    with _errors():
+        extra = [load_measurements(p).measurements for p in measurement_paths]
+        report = run_import(src, out, extra, dead_experts, _parse_size(max_shard_size), force)
+    for warning in report.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    click.echo(
+        f"{out}: hpu-fp8 v1 from a legacy {report.layout.value}-layout checkpoint; expert scales: {report.expert_scales}; "
+        f"KV cache {report.kv_cache.value}"
+    )
+    if report.requantized:
+        worst = sorted(report.requantized, key=lambda item: -item[1])[:10]
+        click.echo(f"{len(report.requantized)} fused tensor(s) requantized to one scale; added relative RMSE, worst first:")
+        for name, error in worst:
+            click.echo(f"  {name}: {error:.2e}")
+
+
+@main.command("export-legacy")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option(
+    "--tp",
+    default=1,
+    show_default=True,
+    help="Tensor parallelism it will be served at; >1 is refused where FastDeploy's v0 loader splits wrongly.",
+)
+@click.option("--ep", is_flag=True, help="It will be served with expert parallelism (safe for MoE at any --tp).")
+@click.option("--max-shard-size", default="5GB", show_default=True)
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+def export_legacy(src: Path, out: Path, tp: int, ep: bool, max_shard_size: str, force: bool) -> None:
+    """Write hpu-fp8 checkpoint SRC in the legacy layout stock FastDeploy reads without the hook.
+
+    Serve it with FastDeploy's v0 loader (--load-choices default). Only safe at TP 1 or with expert
+    parallelism: at TP > 1 the v0 loader splits expert up_gate weight scales wrongly and does not
+    split Qwen2 FP8 tensors at all (contract section 14).
+    """
+    from .legacy import export_legacy as run_export
+
+    with _errors():
+        report = run_export(src, out, tp, ep, _parse_size(max_shard_size), force)
+    for warning in report.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    click.echo(
+        f"{out}: legacy FastDeploy FP8 layout, {report.tensors} tensors; activation amax stored in bf16 as the layout does"
+    )
+
+
+@main.command()
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option(
+    "--target",
+    type=click.Choice(["gaudi2", "gaudi3"]),
+    required=True,
+    help="gaudi2: rescale a ±448 checkpoint to ±240 (values x 0.5, weight scales x 2); gaudi3: relabel a ±240 one.",
+)
+@click.option("--max-shard-size", default="5GB", show_default=True)
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+def retarget(src: Path, out: Path, target: str, max_shard_size: str, force: bool) -> None:
+    """Move hpu-fp8 checkpoint SRC between the Gaudi3 (±448) and Gaudi2 (±240) FP8 ranges."""
+    from .retarget import retarget as run_retarget
+
+    with _errors():
+        report = run_retarget(src, out, target, _parse_size(max_shard_size), force)
+    click.echo(report.message)
+
+
 @main.command()
 @click.option(
     "--out",

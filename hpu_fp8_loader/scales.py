@@ -39,9 +39,14 @@ def max_code(fp8_max: float) -> int:
     return ((exponent - 1 + 7) << 3) | m
 
 
+# The smallest positive normal float32 (bf16-exact and a power of two): the floor of every scale, so
+# that an amax of a few denormals never gives a scale that underflows to zero.
+SMALLEST_SCALE = np.float32(np.finfo(np.float32).tiny)
+
+
 def scale_from_amax(amax: float | np.ndarray, fp8_max: float) -> np.ndarray:
-    """``amax / fp8_max`` in float32: the dequantization scale before any rounding."""
-    return np.asarray(np.asarray(amax, np.float32) / np.float32(fp8_max), np.float32)
+    """``max(amax / fp8_max, smallest normal float32)`` in float32: the dequantization scale before rounding."""
+    return np.maximum(np.asarray(amax, np.float32) / np.float32(fp8_max), SMALLEST_SCALE).astype(np.float32)
 
 
 def round_up_to_bf16(scale: np.ndarray) -> np.ndarray:

@@ -155,3 +155,13 @@ def test_max_code_agrees_with_ml_dtypes_for_every_normal_value():
         assert scales.max_code(float(value)) == code
     with pytest.raises(ValueError, match="not an e4m3fn value"):
         scales.max_code(241.0)
+
+
+def test_a_denormal_amax_never_gives_a_zero_scale():
+    for amax in (1e-45, 1e-40, 0.0):
+        weight_scale = scales.weight_scale_from_amax(np.float32(amax), 240.0)
+        act_scale = scales.act_scale_from_amax(np.float32(amax), 240.0)
+        assert weight_scale > 0 and act_scale >= np.finfo(np.float32).tiny
+    x = np.array([1e-45, -1e-45], np.float32)
+    scale = scales.weight_scale_from_amax(numerics.abs_max(x), 240.0)
+    assert np.all(np.abs(numerics.dequantize(numerics.quantize(x, scale, 240.0), scale) - x) <= 1e-45)

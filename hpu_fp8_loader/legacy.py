@@ -1,0 +1,328 @@
+"""FastDeploy's legacy HPU FP8 layout (PaddleCustomDevice ``Model_convert.py``): import and export.
+
+The legacy layout (contract sections 7 and 10) stores each linear as ``P.quant_weight`` (the e4m3fn
+bytes as int8, in the source's own layout), ``P.weight_scale`` (bf16, amax_W / 240, ``[1]``, or
+``[out]`` for routed experts in the newer converter) and one ``P.activation_scale`` per measured
+point whose meaning depends on the key: the **raw amax** when the key contains ``self_attn``, and
+**amax / 240** otherwise (contract section 4.2). This module is the only place that rule lives.
+
+Import resolves both meanings into the spec's act_amax; export writes them back, which stock
+FastDeploy's v0 loader reads without our hook (at tensor parallelism 1, or with expert parallelism:
+contract section 14).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import numerics, scales
+from .activations import merge_measurements, resolve_act_amax
+from .arch import Layout, ModelDescriptor, WeightTensor, describe
+from .convert import ConvertOptions, output_config, plan_tensors, quantization_config_for
+from .errors import ConfigError, HpuFp8Error, MeasurementError, NotHpuFp8CheckpointError
+from .io.checkpoint import Checkpoint
+from .io.writer import CheckpointWriter, PlannedTensor
+from .spec import names
+from .spec.config import AmaxSourceKind, DeadExpertPolicy, ExpertRef, KvCacheScheme, parse_quantization_config
+from .spec.measurements import MeasurementProvenance, Measurements
+
+__all__ = [
+    "LEGACY_QUANTIZATION_CONFIG",
+    "ExportReport",
+    "ImportReport",
+    "amax_from_legacy",
+    "amax_to_legacy",
+    "export_legacy",
+    "import_legacy",
+]
+
+FASTDEPLOY_FP8_MAX = 240.0
+QUANT_WEIGHT = "quant_weight"
+ACTIVATION_SCALE = "activation_scale"
+# What Model_convert.py writes into config.json (contract section 10.1).
+LEGACY_QUANTIZATION_CONFIG = {
+    "quantization": "mix_quant",
+    "dense_quant_type": "tensor_wise_fp8",
+    "moe_quant_type": "tensor_wise_fp8",
+    "kv_cache_quant_type": "float8_e4m3",
+    "is_quantized": True,
+}
+
+
+def _raw_amax_key(key: str) -> bool:
+    """The legacy rule: ``self_attn`` keys hold the raw amax, every other key amax / 240."""
+    return "self_attn" in key
+
+
+def amax_from_legacy(key: str, value: float) -> float:
+    """The amax a legacy ``activation_scale`` value stands for."""
+    return float(value) if _raw_amax_key(key) else float(np.float32(value) * np.float32(FASTDEPLOY_FP8_MAX))
+
+
+def amax_to_legacy(key: str, amax: float) -> np.ndarray:
+    """The bf16 ``[1]`` value the legacy layout stores for an amax (bf16 storage loses up to 2^-9)."""
+    value = np.float32(amax) if _raw_amax_key(key) else np.float32(amax) / np.float32(FASTDEPLOY_FP8_MAX)
+    return np.array([value], np.float32).astype(numerics.BF16_DTYPE)
+
+
+def _legacy_key(part_name: str, suffix: str) -> str:
+    return part_name.removesuffix(".weight") + "." + suffix
+
+
+# ----------------------------------------------------------------------------- import
+
+
+@dataclass
+class ImportReport:
+    out: Path
+    layout: Layout
+    expert_scales: str  # "channel-wise", "tensor-wise (older converter)" or "none"
+    kv_cache: KvCacheScheme
+    requantized: list[tuple[str, float]] = field(default_factory=list)  # (tensor, relative RMSE added)
+    filled_experts: list[ExpertRef] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _legacy_layout(checkpoint: Checkpoint, descriptor: ModelDescriptor) -> Layout:
+    qkv = next(w for w in descriptor.weights() if w.is_linear)
+    for layout in Layout:
+        if all(_legacy_key(p.name, QUANT_WEIGHT) in checkpoint.tensors for p in qkv.source_parts(layout, descriptor.prefix)):
+            return layout
+    raise ConfigError(
+        f"{checkpoint.root}: no '{_legacy_key(qkv.name, QUANT_WEIGHT)}' (nor its Hugging Face-named parts); "
+        "is this a checkpoint of FastDeploy's legacy converter?"
+    )
+
+
+def _legacy_measurements(checkpoint: Checkpoint) -> tuple[Measurements, float | None]:
+    """Every ``activation_scale`` of the checkpoint as amax (both meanings resolved); also the legacy s."""
+    amax: dict[str, float] = {}
+    unknown = []
+    s_values = []
+    for key in checkpoint.tensors:
+        if not key.endswith("." + ACTIVATION_SCALE):
+            continue
+        try:
+            module = names.module_from_fastdeploy_key(key)
+        except ValueError:
+            unknown.append(key)
+            continue
+        value = float(np.asarray(checkpoint.get(key), np.float32).reshape(-1)[0])
+        if module.endswith(".self_attn.s"):
+            s_values.append(value)
+        amax[module] = max(amax.get(module, 0.0), amax_from_legacy(key, value))
+    if unknown:
+        raise ConfigError(f"{checkpoint.root}: activation_scale keys of no known point: {', '.join(sorted(unknown)[:5])}")
+    provenance = MeasurementProvenance(kind=AmaxSourceKind.LEGACY_CHECKPOINT, files=[checkpoint.root.name])
+    return Measurements(provenance=provenance, model=None, amax=amax), (max(s_values) if s_values else None)
+
+
+def _codes(checkpoint: Checkpoint, key: str, shape: tuple[int, ...]) -> np.ndarray:
+    info = checkpoint.tensors.get(key)
+    if info is None:
+        raise ConfigError(f"{checkpoint.root}: '{key}' is missing (the legacy converter drops non-bf16 weights)")
+    if info.dtype not in ("I8", "U8", "F8_E4M3") or info.shape != shape:
+        raise ConfigError(f"{checkpoint.root}: '{key}' is {info.dtype}{list(info.shape)}, expected int8 bytes {list(shape)}")
+    codes = np.asarray(checkpoint.get(key)).view(np.uint8)
+    if (np.bitwise_and(codes, 0x7F) > scales.max_code(FASTDEPLOY_FP8_MAX)).any():
+        raise ConfigError(f"{checkpoint.root}: '{key}' holds NaN codes or values beyond ±240; not a Gaudi2 FP8 tensor")
+    return codes.view(numerics.FP8_DTYPE)
+
+
+def _weight_scale(checkpoint: Checkpoint, key: str, channels: int, channel_wise: bool) -> np.ndarray:
+    info = checkpoint.tensors.get(key)
+    if info is None:
+        raise ConfigError(f"{checkpoint.root}: '{key}' is missing")
+    values = np.asarray(checkpoint.get(key), np.float32).reshape(-1)
+    if not (np.isfinite(values).all() and (values > 0).all()):
+        raise ConfigError(
+            f"{checkpoint.root}: '{key}' holds {values.min()}..{values.max()}; weight scales must be finite and > 0"
+        )
+    if not scales.is_bf16_exact(values).all():
+        raise ConfigError(f"{checkpoint.root}: '{key}' is not bf16-representable; the legacy layout stores bf16 weight scales")
+    if values.size == 1 and channel_wise:
+        return np.full(channels, values[0], np.float32)  # the older converter's tensor-wise expert scale, exactly
+    if values.size != (channels if channel_wise else 1):
+        raise ConfigError(f"{checkpoint.root}: '{key}' has {values.size} values, expected {channels if channel_wise else 1}")
+    return values
+
+
+def _import_linear(
+    checkpoint: Checkpoint, w: WeightTensor, layout: Layout, prefix: str, report: ImportReport
+) -> tuple[np.ndarray, np.ndarray]:
+    """(fp8 weight, weight scale) in the spec layout; fusing parts with different scales requantizes once."""
+    parts = w.source_parts(layout, prefix)
+    pieces, part_scales = [], []
+    for p in parts:
+        codes = _codes(checkpoint, _legacy_key(p.name, QUANT_WEIGHT), p.shape)
+        width = p.shape[0] if p.transpose else p.shape[-1]
+        scale = _weight_scale(checkpoint, _legacy_key(p.name, "weight_scale"), width, w.channel_wise)
+        pieces.append(codes.T if p.transpose else codes)
+        part_scales.append(scale)
+    if len(parts) == 1 or w.channel_wise or all(np.array_equal(s, part_scales[0]) for s in part_scales):
+        fused = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=-1)
+        scale = np.concatenate(part_scales) if w.channel_wise else part_scales[0]
+        return np.ascontiguousarray(fused), scale
+    values = np.concatenate([numerics.dequantize(q, s[0]) for q, s in zip(pieces, part_scales, strict=True)], axis=-1)
+    scale = scales.weight_scale_from_amax(numerics.abs_max(values, w.name), FASTDEPLOY_FP8_MAX).reshape(1)
+    requantized = numerics.quantize(values, scale[0], FASTDEPLOY_FP8_MAX, w.name)
+    error = np.linalg.norm(numerics.dequantize(requantized, scale[0]) - values) / max(np.linalg.norm(values), 1e-30)
+    report.requantized.append((w.name, float(error)))
+    return requantized, scale
+
+
+def _import_kept(checkpoint: Checkpoint, w: WeightTensor, layout: Layout, prefix: str) -> np.ndarray:
+    arrays = []
+    for p in w.source_parts(layout, prefix):
+        info = checkpoint.tensors.get(p.name)
+        if info is None or info.shape != p.shape:
+            raise ConfigError(f"{checkpoint.root}: '{p.name}' is missing or not {list(p.shape)}")
+        a = np.asarray(checkpoint.get(p.name))
+        numerics.abs_max(a, p.name)  # refuses NaN/inf by name
+        arrays.append(a.T if p.transpose else a)
+    values = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=-1)
+    return np.ascontiguousarray(values.astype(np.float32 if w.source_dtype == "F32" else numerics.BF16_DTYPE))
+
+
+def import_legacy(
+    src: str | Path,
+    out: str | Path,
+    measurements: Sequence[Measurements] = (),
+    dead_experts: DeadExpertPolicy = DeadExpertPolicy.ERROR,
+    max_shard_bytes: int = 5 * 10**9,
+    force: bool = False,
+) -> ImportReport:
+    """A legacy FastDeploy FP8 checkpoint -> hpu-fp8 v1, one tensor at a time.
+
+    ``measurements`` supply points the legacy checkpoint lacks (FastDeploy never measures Qwen2's
+    MLP, contract section 15); where both have a point, the larger amax wins.
+    """
+    checkpoint = Checkpoint.open(src)
+    qc_raw = checkpoint.config.get("quantization_config")
+    if not isinstance(qc_raw, dict) or qc_raw.get("quantization") != "mix_quant":
+        raise NotHpuFp8CheckpointError(
+            f"{src}: config.json has no mix_quant quantization_config; not a legacy FastDeploy FP8 checkpoint "
+            "(a BF16 checkpoint is converted with `hpu-fp8 convert`)"
+        )
+    if qc_raw.get("quant_method") == "hpu_fp8":
+        raise HpuFp8Error(f"{src}: already an hpu-fp8 checkpoint; nothing to import")
+    descriptor = describe(checkpoint.config)
+    layout = _legacy_layout(checkpoint, descriptor)
+    legacy, legacy_s = _legacy_measurements(checkpoint)
+    attention = names.attention_point(descriptor.prefix, 0, "cache_k") in legacy.amax
+    kv = KvCacheScheme.FP8 if attention else KvCacheScheme.NONE
+    amax, origin, sources = merge_measurements([legacy, *measurements], descriptor)
+    try:
+        act, filled = resolve_act_amax(descriptor.act_modules(attention), amax, DeadExpertPolicy(dead_experts))
+    except MeasurementError as exc:
+        raise MeasurementError(f"{src}: {exc} (pass --measurements for points the legacy checkpoint lacks)") from None
+    experts = [w for w in descriptor.weights() if w.channel_wise]
+    report = ImportReport(Path(out), layout, "none", kv, filled_experts=filled)
+    if experts:
+        if layout is Layout.TORCH:
+            raise ConfigError(
+                f"{src}: a torch-layout legacy MoE checkpoint is not supported: the legacy channel-wise rule assumes [in, out]"
+            )
+        first = checkpoint.tensors.get(_legacy_key(experts[0].name, "weight_scale"))
+        report.expert_scales = (
+            "tensor-wise (older converter)" if first is not None and first.shape in ((1,), ()) else "channel-wise"
+        )
+    if legacy_s is not None and legacy_s != 1.0:
+        report.warnings.append(
+            f"s_matmul amax was {legacy_s:g} in the legacy checkpoint; the spec fixes it at 1.0 (decode exp scores peak at 1)"
+        )
+    options = ConvertOptions(kv_cache=kv, dead_experts=dead_experts, max_shard_bytes=max_shard_bytes)
+    qc = quantization_config_for(descriptor, options, act, origin, sources, filled)
+    writer = CheckpointWriter(out, plan_tensors(descriptor, list(act)), max_shard_bytes, force, {"format": "pd"})
+    for w in descriptor.weights():
+        if w.is_linear:
+            weight, scale = _import_linear(checkpoint, w, layout, descriptor.prefix, report)
+            writer.write(w.name, weight)
+            writer.write(names.tensor(w.module, names.WEIGHT_SCALE), scale.astype(np.float32))
+        else:
+            writer.write(w.name, _import_kept(checkpoint, w, layout, descriptor.prefix))
+    for module, value in act.items():
+        writer.write(names.tensor(module, names.ACT_SCALE), scales.act_scale_from_amax(value, FASTDEPLOY_FP8_MAX).reshape(1))
+        writer.write(names.tensor(module, names.ACT_AMAX), np.array([value], np.float32))
+    writer.finish(output_config(checkpoint.config, descriptor, qc), copy_from=Path(src))
+    return report
+
+
+# ----------------------------------------------------------------------------- export
+
+
+@dataclass
+class ExportReport:
+    out: Path
+    tensors: int
+    warnings: list[str] = field(default_factory=list)
+
+
+def _check_servable(descriptor: ModelDescriptor, tp: int, ep: bool) -> None:
+    """Refuse what stock FastDeploy's v0 loader would load wrongly (contract section 14)."""
+    if tp <= 1:
+        return
+    if descriptor.model_type == "qwen2":
+        raise HpuFp8Error(
+            f"tensor parallelism {tp}: FastDeploy's v0 loader does not split Qwen2 FP8 tensors (contract section 14); "
+            "export for TP 1, or serve the hpu-fp8 checkpoint with the hpu_fp8 loader hook"
+        )
+    if descriptor.moe is not None and not ep:
+        raise HpuFp8Error(
+            f"tensor parallelism {tp} without expert parallelism: FastDeploy's v0 loader splits the channel-wise expert "
+            "up_gate weight scales without the gate|up pairing (contract section 14), so they would not line up with the "
+            "weights; export for TP 1, use expert parallelism (--ep), or serve with the hpu_fp8 loader hook"
+        )
+
+
+def export_legacy(
+    src: str | Path, out: str | Path, tp: int = 1, ep: bool = False, max_shard_bytes: int = 5 * 10**9, force: bool = False
+) -> ExportReport:
+    """hpu-fp8 v1 -> the legacy layout stock FastDeploy reads (v0 loader, ``--load-choices default``)."""
+    checkpoint = Checkpoint.open(src)
+    qc = parse_quantization_config(checkpoint.config, f"{src}/config.json")
+    if qc.fp8_max != FASTDEPLOY_FP8_MAX:
+        raise HpuFp8Error(
+            f"{src}: fp8_max is {qc.fp8_max:g}; FastDeploy assumes 240. Run `hpu-fp8 retarget --target gaudi2` first"
+        )
+    descriptor = describe(checkpoint.config)
+    _check_servable(descriptor, tp, ep)
+    attention = qc.kv_cache_scheme is KvCacheScheme.FP8
+    modules = descriptor.act_modules(attention, frozenset(qc.ignore))
+    planned: list[PlannedTensor] = []
+    for w in descriptor.weights():
+        if w.is_linear and w.module not in qc.ignore:
+            planned.append(PlannedTensor(_legacy_key(w.name, QUANT_WEIGHT), "I8", w.shape))
+            scale_shape = (w.shape[-1],) if w.channel_wise else (1,)
+            planned.append(PlannedTensor(_legacy_key(w.name, "weight_scale"), "BF16", scale_shape))
+        else:
+            planned.append(PlannedTensor(w.name, checkpoint.tensors[w.name].dtype, w.shape))
+    planned += [PlannedTensor(names.fastdeploy_key_from_module(m), "BF16", (1,)) for m in modules]
+    writer = CheckpointWriter(out, planned, max_shard_bytes, force, {"format": "pd"})
+    for w in descriptor.weights():
+        if w.is_linear and w.module not in qc.ignore:
+            writer.write(_legacy_key(w.name, QUANT_WEIGHT), np.asarray(checkpoint.get(w.name)).view(np.int8))
+            scale = np.asarray(checkpoint.get(names.tensor(w.module, names.WEIGHT_SCALE)), np.float32)
+            writer.write(_legacy_key(w.name, "weight_scale"), scale.astype(numerics.BF16_DTYPE))  # bf16-exact by the spec
+        else:
+            writer.write(w.name, np.asarray(checkpoint.get(w.name)))
+    for module in modules:
+        key = names.fastdeploy_key_from_module(module)
+        amax = float(np.asarray(checkpoint.get(names.tensor(module, names.ACT_AMAX)), np.float32)[0])
+        writer.write(key, amax_to_legacy(key, amax))
+    config = {k: v for k, v in checkpoint.config.items() if k != "quantization_config"}
+    config["quantization_config"] = {
+        k: v for k, v in LEGACY_QUANTIZATION_CONFIG.items() if attention or k != "kv_cache_quant_type"
+    }
+    writer.finish(config, copy_from=Path(src))
+    report = ExportReport(Path(out), len(planned))
+    if descriptor.model_type == "qwen2":
+        report.warnings.append(
+            "Qwen2 in the legacy layout is [inferred] from FastDeploy's code (contract section 15): no FP8 Qwen2 has been "
+            "seen served by stock FastDeploy"
+        )
+    return report
