@@ -385,6 +385,76 @@ def retarget(src: Path, out: Path, target: str, max_shard_size: str, force: bool
     click.echo(report.message)
 
 
+@main.command("map")
+@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.option("--tp", default=1, show_default=True, help="Tensor-parallel size.")
+@click.option("--rank", default=0, show_default=True, help="Tensor-parallel rank to map.")
+@click.option("--ep", default=1, show_default=True, help="Expert-parallel size (MoE).")
+@click.option("--ep-rank", default=0, show_default=True, help="Expert-parallel rank.")
+@click.option(
+    "--all-ranks", is_flag=True, help="Write FastDeploy's pre-sharded layout: OUT/rank{r}/ for every TP rank (legacy keys)."
+)
+@click.option(
+    "-o", "--out", type=click.Path(path_type=Path), required=True, help="FILE.safetensors, or a directory with --all-ranks."
+)
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+def map_command(checkpoint: Path, tp: int, rank: int, ep: int, ep_rank: int, all_ranks: bool, out: Path, force: bool) -> None:
+    """Write exactly the parameters the hook hands FastDeploy on one rank (names, dtypes, values).
+
+    Names are FastDeploy's parameter paths (e.g. ernie.layers.0.self_attn.qkv_proj.act_scale,
+    ernie.layers.1.mlp.experts.up_gate_proj_weight); see the README for every name. With
+    --all-ranks, writes rank{r}/ folders FastDeploy's pre-sharded path loads without splitting.
+    """
+    from .fastdeploy.mapping import Parallelism
+    from .fastdeploy.rankfiles import write_presharded, write_rank_file
+
+    with _errors():
+        if all_ranks:
+            if ep > 1:
+                raise click.UsageError("--all-ranks writes tensor-parallel ranks; expert parallelism is not pre-sharded")
+            folders = write_presharded(checkpoint, out, tp, force)
+            click.echo(f"{out}: {len(folders)} pre-sharded rank folder(s) in the legacy layout")
+            return
+        result = write_rank_file(checkpoint, out, Parallelism(tp, rank, ep, ep_rank), force)
+    click.echo(
+        f"{result.path}: {result.parameters} FastDeploy parameters of TP rank {rank}/{tp}, EP rank {ep_rank}/{ep}; "
+        f"{result.bytes / 2**20:.1f} MiB"
+    )
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--tp", default=1, show_default=True, help="Tensor-parallel size.")
+@click.option("--ep", default=1, show_default=True, help="Expert-parallel size (MoE).")
+@click.option(
+    "--kv-cache", type=click.Choice(["fp8", "none"]), default="fp8", show_default=True, help="KV-cache scheme to size for."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def plan(model: Path, tp: int, ep: int, kv_cache: str, as_json: bool) -> None:
+    """Size a deployment from MODEL's config.json alone (a directory or the file): bytes per rank, KV per token."""
+    from .arch import describe
+    from .errors import ConfigError
+    from .fastdeploy.plan import plan_deployment
+    from .io.checkpoint import read_config
+    from .io.jsonfile import read_json_object
+
+    with _errors():
+        config = read_config(model) if model.is_dir() else read_json_object(model, ConfigError)
+        result = plan_deployment(describe(config), tp, ep, kv_cache)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    click.echo(f"{result.model_type}: {result.parameters / 1e9:.2f} B parameters; TP {tp} x EP {ep}; per rank:")
+    for group, size in result.bytes_per_rank.items():
+        if size:
+            click.echo(f"  {group:<15}{size / 2**30:>10.3f} GiB")
+    click.echo(f"  {'total':<15}{result.total_bytes_per_rank / 2**30:>10.3f} GiB")
+    click.echo(
+        f"KV cache per token per rank: {result.kv_bytes_per_token_per_rank:,} bytes ({kv_cache}); "
+        f"{result.kv_bytes_per_token_per_rank_bf16:,} bytes in bf16"
+    )
+
+
 @main.command()
 @click.option(
     "--out",

@@ -24,6 +24,7 @@ from .activations import merge_measurements, resolve_act_amax
 from .arch import Layout, ModelDescriptor, WeightTensor, describe
 from .convert import ConvertOptions, output_config, plan_tensors, quantization_config_for
 from .errors import ConfigError, HpuFp8Error, MeasurementError, NotHpuFp8CheckpointError
+from .fastdeploy.mapping import Parallelism, check_parallelism, rank_share, scale_share, share_shape
 from .io.checkpoint import Checkpoint
 from .io.writer import CheckpointWriter, PlannedTensor
 from .spec import names
@@ -280,9 +281,19 @@ def _check_servable(descriptor: ModelDescriptor, tp: int, ep: bool) -> None:
 
 
 def export_legacy(
-    src: str | Path, out: str | Path, tp: int = 1, ep: bool = False, max_shard_bytes: int = 5 * 10**9, force: bool = False
+    src: str | Path,
+    out: str | Path,
+    tp: int = 1,
+    ep: bool = False,
+    max_shard_bytes: int = 5 * 10**9,
+    force: bool = False,
+    rank: Parallelism | None = None,
 ) -> ExportReport:
-    """hpu-fp8 v1 -> the legacy layout stock FastDeploy reads (v0 loader, ``--load-choices default``)."""
+    """hpu-fp8 v1 -> the legacy layout stock FastDeploy reads (v0 loader, ``--load-choices default``).
+
+    ``tp`` / ``ep`` say how it will be served (refused where the v0 loader splits wrongly). ``rank``
+    writes only that tensor-parallel rank's share, for FastDeploy's pre-sharded ``rank{N}/`` path.
+    """
     checkpoint = Checkpoint.open(src)
     qc = parse_quantization_config(checkpoint.config, f"{src}/config.json")
     if qc.fp8_max != FASTDEPLOY_FP8_MAX:
@@ -290,26 +301,30 @@ def export_legacy(
             f"{src}: fp8_max is {qc.fp8_max:g}; FastDeploy assumes 240. Run `hpu-fp8 retarget --target gaudi2` first"
         )
     descriptor = describe(checkpoint.config)
-    _check_servable(descriptor, tp, ep)
+    if rank is None:
+        _check_servable(descriptor, tp, ep)
+        rank = Parallelism()
+    check_parallelism(descriptor, rank)
     attention = qc.kv_cache_scheme is KvCacheScheme.FP8
     modules = descriptor.act_modules(attention, frozenset(qc.ignore))
     planned: list[PlannedTensor] = []
     for w in descriptor.weights():
+        shape = share_shape(descriptor, w, rank)
         if w.is_linear and w.module not in qc.ignore:
-            planned.append(PlannedTensor(_legacy_key(w.name, QUANT_WEIGHT), "I8", w.shape))
-            scale_shape = (w.shape[-1],) if w.channel_wise else (1,)
-            planned.append(PlannedTensor(_legacy_key(w.name, "weight_scale"), "BF16", scale_shape))
+            planned.append(PlannedTensor(_legacy_key(w.name, QUANT_WEIGHT), "I8", shape))
+            planned.append(PlannedTensor(_legacy_key(w.name, "weight_scale"), "BF16", (shape[-1],) if w.channel_wise else (1,)))
         else:
-            planned.append(PlannedTensor(w.name, checkpoint.tensors[w.name].dtype, w.shape))
+            planned.append(PlannedTensor(w.name, checkpoint.tensors[w.name].dtype, shape))
     planned += [PlannedTensor(names.fastdeploy_key_from_module(m), "BF16", (1,)) for m in modules]
     writer = CheckpointWriter(out, planned, max_shard_bytes, force, {"format": "pd"})
     for w in descriptor.weights():
+        share = rank_share(checkpoint, descriptor, w, rank)
         if w.is_linear and w.module not in qc.ignore:
-            writer.write(_legacy_key(w.name, QUANT_WEIGHT), np.asarray(checkpoint.get(w.name)).view(np.int8))
-            scale = np.asarray(checkpoint.get(names.tensor(w.module, names.WEIGHT_SCALE)), np.float32)
-            writer.write(_legacy_key(w.name, "weight_scale"), scale.astype(numerics.BF16_DTYPE))  # bf16-exact by the spec
+            writer.write(_legacy_key(w.name, QUANT_WEIGHT), share.view(np.int8))
+            scale = scale_share(checkpoint, descriptor, w, rank).astype(numerics.BF16_DTYPE)  # bf16-exact by the spec
+            writer.write(_legacy_key(w.name, "weight_scale"), scale)
         else:
-            writer.write(w.name, np.asarray(checkpoint.get(w.name)))
+            writer.write(w.name, share)
     for module in modules:
         key = names.fastdeploy_key_from_module(module)
         amax = float(np.asarray(checkpoint.get(names.tensor(module, names.ACT_AMAX)), np.float32)[0])

@@ -1,0 +1,353 @@
+"""An hpu-fp8 checkpoint -> the exact parameters of FastDeploy's HPU FP8 layers, per parallel rank.
+
+Pure: no FastDeploy, no Paddle, no HPU. The plugin hands these arrays to FastDeploy; the FP8
+emulation runs on the same arrays; ``hpu-fp8 map`` writes them to a file for review. This module is
+the only place FastDeploy's *multipliers* (240 / amax) are made: the spec stores descales only.
+
+Parameter names, shapes, dtypes and formulas follow fastdeploy-hpu-contract.md: linear layers
+section 4.1, MoE section 5.1, attention section 6.2, tensor/expert-parallel splits section 14,
+parameter paths section 12.3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import numerics
+from ..arch import ModelDescriptor, Role, WeightTensor
+from ..errors import ConfigError, HpuFp8Error
+from ..io.checkpoint import Checkpoint
+from ..spec import names
+from ..spec.config import KvCacheScheme, QuantizationConfig, ScaleRounding
+
+__all__ = [
+    "FASTDEPLOY_FP8_MAX",
+    "MappedPiece",
+    "Parallelism",
+    "ParameterSpec",
+    "check_parallelism",
+    "fastdeploy_name",
+    "local_experts",
+    "map_rank",
+    "parameter_specs",
+    "rank_share",
+    "scale_share",
+    "share_shape",
+    "valid_tp_sizes",
+]
+
+FASTDEPLOY_FP8_MAX = 240.0
+ATTENTION_SCALES = (
+    "cache_k_scale", "cache_k_out_scale", "cache_v_scale", "cache_v_out_scale", "q_scale", "q_out_scale",
+    "q_scaling_scale", "q_scaling_out_scale", "s_scale", "s_out_scale",
+)  # fmt: skip
+# Rows read per pread when a tensor is split by columns: bounded working memory per tensor.
+_BLOCK_ELEMENTS = 1 << 22
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    tp_size: int = 1
+    tp_rank: int = 0
+    ep_size: int = 1
+    ep_rank: int = 0
+
+    def __post_init__(self) -> None:
+        for size, rank, what in ((self.tp_size, self.tp_rank, "tensor"), (self.ep_size, self.ep_rank, "expert")):
+            if size < 1 or not 0 <= rank < size:
+                raise ConfigError(f"{what}-parallel rank {rank} is not in 0..{size - 1}")
+
+
+@dataclass(frozen=True)
+class ParameterSpec:
+    dtype: str  # safetensors code: F8_E4M3, BF16 or F32
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class MappedPiece:
+    """A parameter's value, or (``expert`` set) the slice ``[expert]`` of a stacked MoE parameter."""
+
+    name: str
+    array: np.ndarray
+    expert: int | None = None
+
+
+def valid_tp_sizes(descriptor: ModelDescriptor, limit: int = 64) -> list[int]:
+    """Tensor-parallel sizes that split heads, intermediates and vocabulary evenly (models.md section 1.3)."""
+    sizes = []
+    for tp in range(1, limit + 1):
+        widths = [descriptor.num_heads, descriptor.intermediate_size, descriptor.vocab_size]
+        if descriptor.moe:
+            widths.append(descriptor.moe.intermediate_size)
+        kv_ok = descriptor.num_kv_heads % tp == 0 or tp % descriptor.num_kv_heads == 0
+        if kv_ok and all(w % tp == 0 for w in widths):
+            sizes.append(tp)
+    return sizes
+
+
+def check_parallelism(descriptor: ModelDescriptor, par: Parallelism) -> None:
+    valid = valid_tp_sizes(descriptor)
+    if par.tp_size not in valid:
+        raise ConfigError(
+            f"tensor parallelism {par.tp_size} does not divide this {descriptor.model_type} model "
+            f"({descriptor.num_heads} heads, {descriptor.num_kv_heads} KV heads); valid: {', '.join(map(str, valid))}"
+        )
+    if par.ep_size > 1:
+        if descriptor.moe is None:
+            raise ConfigError("expert parallelism needs an MoE model")
+        if descriptor.moe.num_experts % par.ep_size:
+            raise ConfigError(f"expert parallelism {par.ep_size} does not divide {descriptor.moe.num_experts} experts")
+
+
+def local_experts(descriptor: ModelDescriptor, par: Parallelism) -> range:
+    experts = descriptor.moe.num_experts
+    if par.ep_size == 1:
+        return range(experts)
+    per_rank = experts // par.ep_size
+    return range(par.ep_rank * per_rank, (par.ep_rank + 1) * per_rank)
+
+
+def _expert_tp(par: Parallelism) -> int:
+    """Experts are split by tensor parallelism only without expert parallelism (contract section 14)."""
+    return par.tp_size if par.ep_size == 1 else 1
+
+
+# ----------------------------------------------------------------------------- column selections
+
+
+def _qkv_columns(d: ModelDescriptor, par: Parallelism) -> np.ndarray:
+    """This rank's q heads, then its k and v heads, as columns of the fused q|k|v output.
+
+    With fewer KV heads than ranks each rank holds one KV head, ``r * nkv // tp``: consecutive ranks
+    share a head, as FastDeploy's QKVParallelLinear replicates them (the exact rank -> head assignment
+    is [unverified] upstream, contract section 14).
+    """
+    hd, tp, r = d.head_dim, par.tp_size, par.tp_rank
+    q_heads = d.num_heads // tp
+    q = np.arange(r * q_heads * hd, (r + 1) * q_heads * hd)
+    if d.num_kv_heads >= tp:
+        per = d.num_kv_heads // tp
+        kv = np.arange(r * per * hd, (r + 1) * per * hd)
+    else:
+        head = r * d.num_kv_heads // tp
+        kv = np.arange(head * hd, (head + 1) * hd)
+    return np.concatenate([q, d.q_width + kv, d.q_width + d.kv_width + kv])
+
+
+def _paired_columns(width: int, tp: int, rank: int) -> np.ndarray:
+    """gate_r | up_r of a gate|up output of ``width`` columns: each half split on its own (PairFused)."""
+    half = width // 2
+    part = half // tp
+    gate = np.arange(rank * part, (rank + 1) * part)
+    return np.concatenate([gate, half + gate])
+
+
+def _split(length: int, tp: int, rank: int) -> slice:
+    part = length // tp
+    return slice(rank * part, (rank + 1) * part)
+
+
+# ----------------------------------------------------------------------------- specs
+
+
+def _linear_modules(d: ModelDescriptor) -> list[WeightTensor]:
+    return [w for w in d.weights() if w.is_linear and w.role not in (Role.EXPERT_UP_GATE, Role.EXPERT_DOWN)]
+
+
+def share_shape(d: ModelDescriptor, w: WeightTensor, par: Parallelism) -> tuple[int, ...]:
+    """The shape of this rank's share of a spec weight (spec layout, before any stacking)."""
+    tp = par.tp_size
+    if w.role is Role.EXPERT_UP_GATE:
+        return (w.shape[0], w.shape[1] // _expert_tp(par))
+    if w.role is Role.EXPERT_DOWN:
+        return (w.shape[0] // _expert_tp(par), w.shape[1])
+    if w.role in (Role.ATTN_QKV, Role.ATTN_QKV_BIAS):
+        return (*w.shape[:-1], len(_qkv_columns(d, par)))
+    if w.role in (Role.MLP_UP_GATE, Role.SHARED_UP_GATE):
+        return (w.shape[0], w.shape[1] // tp)
+    if w.role in (Role.ATTN_O, Role.MLP_DOWN, Role.SHARED_DOWN, Role.EMBEDDING):
+        return (w.shape[0] // tp, w.shape[1])
+    if w.role is Role.LM_HEAD:
+        return (w.shape[0], w.shape[1] // tp)
+    return w.shape
+
+
+def fastdeploy_name(w: WeightTensor) -> str:
+    """FastDeploy's parameter path of an unquantized weight (contract section 12.3)."""
+    if w.role is Role.EMBEDDING:
+        return w.name.replace(".embed_tokens.weight", ".embed_tokens.embeddings.weight")
+    if w.role is Role.LM_HEAD:
+        return "lm_head.linear.weight"
+    if w.role is Role.ROUTER_BIAS:
+        return w.name.replace(".mlp.moe_statics.e_score_correction_bias", ".mlp.experts.gate_correction_bias")
+    return w.name
+
+
+def parameter_specs(d: ModelDescriptor, kv_cache: KvCacheScheme, par: Parallelism) -> dict[str, ParameterSpec]:
+    """Every parameter FastDeploy's HPU FP8 model has on this rank, with dtype and shape."""
+    check_parallelism(d, par)
+    specs: dict[str, ParameterSpec] = {}
+    for w in d.weights():
+        if w.role in (Role.EXPERT_UP_GATE, Role.EXPERT_DOWN):
+            continue
+        shape = share_shape(d, w, par)
+        if w.is_linear:
+            specs[w.name] = ParameterSpec("F8_E4M3", shape)
+            for suffix in ("weight_scale", "act_scale", "act_scale_inv"):
+                specs[names.tensor(w.module, suffix)] = ParameterSpec("BF16", (1,))
+        else:
+            specs[fastdeploy_name(w)] = ParameterSpec(w.source_dtype, shape)
+    for layer in d.moe_layers():
+        base = f"{names.layer(d.prefix, layer)}.mlp.experts"
+        e = len(local_experts(d, par))
+        inter = d.moe.intermediate_size // _expert_tp(par)
+        h = d.hidden_size
+        specs[f"{base}.up_gate_proj_weight"] = ParameterSpec("F8_E4M3", (e, h, 2 * inter))
+        specs[f"{base}.down_proj_weight"] = ParameterSpec("F8_E4M3", (e, inter, h))
+        specs[f"{base}.up_gate_proj_weight_scale"] = ParameterSpec("BF16", (e, 2 * inter))
+        specs[f"{base}.down_proj_weight_scale"] = ParameterSpec("BF16", (e, h))
+        specs[f"{base}.up_gate_proj_in_scale"] = ParameterSpec("BF16", (1,))
+        specs[f"{base}.down_proj_in_scale"] = ParameterSpec("BF16", (e, 1))
+    if kv_cache is KvCacheScheme.FP8:
+        for layer in range(d.num_layers):
+            for scale in ATTENTION_SCALES:
+                specs[f"{names.layer(d.prefix, layer)}.self_attn.attn.{scale}"] = ParameterSpec("F32", (1,))
+    return specs
+
+
+# ----------------------------------------------------------------------------- values
+
+
+def _bf16(values) -> np.ndarray:
+    return np.asarray(values, np.float32).astype(numerics.BF16_DTYPE)
+
+
+def _read(checkpoint: Checkpoint, name: str, rows: slice | None = None, columns: np.ndarray | None = None) -> np.ndarray:
+    """A rank's share of a spec tensor, read by pread in row blocks: never the whole tensor at once."""
+    info = checkpoint.tensors[name]
+    shard = checkpoint.files[info.file]
+    if not info.shape:
+        return np.asarray(shard.get(name))
+    start, stop = (rows.start, rows.stop) if rows is not None else (0, info.shape[0])
+    if columns is None:
+        return shard.read_rows(name, start, stop)
+    if len(info.shape) == 1:
+        return shard.read_rows(name, 0, info.shape[0])[columns]
+    out = np.empty((stop - start, len(columns)), shard.read_rows(name, 0, 0).dtype)
+    step = max(1, _BLOCK_ELEMENTS // info.shape[1])
+    for first in range(start, stop, step):
+        last = min(stop, first + step)
+        out[first - start : last - start] = shard.read_rows(name, first, last)[:, columns]
+    return out
+
+
+def _amax(checkpoint: Checkpoint, module: str) -> np.float32:
+    return np.float32(_read(checkpoint, names.tensor(module, names.ACT_AMAX)).reshape(-1)[0])
+
+
+def _act_pair(checkpoint: Checkpoint, module: str, qc: QuantizationConfig) -> tuple[np.float32, np.float32]:
+    """(multiplier, descale) of an activation: 240 / amax and amax / 240, or 1/s and s under pow2 scales."""
+    if qc.scale_rounding is ScaleRounding.POW2:
+        scale = np.float32(_read(checkpoint, names.tensor(module, names.ACT_SCALE)).reshape(-1)[0])
+        return np.float32(1) / scale, scale
+    amax = _amax(checkpoint, module)
+    return np.float32(FASTDEPLOY_FP8_MAX) / amax, amax / np.float32(FASTDEPLOY_FP8_MAX)
+
+
+def _expert_rank(par: Parallelism) -> int:
+    return par.tp_rank if par.ep_size == 1 else 0
+
+
+def rank_share(checkpoint: Checkpoint, d: ModelDescriptor, w: WeightTensor, par: Parallelism) -> np.ndarray:
+    """This rank's share of a spec weight (contract section 14), in the spec's dtype and layout."""
+    tp, r = par.tp_size, par.tp_rank
+    if w.role is Role.EXPERT_UP_GATE:
+        return _read(checkpoint, w.name, columns=_paired_columns(w.shape[1], _expert_tp(par), _expert_rank(par)))
+    if w.role is Role.EXPERT_DOWN:
+        return _read(checkpoint, w.name, rows=_split(w.shape[0], _expert_tp(par), _expert_rank(par)))
+    if w.role in (Role.ATTN_QKV, Role.ATTN_QKV_BIAS):
+        return _read(checkpoint, w.name, columns=_qkv_columns(d, par))
+    if w.role in (Role.MLP_UP_GATE, Role.SHARED_UP_GATE):
+        return _read(checkpoint, w.name, columns=_paired_columns(w.shape[1], tp, r))
+    if w.role in (Role.ATTN_O, Role.MLP_DOWN, Role.SHARED_DOWN, Role.EMBEDDING):
+        return _read(checkpoint, w.name, rows=_split(w.shape[0], tp, r))
+    if w.role is Role.LM_HEAD:
+        return _read(checkpoint, w.name, columns=np.arange(w.shape[1])[_split(w.shape[1], tp, r)])
+    return _read(checkpoint, w.name)
+
+
+def scale_share(checkpoint: Checkpoint, d: ModelDescriptor, w: WeightTensor, par: Parallelism) -> np.ndarray:
+    """This rank's share of a linear's weight_scale: an expert up_gate's channels split gate|up-paired."""
+    scale = _read(checkpoint, names.tensor(w.module, names.WEIGHT_SCALE))
+    if w.role is Role.EXPERT_UP_GATE:  # paired, unlike the fork's contiguous rule (contract section 14)
+        return scale[_paired_columns(w.shape[1], _expert_tp(par), _expert_rank(par))]
+    return scale
+
+
+def _moe_pieces(checkpoint: Checkpoint, d: ModelDescriptor, qc: QuantizationConfig, layer: int, par: Parallelism):
+    base = f"{names.layer(d.prefix, layer)}.mlp.experts"
+    experts = {(w.expert, w.role): w for w in d.weights() if w.layer == layer and w.expert is not None}
+    local = local_experts(d, par)
+    down_in = np.empty((len(local), 1), np.float32)
+    for i, e in enumerate(local):
+        up, down = experts[(e, Role.EXPERT_UP_GATE)], experts[(e, Role.EXPERT_DOWN)]
+        yield MappedPiece(f"{base}.up_gate_proj_weight", rank_share(checkpoint, d, up, par), i)
+        yield MappedPiece(f"{base}.down_proj_weight", rank_share(checkpoint, d, down, par), i)
+        yield MappedPiece(f"{base}.up_gate_proj_weight_scale", _bf16(scale_share(checkpoint, d, up, par)), i)
+        yield MappedPiece(f"{base}.down_proj_weight_scale", _bf16(scale_share(checkpoint, d, down, par)), i)
+        down_in[i, 0] = _act_pair(checkpoint, down.module, qc)[1]  # a descale, not inverted (contract section 5.3)
+    multiplier, _ = _act_pair(checkpoint, names.shared_expert_input(d.prefix, layer), qc)
+    yield MappedPiece(f"{base}.up_gate_proj_in_scale", _bf16([multiplier]))
+    yield MappedPiece(f"{base}.down_proj_in_scale", _bf16(down_in))
+
+
+def _attention_pieces(checkpoint: Checkpoint, d: ModelDescriptor, qc: QuantizationConfig, layer: int):
+    """The ten float32 scalars of contract section 6.2."""
+    prefix = f"{names.layer(d.prefix, layer)}.self_attn.attn"
+    b = np.float32(FASTDEPLOY_FP8_MAX)
+    values = {}
+    for point, stem in (("cache_k", "cache_k"), ("cache_v", "cache_v"), ("q", "q"), ("s", "s")):
+        multiplier, descale = _act_pair(checkpoint, names.attention_point(d.prefix, layer, point), qc)
+        values[f"{stem}_scale"], values[f"{stem}_out_scale"] = multiplier, descale
+    softmax_scale = np.float32(d.head_dim) ** np.float32(-0.5)
+    amax_q = values["q_out_scale"] * b
+    values["q_scaling_scale"] = b / (amax_q * softmax_scale)
+    values["q_scaling_out_scale"] = (amax_q * softmax_scale) / b
+    for scale in ATTENTION_SCALES:
+        yield MappedPiece(f"{prefix}.{scale}", np.array([values[scale]], np.float32))
+
+
+def map_rank(checkpoint: Checkpoint, qc: QuantizationConfig, d: ModelDescriptor, par: Parallelism) -> Iterator[MappedPiece]:
+    """Every parameter value of one rank, in model order; stacked MoE parameters come one expert at a time."""
+    if qc.fp8_max != FASTDEPLOY_FP8_MAX:
+        raise HpuFp8Error(
+            f"fp8_max is {qc.fp8_max:g}, but FastDeploy's HPU path assumes 240 in every formula (contract section 2); "
+            "make a 240 checkpoint with `hpu-fp8 retarget --target gaudi2`"
+        )
+    if qc.ignore:
+        raise HpuFp8Error(
+            f"FastDeploy's mix_quant builds every linear in FP8; modules kept in BF16 ({qc.ignore[:3]}) cannot be served"
+        )
+    check_parallelism(d, par)
+    moe_done = set()
+    for w in d.weights():
+        if w.role in (Role.EXPERT_UP_GATE, Role.EXPERT_DOWN):
+            if w.layer not in moe_done:
+                moe_done.add(w.layer)
+                yield from _moe_pieces(checkpoint, d, qc, w.layer, par)
+            continue
+        if not w.is_linear:
+            value = rank_share(checkpoint, d, w, par)
+            yield MappedPiece(fastdeploy_name(w), value if w.source_dtype == "F32" else value.astype(numerics.BF16_DTYPE))
+            continue
+        yield MappedPiece(w.name, rank_share(checkpoint, d, w, par))
+        yield MappedPiece(names.tensor(w.module, "weight_scale"), _bf16(scale_share(checkpoint, d, w, par)))
+        multiplier, descale = _act_pair(checkpoint, w.module, qc)
+        yield MappedPiece(names.tensor(w.module, "act_scale"), _bf16([multiplier]))
+        yield MappedPiece(names.tensor(w.module, "act_scale_inv"), _bf16([descale]))
+        if w.role is Role.ATTN_QKV and qc.kv_cache_scheme is KvCacheScheme.FP8:
+            yield from _attention_pieces(checkpoint, d, qc, w.layer)

@@ -1,0 +1,80 @@
+"""Sizing a deployment from config.json alone: per-rank parameter bytes by group, KV bytes per token.
+
+The per-rank shapes are the mapping's own (``parameter_specs``), so the plan and the hook never
+disagree about what a rank holds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from ..arch import ModelDescriptor
+from ..io.safetensors_file import ITEMSIZES
+from ..spec.config import KvCacheScheme
+from .mapping import Parallelism, check_parallelism, parameter_specs
+
+__all__ = ["DeploymentPlan", "parameter_group", "plan_deployment"]
+
+GROUPS = ("attention", "dense_mlp", "shared_experts", "routed_experts", "router", "embeddings", "lm_head", "norms")
+
+
+def parameter_group(name: str) -> str:
+    """Which group a FastDeploy parameter belongs to, for sizing."""
+    if name.startswith("lm_head."):
+        return "lm_head"
+    if ".embed_tokens." in name:
+        return "embeddings"
+    if name.endswith("layernorm.weight") or name.endswith(".norm.weight"):
+        return "norms"
+    if ".mlp.gate." in name or name.endswith("gate_correction_bias"):
+        return "router"
+    if ".mlp.experts." in name:
+        return "routed_experts"
+    if ".mlp.shared_experts." in name:
+        return "shared_experts"
+    if ".mlp." in name:
+        return "dense_mlp"
+    return "attention"
+
+
+@dataclass
+class DeploymentPlan:
+    model_type: str
+    tp: int
+    ep: int
+    kv_cache: str
+    parameters: int  # of the whole model
+    bytes_per_rank: dict[str, int] = field(default_factory=dict)  # group -> bytes on the busiest rank
+    total_bytes_per_rank: int = 0
+    kv_bytes_per_token_per_rank: int = 0
+    kv_bytes_per_token_per_rank_bf16: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _kv_heads_per_rank(d: ModelDescriptor, tp: int) -> int:
+    return d.num_kv_heads // tp if d.num_kv_heads >= tp else 1  # fewer heads than ranks: one replicated head each
+
+
+def plan_deployment(d: ModelDescriptor, tp: int = 1, ep: int = 1, kv_cache: KvCacheScheme = KvCacheScheme.FP8) -> DeploymentPlan:
+    """Bytes a rank holds at ``tp`` x ``ep`` (rank 0; every rank holds the same), and its KV cache per token."""
+    kv_cache = KvCacheScheme(kv_cache)
+    par = Parallelism(tp, 0, ep, 0)
+    check_parallelism(d, par)
+    by_group = dict.fromkeys(GROUPS, 0)
+    for name, spec in parameter_specs(d, kv_cache, par).items():
+        by_group[parameter_group(name)] += math.prod(spec.shape) * ITEMSIZES[spec.dtype]
+    per_token = 2 * d.num_layers * _kv_heads_per_rank(d, tp) * d.head_dim  # K and V values
+    return DeploymentPlan(
+        model_type=d.model_type,
+        tp=tp,
+        ep=ep,
+        kv_cache=kv_cache.value,
+        parameters=d.parameter_count(),
+        bytes_per_rank=by_group,
+        total_bytes_per_rank=sum(by_group.values()),
+        kv_bytes_per_token_per_rank=per_token * (1 if kv_cache is KvCacheScheme.FP8 else 2),
+        kv_bytes_per_token_per_rank_bf16=per_token * 2,
+    )

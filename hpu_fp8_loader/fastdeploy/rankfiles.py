@@ -1,0 +1,82 @@
+"""Files of what the hook hands FastDeploy: one rank's parameters, or pre-sharded ``rank{N}/`` folders.
+
+``hpu-fp8 map`` writes exactly the tensors the plugin would set on a rank, under FastDeploy's
+parameter paths and with their final dtypes, so anyone with FastDeploy at hand can check the mapping
+without an HPU. ``--all-ranks`` writes FastDeploy's pre-sharded layout (contract section 12.2): one
+``rank{r}/`` folder per tensor-parallel rank in the legacy key layout, which FastDeploy loads
+without splitting anything itself.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..arch import describe
+from ..errors import HpuFp8Error, OutputExistsError
+from ..io.checkpoint import CONFIG_FILE, Checkpoint
+from ..io.safetensors_file import dtype_name
+from ..io.writer import PlannedTensor, Shard, ShardFile, prepare_output_dir, publish_output_dir
+from ..legacy import export_legacy
+from ..spec.config import parse_quantization_config
+from .mapping import Parallelism, map_rank, parameter_specs
+
+__all__ = ["RankFile", "write_presharded", "write_rank_file"]
+
+
+@dataclass
+class RankFile:
+    path: Path
+    parameters: int
+    bytes: int
+
+
+def write_rank_file(src: str | Path, out: str | Path, par: Parallelism, force: bool = False) -> RankFile:
+    """One rank's FastDeploy parameters as a single safetensors file, written atomically."""
+    out = Path(out)
+    if out.exists() and not force:
+        raise OutputExistsError(f"{out}: already exists; pass --force to replace it")
+    checkpoint = Checkpoint.open(src)
+    qc = parse_quantization_config(checkpoint.config, f"{src}/config.json")
+    descriptor = describe(checkpoint.config)
+    specs = parameter_specs(descriptor, qc.kv_cache_scheme, par)
+    partial = out.with_name(out.name + ".partial")
+    shard = Shard(partial.name, tuple(PlannedTensor(name, spec.dtype, spec.shape) for name, spec in specs.items()))
+    target = ShardFile(
+        out.parent, shard, {"format": "pd", "tp": f"{par.tp_rank}/{par.tp_size}", "ep": f"{par.ep_rank}/{par.ep_size}"}
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    target.create()
+    written: dict[str, int] = {}
+    for piece in map_rank(checkpoint, qc, descriptor, par):
+        spec = specs[piece.name]
+        shape = spec.shape[1:] if piece.expert is not None else spec.shape
+        if tuple(piece.array.shape) != shape or dtype_name(piece.array.dtype) != spec.dtype:
+            raise HpuFp8Error(
+                f"internal error: {piece.name} mapped to {piece.array.dtype}{list(piece.array.shape)}, expected {spec}"
+            )
+        if piece.expert is None:
+            target.write(piece.name, piece.array)
+        else:
+            target.write(piece.name, piece.array[None], piece.expert)
+        written[piece.name] = written.get(piece.name, 0) + 1
+    target.close()
+    missing = [name for name in specs if name not in written]
+    if missing:
+        raise HpuFp8Error(f"internal error: parameters left unmapped: {missing[:5]}")
+    partial.replace(out)
+    return RankFile(out, len(specs), shard.nbytes)
+
+
+def write_presharded(src: str | Path, out: str | Path, tp: int, force: bool = False) -> list[Path]:
+    """``out/rank{r}/`` for every tensor-parallel rank, in the legacy key layout, plus ``out/config.json``."""
+    staging = prepare_output_dir(out, force)
+    for child in staging.iterdir():
+        shutil.rmtree(child) if child.is_dir() else child.unlink()
+    ranks = []
+    for r in range(tp):
+        ranks.append(export_legacy(src, staging / f"rank{r}", rank=Parallelism(tp, r)).out)
+    shutil.copyfile(staging / "rank0" / CONFIG_FILE, staging / CONFIG_FILE)
+    publish_output_dir(staging, out)
+    return [Path(out) / p.name for p in ranks]
