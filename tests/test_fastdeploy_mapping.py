@@ -1,0 +1,235 @@
+"""The FastDeploy mapping against fastdeploy-hpu-contract.md: names (section 12.3), shapes and dtypes
+(4.1, 5.1, 6.2), formulas, and the tensor/expert-parallel splits of section 14 -- checked by
+reassembling every rank's share and comparing with the spec checkpoint."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from hpu_fp8_loader.arch import describe
+from hpu_fp8_loader.errors import ConfigError, HpuFp8Error
+from hpu_fp8_loader.fastdeploy.mapping import Parallelism, map_rank, parameter_specs, valid_tp_sizes
+from hpu_fp8_loader.io.checkpoint import Checkpoint
+from hpu_fp8_loader.io.safetensors_file import dtype_name
+from hpu_fp8_loader.spec.config import parse_quantization_config
+from hpu_fp8_loader.synth import preset_config
+
+
+def mapped(root, par: Parallelism) -> dict[str, np.ndarray]:
+    """Every parameter of a rank, stacked MoE parameters assembled, checked against parameter_specs."""
+    checkpoint = Checkpoint.open(root)
+    qc = parse_quantization_config(checkpoint.config)
+    d = describe(checkpoint.config)
+    specs = parameter_specs(d, qc.kv_cache_scheme, par)
+    out: dict[str, np.ndarray] = {}
+    for piece in map_rank(checkpoint, qc, d, par):
+        spec = specs[piece.name]
+        assert dtype_name(piece.array.dtype) == spec.dtype, piece.name
+        if piece.expert is None:
+            assert piece.name not in out, f"{piece.name} mapped twice"
+            assert piece.array.shape == spec.shape, piece.name
+            out[piece.name] = piece.array
+        else:
+            stacked = out.setdefault(piece.name, np.zeros(spec.shape, piece.array.dtype))
+            stacked[piece.expert] = piece.array
+    assert set(out) == set(specs)  # every parameter filled, nothing else
+    return out
+
+
+def bf16(x) -> np.ndarray:
+    return np.atleast_1d(np.asarray(x, np.float32)).astype(ml_dtypes.bfloat16)
+
+
+def f32(x) -> np.ndarray:
+    return np.asarray(x).astype(np.float32)
+
+
+@pytest.mark.parametrize("preset", ["ernie-moe-tiny", "ernie-dense-tiny", "qwen2-tiny"])
+@pytest.mark.parametrize("kv_cache", ["fp8", "none"])
+def test_every_rank_fills_exactly_its_parameters(spec_factory, preset, kv_cache):
+    root = spec_factory(preset, kv_cache)
+    for tp in valid_tp_sizes(describe(Checkpoint.open(root).config)):
+        for rank in range(tp):
+            params = mapped(root, Parallelism(tp, rank))
+            assert any(".attn.cache_k_scale" in n for n in params) == (kv_cache == "fp8")
+
+
+def test_linear_values_follow_the_contract_formulas(spec_factory):
+    spec = Checkpoint.open(spec_factory())
+    params = mapped(spec_factory(), Parallelism())
+    for module in (
+        "ernie.layers.0.self_attn.qkv_proj",
+        "ernie.layers.0.mlp.down_proj",
+        "ernie.layers.2.mlp.shared_experts.up_gate_proj",
+    ):
+        amax = spec.get(f"{module}.act_amax")[0]
+        np.testing.assert_array_equal(params[f"{module}.weight"].view(np.uint8), spec.get(f"{module}.weight").view(np.uint8))
+        assert f32(params[f"{module}.weight_scale"])[0] == spec.get(f"{module}.weight_scale")[0]  # bf16-exact: no loss
+        assert params[f"{module}.act_scale"][0] == bf16(np.float32(240) / amax)[0]  # a multiplier (section 4.1)
+        assert params[f"{module}.act_scale_inv"][0] == bf16(amax / np.float32(240))[0]  # a descale
+
+
+def test_moe_values_follow_the_contract_formulas(spec_factory):
+    spec = Checkpoint.open(spec_factory())
+    params = mapped(spec_factory(), Parallelism())
+    base = "ernie.layers.1.mlp.experts"
+    shared = spec.get(f"{base}.up_gate_proj.act_amax")[0]
+    experts = [spec.get(f"{base}.{e}.down_proj.act_amax")[0] for e in range(4)]
+    assert params[f"{base}.up_gate_proj_in_scale"][0] == bf16(np.float32(240) / shared)[0]  # multiplier, max over experts
+    np.testing.assert_array_equal(
+        params[f"{base}.down_proj_in_scale"], bf16(np.array(experts, np.float32)[:, None] / np.float32(240))
+    )
+    assert params[f"{base}.down_proj_in_scale"].shape == (4, 1)  # [E, 1], not pre-packed to [E, 1, 64] (section 5.1)
+    for e in range(4):
+        np.testing.assert_array_equal(
+            params[f"{base}.up_gate_proj_weight"][e].view(np.uint8), spec.get(f"{base}.{e}.up_gate_proj.weight").view(np.uint8)
+        )
+        np.testing.assert_array_equal(
+            f32(params[f"{base}.up_gate_proj_weight_scale"][e]), spec.get(f"{base}.{e}.up_gate_proj.weight_scale")
+        )
+        np.testing.assert_array_equal(
+            f32(params[f"{base}.down_proj_weight_scale"][e]), spec.get(f"{base}.{e}.down_proj.weight_scale")
+        )
+    np.testing.assert_array_equal(params["ernie.layers.1.mlp.gate.weight"], spec.get("ernie.layers.1.mlp.gate.weight"))
+    np.testing.assert_array_equal(
+        params[f"{base}.gate_correction_bias"], spec.get("ernie.layers.1.mlp.moe_statics.e_score_correction_bias")
+    )
+
+
+def test_attention_scalars_follow_the_contract_formulas(spec_factory):
+    spec = Checkpoint.open(spec_factory("qwen2-tiny"))
+    params = mapped(spec_factory("qwen2-tiny"), Parallelism())
+    head_dim = 16  # qwen2-tiny: hidden 64 / 4 heads
+    b = np.float32(240)
+    amax = {p: spec.get(f"qwen2.layers.1.self_attn.{p}.act_amax")[0] for p in ("cache_k", "cache_v", "q", "s")}
+    attn = {k.rsplit(".", 1)[1]: v[0] for k, v in params.items() if k.startswith("qwen2.layers.1.self_attn.attn.")}
+    assert {v.dtype for v in attn.values()} == {np.dtype(np.float32)}
+    assert attn["cache_k_scale"] == b / amax["cache_k"] and attn["cache_k_out_scale"] == amax["cache_k"] / b
+    assert attn["cache_v_scale"] == b / amax["cache_v"] and attn["cache_v_out_scale"] == amax["cache_v"] / b
+    assert attn["q_scale"] == b / amax["q"] and attn["q_out_scale"] == amax["q"] / b
+    assert attn["q_scaling_scale"] == pytest.approx(240 / (amax["q"] * head_dim**-0.5), rel=1e-6)
+    assert attn["q_scaling_out_scale"] == pytest.approx(amax["q"] * head_dim**-0.5 / 240, rel=1e-6)
+    assert attn["s_scale"] == 240 and attn["s_out_scale"] == np.float32(1) / b  # s amax is 1
+
+
+def _concat(parts):
+    return np.concatenate(parts, axis=-1)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tensor_parallel_shares_reassemble_the_checkpoint(spec_factory, tp):
+    root = spec_factory()
+    spec = Checkpoint.open(root)
+    d = describe(spec.config)
+    ranks = [mapped(root, Parallelism(tp, r)) for r in range(tp)]
+    u8 = lambda a: np.asarray(a).view(np.uint8)  # noqa: E731
+    # row-parallel: o_proj and down_proj split along the input axis
+    for name in ("ernie.layers.0.self_attn.o_proj.weight", "ernie.layers.0.mlp.down_proj.weight"):
+        np.testing.assert_array_equal(np.concatenate([u8(r[name]) for r in ranks]), u8(spec.get(name)))
+    # paired column split of gate|up: each half split on its own
+    full = u8(spec.get("ernie.layers.0.mlp.up_gate_proj.weight"))
+    half = full.shape[1] // 2
+    np.testing.assert_array_equal(
+        _concat([u8(r["ernie.layers.0.mlp.up_gate_proj.weight"])[:, : half // tp] for r in ranks]), full[:, :half]
+    )
+    np.testing.assert_array_equal(
+        _concat([u8(r["ernie.layers.0.mlp.up_gate_proj.weight"])[:, half // tp :] for r in ranks]), full[:, half:]
+    )
+    # GQA q|k|v: q heads split; 2 KV heads over tp ranks (replicated when tp > 2)
+    qkv = u8(spec.get("ernie.layers.0.self_attn.qkv_proj.weight"))
+    q_width, kv_width, hd = d.q_width, d.kv_width, d.head_dim
+    q_rank = q_width // tp
+    np.testing.assert_array_equal(
+        _concat([u8(r["ernie.layers.0.self_attn.qkv_proj.weight"])[:, :q_rank] for r in ranks]), qkv[:, :q_width]
+    )
+    for r, params in enumerate(ranks):
+        head = r * d.num_kv_heads // tp if d.num_kv_heads < tp else None
+        k = u8(params["ernie.layers.0.self_attn.qkv_proj.weight"])[:, q_rank:]
+        k, v = k[:, : k.shape[1] // 2], k[:, k.shape[1] // 2 :]
+        if head is not None:
+            np.testing.assert_array_equal(k, qkv[:, q_width + head * hd : q_width + (head + 1) * hd])
+            np.testing.assert_array_equal(v, qkv[:, q_width + kv_width + head * hd : q_width + kv_width + (head + 1) * hd])
+    # experts: paired split of weights and of their channel-wise scales, down rows split, down scales whole
+    base = "ernie.layers.2.mlp.experts"
+    up = u8(spec.get(f"{base}.3.up_gate_proj.weight"))
+    scale = spec.get(f"{base}.3.up_gate_proj.weight_scale")
+    inter = up.shape[1] // 2
+    gate_parts = [u8(r[f"{base}.up_gate_proj_weight"][3])[:, : inter // tp] for r in ranks]
+    np.testing.assert_array_equal(_concat(gate_parts), up[:, :inter])
+    gate_scales = [f32(r[f"{base}.up_gate_proj_weight_scale"][3])[: inter // tp] for r in ranks]
+    up_scales = [f32(r[f"{base}.up_gate_proj_weight_scale"][3])[inter // tp :] for r in ranks]
+    np.testing.assert_array_equal(np.concatenate(gate_scales), scale[:inter])
+    np.testing.assert_array_equal(np.concatenate(up_scales), scale[inter:])
+    contiguous = scale[: 2 * inter // tp]  # the fork's rule (section 14): would pair rank 0's weights with gate-only scales
+    assert not np.array_equal(f32(ranks[0][f"{base}.up_gate_proj_weight_scale"][3]), contiguous)
+    np.testing.assert_array_equal(
+        np.concatenate([u8(r[f"{base}.down_proj_weight"][3]) for r in ranks]), u8(spec.get(f"{base}.3.down_proj.weight"))
+    )
+    for r in ranks:
+        np.testing.assert_array_equal(f32(r[f"{base}.down_proj_weight_scale"][3]), spec.get(f"{base}.3.down_proj.weight_scale"))
+        assert r[f"{base}.up_gate_proj_in_scale"][0] == ranks[0][f"{base}.up_gate_proj_in_scale"][0]  # per-tensor: replicated
+    # vocabulary: embedding rows, untied lm_head columns
+    np.testing.assert_array_equal(
+        np.concatenate([u8(r["ernie.embed_tokens.embeddings.weight"]) for r in ranks]), u8(spec.get("ernie.embed_tokens.weight"))
+    )
+
+
+def test_qwen2_bias_and_untied_lm_head_split_like_their_weights(spec_factory):
+    root = spec_factory("qwen2-tiny")
+    spec = Checkpoint.open(root)
+    ranks = [mapped(root, Parallelism(2, r)) for r in range(2)]
+    bias = spec.get("qwen2.layers.0.self_attn.qkv_proj.bias").view(np.uint16)
+    q = 32  # 2 of 4 heads x 16
+    np.testing.assert_array_equal(
+        np.concatenate([r["qwen2.layers.0.self_attn.qkv_proj.bias"].view(np.uint16)[:q] for r in ranks]), bias[:64]
+    )
+    np.testing.assert_array_equal(
+        np.concatenate([r["lm_head.linear.weight"].view(np.uint16) for r in ranks], axis=1),
+        spec.get("lm_head.weight").view(np.uint16),
+    )
+
+
+def test_expert_parallelism_gives_each_rank_whole_experts(spec_factory):
+    spec = Checkpoint.open(spec_factory())
+    for ep_rank in range(2):
+        params = mapped(spec_factory(), Parallelism(2, 0, 2, ep_rank))
+        stacked = params["ernie.layers.1.mlp.experts.up_gate_proj_weight"]
+        assert stacked.shape == (2, 64, 64)  # 2 local experts, intermediate not split under EP
+        for i in range(2):
+            e = 2 * ep_rank + i
+            np.testing.assert_array_equal(
+                stacked[i].view(np.uint8), spec.get(f"ernie.layers.1.mlp.experts.{e}.up_gate_proj.weight").view(np.uint8)
+            )
+        assert params["ernie.layers.1.mlp.gate.weight"].shape == (64, 4)  # the router sees every expert
+
+
+@pytest.mark.parametrize(
+    ("par", "message"),
+    [
+        (Parallelism(8, 0), "tensor parallelism 8 does not divide.*valid: 1, 2, 4"),
+        (Parallelism(3, 0), "valid: 1, 2, 4"),
+        (Parallelism(1, 0, 3, 0), "expert parallelism 3 does not divide 4 experts"),
+    ],
+)
+def test_impossible_parallelism_is_refused_with_the_valid_choices(spec_factory, par, message):
+    with pytest.raises(ConfigError, match=message):
+        mapped(spec_factory(), par)
+
+
+def test_rank_out_of_range_and_gaudi3_range_are_refused(tmp_path, spec_factory):
+    with pytest.raises(ConfigError, match="rank 2 is not in 0..1"):
+        Parallelism(2, 2)
+    spec = Checkpoint.open(spec_factory())
+    qc = parse_quantization_config(spec.config).model_copy(update={"fp8_max": 448.0, "target": "gaudi3"})
+    with pytest.raises(HpuFp8Error, match="retarget --target gaudi2"):
+        next(map_rank(spec, qc, describe(spec.config), Parallelism()))
+
+
+def test_valid_tp_sizes_of_the_real_models():
+    from real_configs import ERNIE_21B, ERNIE_300B, QWEN2
+
+    assert valid_tp_sizes(describe(ERNIE_21B), 8) == [1, 2, 4]
+    assert valid_tp_sizes(describe(ERNIE_300B), 8) == [1, 2, 4, 8]
+    assert valid_tp_sizes(describe(QWEN2["7B"]), 8) == [1, 2, 4]

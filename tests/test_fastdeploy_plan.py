@@ -1,0 +1,90 @@
+"""`plan` on the real configurations of models.md, against byte counts worked out here by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from real_configs import ERNIE_21B, ERNIE_300B, QWEN2
+
+from hpu_fp8_loader.arch import describe
+from hpu_fp8_loader.cli import main
+from hpu_fp8_loader.errors import ConfigError
+from hpu_fp8_loader.fastdeploy.plan import plan_deployment
+
+LINEAR_SCALES = 3 * 2  # weight_scale, act_scale, act_scale_inv: bf16 [1] each
+ATTENTION_SCALARS = 10 * 4  # ten float32 [1] (contract section 6.2)
+
+
+def expected(c: dict, tp: int, moe_layers: int, dense_layers: int, kv_fp8: bool = True) -> dict:
+    h, layers, heads, kv, vocab = (
+        c[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size")
+    )
+    hd = c.get("head_dim") or h // heads
+    kv_rank = kv // tp if kv >= tp else 1
+    qkv_width = (heads // tp + 2 * kv_rank) * hd
+    attention = layers * (h * qkv_width + heads * hd // tp * h + 2 * LINEAR_SCALES + (ATTENTION_SCALARS if kv_fp8 else 0))
+    if c["model_type"] == "qwen2":
+        attention += layers * qkv_width * 2  # the q|k|v bias, bf16
+    inter = c["intermediate_size"] // tp
+    dense = dense_layers * (h * 2 * inter + inter * h + 2 * LINEAR_SCALES)
+    shared = routed = router = 0
+    if moe_layers:
+        experts, moe_inter = c["moe_num_experts"], c["moe_intermediate_size"] // tp
+        width = c["moe_num_shared_experts"] * c["moe_intermediate_size"] // tp
+        if width:
+            shared = moe_layers * (h * 2 * width + width * h + 2 * LINEAR_SCALES)
+        routed = moe_layers * (
+            experts * (h * 2 * moe_inter + moe_inter * h) + experts * (2 * moe_inter + h) * 2 + 2 + experts * 2
+        )
+        router = moe_layers * (h * experts * 4 + experts * 4)
+    return {
+        "attention": attention, "dense_mlp": dense, "shared_experts": shared, "routed_experts": routed, "router": router,
+        "embeddings": vocab // tp * h * 2, "lm_head": 0 if c["tie_word_embeddings"] else h * vocab // tp * 2,
+        "norms": (2 * layers + 1) * h * 2, "kv": 2 * layers * kv_rank * hd,
+    }  # fmt: skip
+
+
+CASES = [(ERNIE_21B, tp, 27, 1) for tp in (1, 2, 4)] + [(QWEN2["7B"], tp, 0, 28) for tp in (1, 2, 4)]
+CASES += [(ERNIE_300B, tp, 51, 3) for tp in (1, 2, 4, 8)]
+
+
+@pytest.mark.parametrize(("config", "tp", "moe_layers", "dense_layers"), CASES)
+def test_bytes_per_rank_and_kv_per_token_match_the_hand_count(config, tp, moe_layers, dense_layers):
+    plan = plan_deployment(describe(config), tp)
+    want = expected(config, tp, moe_layers, dense_layers)
+    kv = want.pop("kv")
+    assert plan.bytes_per_rank == want
+    assert plan.kv_bytes_per_token_per_rank == kv and plan.kv_bytes_per_token_per_rank_bf16 == 2 * kv
+    assert plan.total_bytes_per_rank == sum(want.values())
+
+
+def test_the_21b_model_at_tp1_is_about_half_its_bf16_size():
+    plan = plan_deployment(describe(ERNIE_21B), 1)
+    assert plan.total_bytes_per_rank / (2 * plan.parameters) == pytest.approx(0.506, abs=0.01)  # models.md section 1.2
+
+
+def test_kv_scheme_none_sizes_a_bf16_cache_without_attention_scalars():
+    fp8, none = (
+        plan_deployment(describe(QWEN2["7B"]), 2, kv_cache="fp8"),
+        plan_deployment(describe(QWEN2["7B"]), 2, kv_cache="none"),
+    )
+    assert none.kv_bytes_per_token_per_rank == 2 * fp8.kv_bytes_per_token_per_rank
+    assert fp8.bytes_per_rank["attention"] - none.bytes_per_rank["attention"] == 28 * ATTENTION_SCALARS
+
+
+@pytest.mark.parametrize("config", [ERNIE_21B, QWEN2["7B"]])
+def test_tp8_is_refused_for_models_whose_heads_it_does_not_divide(config):
+    with pytest.raises(ConfigError, match=r"tensor parallelism 8 does not divide.*valid: 1, 2, 4(,|$)"):
+        plan_deployment(describe(config), 8)
+
+
+def test_cli_plan_from_a_config_file(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(ERNIE_21B))
+    result = CliRunner().invoke(main, ["plan", str(tmp_path / "config.json"), "--tp", "4", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["tp"] == 4 and data["bytes_per_rank"]["routed_experts"] > 0
+    refused = CliRunner().invoke(main, ["plan", str(tmp_path), "--tp", "8"])
+    assert refused.exit_code == 1 and "valid: 1, 2, 4" in refused.output
