@@ -456,6 +456,30 @@ def plan(model: Path, tp: int, ep: int, kv_cache: str, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("repo_id")
+@click.option("--revision", default=None, help="Branch, tag or commit.")
+def pull(repo_id: str, revision: str | None) -> None:
+    """Download (or find in the local cache) the hpu-fp8 checkpoint REPO_ID and check it.
+
+    Checks the format version, every file's size and sha256 against the manifest, and the quick
+    validation; prints the local path. HF_HUB_OFFLINE=1 uses the cache only; the token comes from
+    huggingface_hub's usual sources (HF_TOKEN, `hf auth login`).
+    """
+    from .hub import load
+
+    with _errors():
+        loaded = load(repo_id, revision)
+    for warning in loaded.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    qc = loaded.quantization_config
+    click.echo(f"{loaded.path}")
+    click.echo(
+        f"hpu-fp8 v{qc.format_version}, {qc.target.value} (±{qc.fp8_max:g}), KV cache {qc.kv_cache_scheme.value}: checked",
+        err=True,
+    )
+
+
+@main.command()
 @click.option(
     "--out",
     "work_dir",

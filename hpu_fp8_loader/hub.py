@@ -7,14 +7,18 @@ Everything goes through huggingface_hub, so its offline mode (``HF_HUB_OFFLINE=1
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CheckpointNotFoundError
+from .errors import CheckpointNotFoundError, HpuFp8Error
 
-__all__ = ["SOURCE_PATTERNS", "resolve_checkpoint"]
+__all__ = ["SOURCE_PATTERNS", "SPEC_PATTERNS", "LoadedCheckpoint", "load", "resolve_checkpoint"]
 
 # What a conversion needs from a source repository: weights, index, configs and tokenizer files.
 SOURCE_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken"]
+# What an hpu-fp8 checkpoint is made of (docs/spec.md section 1): shards, index, config, manifest,
+# tokenizer and generation files.
+SPEC_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -51,3 +55,37 @@ def resolve_checkpoint(location: str | Path, revision: str | None = None, allow_
             f"{text}: not in the local Hugging Face cache and the Hub cannot be reached (offline?); "
             "download it once with network access, or pass a local directory"
         ) from None
+
+
+@dataclass
+class LoadedCheckpoint:
+    path: Path
+    quantization_config: object  # spec.config.QuantizationConfig
+    warnings: list[str]
+
+
+class ChecksumMismatchError(HpuFp8Error):
+    """Files of a checkpoint disagree with its manifest (a corrupt or partial download)."""
+
+
+def load(location: str | Path, revision: str | None = None, hashes: bool = True) -> LoadedCheckpoint:
+    """An hpu-fp8 checkpoint from a directory or the Hub, checked before anyone uses it.
+
+    Checks: it is an hpu-fp8 checkpoint (a legacy FastDeploy one gets the import-legacy command),
+    its format_version, the manifest (sizes, and sha256 when ``hashes``), and the quick validation
+    (headers, index, config, scales). The offline cache is used when ``HF_HUB_OFFLINE=1``.
+    """
+    from .validate import validate
+
+    path = resolve_checkpoint(location, revision, SPEC_PATTERNS)
+    report = validate(path, full=False, hashes=hashes)  # raises for "not hpu-fp8", format_version, unreadable
+    manifest = [v for v in report.violations if v.rule == "container.manifest"]
+    if manifest:
+        raise ChecksumMismatchError(f"{location}: " + "; ".join(v.message for v in manifest[:5]))
+    if not report.valid:
+        listing = "; ".join(f"[{v.rule}] {v.where}: {v.message}" for v in report.violations[:5])
+        raise HpuFp8Error(f"{location}: not a valid hpu-fp8 checkpoint: {listing}")
+    from .io.checkpoint import read_config
+    from .spec.config import parse_quantization_config
+
+    return LoadedCheckpoint(path, parse_quantization_config(read_config(path)), report.warnings)

@@ -14,7 +14,6 @@ from hpu_fp8_loader.fastdeploy.mapping import Parallelism, map_rank, parameter_s
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.safetensors_file import dtype_name
 from hpu_fp8_loader.spec.config import parse_quantization_config
-from hpu_fp8_loader.synth import preset_config
 
 
 def mapped(root, par: Parallelism) -> dict[str, np.ndarray]:

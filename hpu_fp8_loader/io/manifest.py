@@ -9,6 +9,9 @@ import hashlib
 import json
 from pathlib import Path
 
+from ..errors import UnsafePathError
+from .checkpoint import safe_member
+
 __all__ = ["MANIFEST_FILE", "check_manifest", "file_digest", "write_manifest"]
 
 MANIFEST_FILE = "hpu_fp8_manifest.json"
@@ -64,8 +67,9 @@ def check_manifest(root: Path, hashes: bool, known: dict[str, str] | None = None
     problems = []
     listed = manifest["files"]
     for name, entry in listed.items():
-        target = (root / name).resolve()
-        if Path(name).is_absolute() or ".." in Path(name).parts or not target.is_relative_to(root.resolve()):
+        try:
+            target = safe_member(root, name)
+        except UnsafePathError:
             problems.append(f"{MANIFEST_FILE} lists {name!r}, outside the checkpoint")
             continue
         if not target.is_file():

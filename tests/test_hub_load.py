@@ -1,0 +1,79 @@
+"""Loading hpu-fp8 checkpoints from the Hub cache: `hpu_fp8_loader.hub.load` and `hpu-fp8 pull`, run
+as users run them, against a Hugging Face cache laid out by the test and HF_HUB_OFFLINE=1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hub_cache import add_to_cache
+
+LOAD = """
+import json, sys
+from hpu_fp8_loader.hub import load
+loaded = load(sys.argv[1])
+print(json.dumps({"path": str(loaded.path), "target": loaded.quantization_config.target.value}))
+"""
+
+
+def _run(args: list[str], cache: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(args, capture_output=True, text=True, env=env, check=False)
+
+
+def pull(repo: str, cache: Path) -> subprocess.CompletedProcess:
+    return _run([str(Path(sys.executable).with_name("hpu-fp8")), "pull", repo], cache)
+
+
+def test_load_returns_the_checked_snapshot(tmp_path, spec_factory):
+    snapshot = add_to_cache(tmp_path / "hub", "acme/ernie-fp8", spec_factory())
+    result = _run([sys.executable, "-c", LOAD, "acme/ernie-fp8"], tmp_path / "hub")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert Path(data["path"]) == snapshot and data["target"] == "gaudi2"
+    cli = pull("acme/ernie-fp8", tmp_path / "hub")
+    assert cli.returncode == 0 and cli.stdout.strip() == str(snapshot) and "checked" in cli.stderr
+
+
+def test_a_corrupt_cached_file_fails_the_sha256_check(tmp_path, spec_factory):
+    snapshot = add_to_cache(tmp_path / "hub", "acme/ernie-fp8", spec_factory())
+    blob = (snapshot / "model.safetensors.index.json").resolve()
+    os.chmod(blob, 0o644)
+    text = blob.read_text()
+    blob.write_text(text.replace('"metadata"', '"metadatA"'))  # same size, other bytes
+    result = pull("acme/ernie-fp8", tmp_path / "hub")
+    assert result.returncode == 1 and "sha256 differs" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_not_cached_while_offline(tmp_path):
+    (tmp_path / "hub").mkdir()
+    result = pull("acme/missing", tmp_path / "hub")
+    assert result.returncode == 1 and "not in the local Hugging Face cache" in result.stderr
+
+
+def test_a_legacy_fastdeploy_checkpoint_points_to_import_legacy(tmp_path, spec_factory):
+    from hpu_fp8_loader.legacy import export_legacy
+
+    export_legacy(spec_factory(), tmp_path / "legacy")
+    add_to_cache(tmp_path / "hub", "acme/legacy", tmp_path / "legacy")
+    result = pull("acme/legacy", tmp_path / "hub")
+    assert result.returncode == 1 and "import-legacy" in result.stderr
+
+
+def test_another_format_version_is_refused_naming_both(tmp_path, spec_copy):
+    root = spec_copy()
+    config = json.loads((root / "config.json").read_text())
+    config["quantization_config"]["format_version"] = 2
+    (root / "config.json").write_text(json.dumps(config))
+    add_to_cache(tmp_path / "hub", "acme/future", root)
+    result = pull("acme/future", tmp_path / "hub")
+    assert result.returncode == 1 and "format_version is 2" in result.stderr and "format_version 1" in result.stderr
+
+
+def test_a_bf16_source_is_not_an_hpu_fp8_checkpoint(tmp_path, source_factory):
+    add_to_cache(tmp_path / "hub", "acme/bf16", source_factory())
+    result = pull("acme/bf16", tmp_path / "hub")
+    assert result.returncode == 1 and "hpu-fp8 convert" in result.stderr
