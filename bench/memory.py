@@ -16,8 +16,8 @@ from pathlib import Path
 
 def _children(pid: int) -> list[int]:
     found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):  # the task may have exited meanwhile
+    with contextlib.suppress(OSError):  # the process or one of its tasks may exit meanwhile
+        for task in Path(f"/proc/{pid}/task").glob("*"):
             found += [int(c) for c in (task / "children").read_text().split()]
     return found
 

@@ -46,6 +46,8 @@ ATTENTION_SCALES = (
 )  # fmt: skip
 # Rows read per pread when a tensor is split by columns: bounded working memory per tensor.
 _BLOCK_ELEMENTS = 1 << 22
+# Tensors up to this size are read through the memory map instead of pread.
+_SMALL_BYTES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,19 @@ def _expert_tp(par: Parallelism) -> int:
 # ----------------------------------------------------------------------------- column selections
 
 
-def _qkv_columns(d: ModelDescriptor, par: Parallelism) -> np.ndarray:
+Columns = tuple[tuple[int, int], ...]  # a selection of columns as contiguous [start, stop) runs
+
+
+def _width(columns: Columns) -> int:
+    return sum(stop - start for start, stop in columns)
+
+
+def _take(array: np.ndarray, columns: Columns) -> np.ndarray:
+    """The selected columns (last axis), copied run by run: slices, not a gather."""
+    return np.concatenate([array[..., start:stop] for start, stop in columns], axis=-1)
+
+
+def _qkv_columns(d: ModelDescriptor, par: Parallelism) -> Columns:
     """This rank's q heads, then its k and v heads, as columns of the fused q|k|v output.
 
     With fewer KV heads than ranks each rank holds one KV head, ``r * nkv // tp``: consecutive ranks
@@ -128,22 +142,23 @@ def _qkv_columns(d: ModelDescriptor, par: Parallelism) -> np.ndarray:
     """
     hd, tp, r = d.head_dim, par.tp_size, par.tp_rank
     q_heads = d.num_heads // tp
-    q = np.arange(r * q_heads * hd, (r + 1) * q_heads * hd)
+    q = (r * q_heads * hd, (r + 1) * q_heads * hd)
     if d.num_kv_heads >= tp:
         per = d.num_kv_heads // tp
-        kv = np.arange(r * per * hd, (r + 1) * per * hd)
+        kv = (r * per * hd, (r + 1) * per * hd)
     else:
         head = r * d.num_kv_heads // tp
-        kv = np.arange(head * hd, (head + 1) * hd)
-    return np.concatenate([q, d.q_width + kv, d.q_width + d.kv_width + kv])
+        kv = (head * hd, (head + 1) * hd)
+    k = (d.q_width + kv[0], d.q_width + kv[1])
+    v = (d.q_width + d.kv_width + kv[0], d.q_width + d.kv_width + kv[1])
+    return (q, k, v)
 
 
-def _paired_columns(width: int, tp: int, rank: int) -> np.ndarray:
+def _paired_columns(width: int, tp: int, rank: int) -> Columns:
     """gate_r | up_r of a gate|up output of ``width`` columns: each half split on its own (PairFused)."""
     half = width // 2
     part = half // tp
-    gate = np.arange(rank * part, (rank + 1) * part)
-    return np.concatenate([gate, half + gate])
+    return ((rank * part, (rank + 1) * part), (half + rank * part, half + (rank + 1) * part))
 
 
 def _split(length: int, tp: int, rank: int) -> slice:
@@ -166,7 +181,7 @@ def share_shape(d: ModelDescriptor, w: WeightTensor, par: Parallelism) -> tuple[
     if w.role is Role.EXPERT_DOWN:
         return (w.shape[0] // _expert_tp(par), w.shape[1])
     if w.role in (Role.ATTN_QKV, Role.ATTN_QKV_BIAS):
-        return (*w.shape[:-1], len(_qkv_columns(d, par)))
+        return (*w.shape[:-1], _width(_qkv_columns(d, par)))
     if w.role in (Role.MLP_UP_GATE, Role.SHARED_UP_GATE):
         return (w.shape[0], w.shape[1] // tp)
     if w.role in (Role.ATTN_O, Role.MLP_DOWN, Role.SHARED_DOWN, Role.EMBEDDING):
@@ -226,23 +241,24 @@ def _bf16(values) -> np.ndarray:
     return np.asarray(values, np.float32).astype(numerics.BF16_DTYPE)
 
 
-def _read(checkpoint: Checkpoint, name: str, rows: slice | None = None, columns: np.ndarray | None = None) -> np.ndarray:
+def _read(checkpoint: Checkpoint, name: str, rows: slice | None = None, columns: Columns | None = None) -> np.ndarray:
     """A rank's share of a spec tensor, read by pread in row blocks: never the whole tensor at once."""
     info = checkpoint.tensors[name]
     shard = checkpoint.files[info.file]
-    if not info.shape:
-        return np.asarray(shard.get(name))
+    if not info.shape or info.nbytes <= _SMALL_BYTES:  # scales and amax: a view of the map costs no syscall
+        whole = np.asarray(shard.get(name))
+        whole = whole if rows is None else whole[rows]
+        return np.array(whole if columns is None else _take(whole, columns))
     start, stop = (rows.start, rows.stop) if rows is not None else (0, info.shape[0])
     if columns is None:
         return shard.read_rows(name, start, stop)
     if len(info.shape) == 1:
-        return shard.read_rows(name, 0, info.shape[0])[columns]
-    out = np.empty((stop - start, len(columns)), shard.read_rows(name, 0, 0).dtype)
+        return _take(shard.read_rows(name, 0, info.shape[0]), columns)
     step = max(1, _BLOCK_ELEMENTS // info.shape[1])
-    for first in range(start, stop, step):
-        last = min(stop, first + step)
-        out[first - start : last - start] = shard.read_rows(name, first, last)[:, columns]
-    return out
+    if step >= stop - start:
+        return _take(shard.read_rows(name, start, stop), columns)
+    blocks = [_take(shard.read_rows(name, first, min(stop, first + step)), columns) for first in range(start, stop, step)]
+    return np.concatenate(blocks)
 
 
 def _amax(checkpoint: Checkpoint, module: str) -> np.float32:
@@ -276,7 +292,8 @@ def rank_share(checkpoint: Checkpoint, d: ModelDescriptor, w: WeightTensor, par:
     if w.role in (Role.ATTN_O, Role.MLP_DOWN, Role.SHARED_DOWN, Role.EMBEDDING):
         return _read(checkpoint, w.name, rows=_split(w.shape[0], tp, r))
     if w.role is Role.LM_HEAD:
-        return _read(checkpoint, w.name, columns=np.arange(w.shape[1])[_split(w.shape[1], tp, r)])
+        part = _split(w.shape[1], tp, r)
+        return _read(checkpoint, w.name, columns=((part.start, part.stop),))
     return _read(checkpoint, w.name)
 
 
@@ -284,7 +301,7 @@ def scale_share(checkpoint: Checkpoint, d: ModelDescriptor, w: WeightTensor, par
     """This rank's share of a linear's weight_scale: an expert up_gate's channels split gate|up-paired."""
     scale = _read(checkpoint, names.tensor(w.module, names.WEIGHT_SCALE))
     if w.role is Role.EXPERT_UP_GATE:  # paired, unlike the fork's contiguous rule (contract section 14)
-        return scale[_paired_columns(w.shape[1], _expert_tp(par), _expert_rank(par))]
+        return _take(scale, _paired_columns(w.shape[1], _expert_tp(par), _expert_rank(par)))
     return scale
 
 

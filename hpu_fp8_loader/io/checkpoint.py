@@ -99,9 +99,10 @@ class Checkpoint:
             checkpoint._add_file(relative)
         if (root / INDEX_FILE).is_file():
             weight_map, _ = read_index(root)
+            paths = {relative: safe_member(root, relative) for relative in set(weight_map.values())}
             for name, relative in weight_map.items():
                 info = checkpoint.tensors.get(name)
-                if info is None or info.file != safe_member(root, relative):
+                if info is None or info.file != paths[relative]:
                     raise CheckpointIndexError(f"{root / INDEX_FILE}: tensor '{name}' is not in {relative}")
             unlisted = sorted(set(checkpoint.tensors) - set(weight_map))
             if unlisted:
