@@ -68,6 +68,20 @@ def _parse_size(text: str) -> int:
         raise click.BadParameter(f"{text!r} is not a size like 5GB or 500MiB") from None
 
 
+# Options several commands share, declared once.
+force_option = click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+shard_size_option = click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard file.")
+dead_experts_option = click.option(
+    "--dead-experts",
+    type=click.Choice(["error", "sibling-max"]),
+    default="error",
+    show_default=True,
+    help="Experts without a positive amax: error stops and lists them; sibling-max gives each the max of its "
+    "layer's other experts and records which in config.json.",
+)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="hpu-fp8")
 def main() -> None:
@@ -87,7 +101,7 @@ def main() -> None:
 )
 @click.option("--hashes", is_flag=True, help="Also compare every file's sha256 with hpu_fp8_manifest.json (reads every byte).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@quiet_option
 def validate(directory: Path, quick: bool, hashes: bool, as_json: bool, quiet: bool) -> None:
     """Check DIRECTORY against every rule of the hpu-fp8 v1 spec.
 
@@ -174,9 +188,9 @@ def _print_inspection(result) -> None:
     help="paddle: FastDeploy's fused [in, out] names; torch: Hugging Face [out, in], separate q/k/v and gate/up.",
 )
 @click.option("--seed", default=0, show_default=True, help="Values depend only on the seed and the tensor's name.")
-@click.option("--max-shard-size", default="5GB", show_default=True, help="Largest shard file.")
-@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@shard_size_option
+@force_option
+@quiet_option
 def synth(
     out: Path, preset: str, overrides: tuple[str, ...], layout: str, seed: int, max_shard_size: str, force: bool, quiet: bool
 ) -> None:
@@ -225,19 +239,12 @@ def synth(
     show_default=True,
     help="pow2 rounds every scale up to a power of two.",
 )
-@click.option(
-    "--dead-experts",
-    type=click.Choice(["error", "sibling-max"]),
-    default="error",
-    show_default=True,
-    help="Experts without a positive amax: error stops and lists them; sibling-max gives each the max of its "
-    "layer's other experts and records which in config.json.",
-)
+@dead_experts_option
 @click.option("--workers", default=min(2, os.cpu_count() or 1), show_default=True, help="Worker processes.")
-@click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard.")
+@shard_size_option
 @click.option("--revision", default=None, help="Revision of SRC when it is a Hub repo id.")
-@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@force_option
+@quiet_option
 def convert(
     src: str,
     out: Path,
@@ -298,15 +305,9 @@ def convert(
     type=click.Path(path_type=Path),
     help="Points the legacy checkpoint lacks (e.g. Qwen2's MLP, which FastDeploy never measures); JSON or FastDeploy files.",
 )
-@click.option(
-    "--dead-experts",
-    type=click.Choice(["error", "sibling-max"]),
-    default="error",
-    show_default=True,
-    help="Experts whose legacy amax is zero (the legacy converter stored 0): error, or their layer's max.",
-)
-@click.option("--max-shard-size", default="5GB", show_default=True)
-@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@dead_experts_option
+@shard_size_option
+@force_option
 def import_legacy(
     src: Path, out: Path, measurement_paths: tuple[Path, ...], dead_experts: str, max_shard_size: str, force: bool
 ) -> None:
@@ -345,8 +346,8 @@ def import_legacy(
     help="Tensor parallelism it will be served at; >1 is refused where FastDeploy's v0 loader splits wrongly.",
 )
 @click.option("--ep", is_flag=True, help="It will be served with expert parallelism (safe for MoE at any --tp).")
-@click.option("--max-shard-size", default="5GB", show_default=True)
-@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@shard_size_option
+@force_option
 def export_legacy(src: Path, out: Path, tp: int, ep: bool, max_shard_size: str, force: bool) -> None:
     """Write hpu-fp8 checkpoint SRC in the legacy layout stock FastDeploy reads without the hook.
 
@@ -374,8 +375,8 @@ def export_legacy(src: Path, out: Path, tp: int, ep: bool, max_shard_size: str, 
     required=True,
     help="gaudi2: rescale a ±448 checkpoint to ±240 (values x 0.5, weight scales x 2); gaudi3: relabel a ±240 one.",
 )
-@click.option("--max-shard-size", default="5GB", show_default=True)
-@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@shard_size_option
+@force_option
 def retarget(src: Path, out: Path, target: str, max_shard_size: str, force: bool) -> None:
     """Move hpu-fp8 checkpoint SRC between the Gaudi3 (±448) and Gaudi2 (±240) FP8 ranges."""
     from .retarget import retarget as run_retarget
@@ -397,7 +398,7 @@ def retarget(src: Path, out: Path, target: str, max_shard_size: str, force: bool
 @click.option(
     "-o", "--out", type=click.Path(path_type=Path), required=True, help="FILE.safetensors, or a directory with --all-ranks."
 )
-@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@force_option
 def map_command(checkpoint: Path, tp: int, rank: int, ep: int, ep_rank: int, all_ranks: bool, out: Path, force: bool) -> None:
     """Write exactly the parameters the hook hands FastDeploy on one rank (names, dtypes, values).
 
