@@ -481,6 +481,70 @@ def pull(repo_id: str, revision: str | None) -> None:
 
 
 @main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Measurement file to write (JSON).")
+@click.option(
+    "--dataset",
+    default="builtin",
+    show_default=True,
+    help="builtin (Python's own documentation, offline; its last 10% is held out for eval), FILE.txt, or FILE.jsonl with a 'text' field.",
+)
+@click.option("--samples", default=32, show_default=True, help="Windows of --seq-len tokens to run.")
+@click.option("--seq-len", default=256, show_default=True, help="Tokens per window (at most max_position_embeddings).")
+@click.option("--batch-size", default=4, show_default=True, help="Windows per forward.")
+@click.option(
+    "--all-experts",
+    is_flag=True,
+    help="Also run every token through every expert, for the statistics only (never the forward): no expert stays "
+    "uncalibrated, but expert ranges get wider and the expert work grows about E/k times.",
+)
+@click.option(
+    "--fastdeploy-format",
+    "fastdeploy_file",
+    type=click.Path(path_type=Path),
+    help="Also write the amax in FastDeploy's measurement-mode text format to this file.",
+)
+@quiet_option
+def calibrate(
+    model: Path,
+    out: Path,
+    dataset: str,
+    samples: int,
+    seq_len: int,
+    batch_size: int,
+    all_experts: bool,
+    fastdeploy_file: Path | None,
+    quiet: bool,
+) -> None:
+    """Record activation amax at FastDeploy's measurement points with the float32 reference engine.
+
+    MODEL is a BF16 checkpoint (Paddle or torch layout) or an hpu-fp8 one. Tokens come from its
+    tokenizer.json when present (and the tokenizers library), else one token per UTF-8 byte.
+    """
+    from .calibrate import calibrate as run_calibration
+    from .calibrate import write_fastdeploy_file
+    from .spec.measurements import write_measurements
+
+    with _errors():
+        with tqdm(desc="calibrate", unit="tok", unit_scale=True, disable=quiet, file=sys.stderr, leave=False) as bar:
+            result = run_calibration(model, dataset, samples, seq_len, batch_size, all_experts, progress=bar.update)
+        write_measurements(out, result.measurements)
+        if fastdeploy_file:
+            write_fastdeploy_file(fastdeploy_file, result.measurements)
+    click.echo(
+        f"{out}: {len(result.measurements.amax)} points from {result.tokens:,} tokens ({result.tokenizer} tokens), "
+        f"{result.tokens / max(result.seconds, 1e-9):,.0f} tokens/s"
+    )
+    if result.dead_experts:
+        listing = ", ".join(f"layer {layer} expert {e}" for layer, e in result.dead_experts)
+        click.echo(
+            f"warning: no calibration token was routed to {len(result.dead_experts)} expert(s): {listing}. "
+            "Calibrate with more data or --all-experts, or convert with --dead-experts sibling-max.",
+            err=True,
+        )
+
+
+@main.command()
 @click.option(
     "--out",
     "work_dir",

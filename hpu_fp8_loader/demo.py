@@ -1,7 +1,7 @@
 """The embedded default job: a small model the project builds itself, taken through the pipeline.
 
-Today: synthesize -> (synthetic measurements) -> convert -> validate -> inspect. Calibration with the
-reference engine and an accuracy evaluation join as those pieces land.
+Today: synthesize -> calibrate (the float32 reference engine) -> convert -> validate -> inspect; the
+accuracy evaluation joins when the FP8 emulation lands.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .arch import Layout
+from .calibrate import calibrate
 from .convert import ConvertOptions, convert
 from .inspection import Inspection, inspect_checkpoint
 from .spec.measurements import write_measurements
-from .synth import preset_config, synthesize, synthetic_measurements
+from .synth import preset_config, synthesize
 from .validate import ValidationReport, validate
 
 __all__ = ["DemoResult", "run_demo"]
@@ -38,9 +39,11 @@ def run_demo(work_dir: str | Path, preset: str = "ernie-moe-tiny", say=print) ->
     source = synthesize(work_dir / "bf16", config, Layout.TORCH, seed=0)
     say(f"1/4 synthesized {preset} (Hugging Face torch layout, BF16) -> {source}")
     measurements = work_dir / "measurements.json"
-    write_measurements(measurements, synthetic_measurements(config))
-    say(f"2/4 wrote synthetic activation amax (labelled 'synthetic'; real calibration comes later) -> {measurements}")
-    checkpoint = convert(source, work_dir / "fp8", [synthetic_measurements(config)], ConvertOptions()).out
+    calibration = calibrate(source, samples=16, seq_len=128)
+    write_measurements(measurements, calibration.measurements)
+    say(f"2/4 calibrated with the reference engine on built-in text ({calibration.tokens:,} tokens) -> {measurements}")
+    options = ConvertOptions(dead_experts="sibling-max" if calibration.dead_experts else "error")
+    checkpoint = convert(source, work_dir / "fp8", [calibration.measurements], options).out
     say(f"3/4 converted to hpu-fp8 v1 (gaudi2, ±240, fp8 KV cache) -> {checkpoint}")
     report = validate(checkpoint)
     say(f"4/4 validated: {'valid' if report.valid else 'INVALID'} ({report.tensors} tensors, full scan)")

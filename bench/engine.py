@@ -1,0 +1,81 @@
+"""Reference-engine goals of issue 6, measured in the same run (ratios, never asserts).
+
+1. Engine tokens/s vs transformers (torch CPU, float32) on the same config and batch: goal >= 0.7x.
+2. Calibration overhead (default routing) vs the plain forward: goal <= 10%.
+
+    python bench/engine.py [--preset ernie-moe-tiny|qwen2-tiny] [--batch 4] [--seq 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from hpu_fp8_loader.calibrate import AmaxObserver
+from hpu_fp8_loader.engine.model import forward
+from hpu_fp8_loader.engine.weights import open_weights
+from hpu_fp8_loader.synth import preset_config, synthesize
+
+SIZES = {  # hidden 512, 4 layers, vocab 32000: the size environment-facts.md section 8 timed transformers on
+    "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 4, "num_attention_heads": 8,
+    "num_key_value_heads": 2, "vocab_size": 32000, "head_dim": 64,
+}  # fmt: skip
+MOE = {"moe_intermediate_size": 352, "moe_num_experts": 8, "moe_k": 2, "moe_layer_end_index": 3}
+
+
+def best(repeat: int, fn) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="ernie-moe-tiny", choices=["ernie-moe-tiny", "ernie-dense-tiny", "qwen2-tiny"])
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/hpu-fp8-bench-engine"))
+    args = parser.parse_args()
+    import torch
+    import transformers
+
+    shutil.rmtree(args.work, ignore_errors=True)
+    config = preset_config(args.preset, {**SIZES, **(MOE if args.preset == "ernie-moe-tiny" else {})})
+    synthesize(args.work, config, "torch", seed=0)
+    ids = np.random.default_rng(0).integers(0, config["vocab_size"], (args.batch, args.seq))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_pretrained(args.work, dtype=torch.float32)
+    tokens = torch.tensor(ids)
+
+    def reference() -> None:
+        with torch.no_grad():
+            model(tokens)
+
+    weights = open_weights(args.work)
+    theirs = best(args.repeat, reference)
+    ours = best(args.repeat, lambda: forward(weights, ids))
+    observed = best(args.repeat, lambda: forward(weights, ids, AmaxObserver(weights.descriptor.prefix)))
+    n = ids.size
+    print(
+        f"{args.preset}, {weights.descriptor.parameter_count() / 1e6:.0f} M parameters, batch {args.batch} x {args.seq}, "
+        f"torch threads {torch.get_num_threads()}"
+    )
+    print(f"transformers (torch float32): {theirs:.3f} s, {n / theirs:,.0f} tokens/s")
+    print(f"reference engine (numpy):     {ours:.3f} s, {n / ours:,.0f} tokens/s -> {theirs / ours:.2f}x (goal >= 0.7)")
+    print(f"engine with calibration:      {observed:.3f} s -> overhead {100 * (observed / ours - 1):.1f}% (goal <= 10%)")
+    shutil.rmtree(args.work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Activation statistics from the reference engine: what FastDeploy's measurement mode records,
+without an HPU (contract section 9.2), plus the Qwen2 MLP points FastDeploy forgets (section 15).
+
+Each point's value is the whole-tensor max |x| over every batch; each expert's intermediate is taken
+over the tokens routed to it, as FastDeploy does. ``all_experts`` also runs every token through every
+expert for the statistics only (never for the forward): no expert stays uncalibrated, at the price
+of wider expert ranges and about E/k times the expert work.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from .datasets import BUILTIN, load_text, token_batches, tokenize
+from .engine.model import EngineConfig, Observer, forward
+from .engine.weights import open_weights
+from .errors import HpuFp8Error
+from .spec import names
+from .spec.config import AmaxSourceKind
+from .spec.measurements import MeasurementProvenance, Measurements, ModelIdentity
+
+__all__ = ["AmaxObserver", "CalibrationResult", "calibrate", "write_fastdeploy_file"]
+
+
+class AmaxObserver(Observer):
+    def __init__(self, prefix: str, all_experts: bool = False):
+        self.prefix = prefix
+        self.wants_all_experts = all_experts
+        self.amax: dict[str, float] = {}
+        self.expert_tokens: dict[str, int] = {}
+
+    def record(self, module: str, values: np.ndarray) -> None:
+        if values.size:
+            peak = float(np.max(np.abs(values)))
+            self.amax[module] = max(self.amax.get(module, 0.0), peak)
+
+    def record_expert(self, layer: int, expert: int, intermediate: np.ndarray, routed_tokens: int) -> None:
+        self.record(names.expert(self.prefix, layer, expert, "down_proj"), intermediate)
+        key = names.expert_tokens_key(self.prefix, layer, expert)
+        self.expert_tokens[key] = self.expert_tokens.get(key, 0) + routed_tokens
+
+
+@dataclass
+class CalibrationResult:
+    measurements: Measurements
+    tokenizer: str
+    tokens: int
+    seconds: float
+    dead_experts: list[tuple[int, int]] = field(default_factory=list)  # (layer, expert) without a routed token
+
+
+def calibrate(
+    model: str | Path,
+    dataset: str | Path = BUILTIN,
+    samples: int = 32,
+    seq_len: int = 256,
+    batch_size: int = 4,
+    all_experts: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> CalibrationResult:
+    """Run the reference engine over ``samples`` windows of ``dataset`` and record every act amax."""
+    started = time.perf_counter()
+    weights = open_weights(model)
+    d = weights.descriptor
+    limit = weights.checkpoint.config.get("max_position_embeddings")
+    if limit and seq_len > int(limit):
+        raise HpuFp8Error(f"seq_len {seq_len} is beyond the model's max_position_embeddings {limit}")
+    text = load_text(dataset)
+    if not text.strip():
+        raise HpuFp8Error(f"dataset {dataset}: no text")
+    ids, tokenizer = tokenize(text, Path(model), d.vocab_size)
+    if ids.size and ids.max() >= d.vocab_size:
+        raise HpuFp8Error(f"{tokenizer} gives token id {int(ids.max())} >= vocab_size {d.vocab_size}")
+    observer = AmaxObserver(d.prefix, all_experts)
+    config = EngineConfig.from_config(weights.checkpoint.config, d)
+    tokens = 0
+    count = 0
+    for batch in token_batches(ids, samples, seq_len, batch_size):
+        forward(weights, batch, observer, config)
+        tokens += batch.size
+        count += len(batch)
+        if progress:
+            progress(batch.size)
+    experts = d.moe.num_experts if d.moe else 0
+    measurements = Measurements(
+        provenance=MeasurementProvenance(
+            kind=AmaxSourceKind.REFERENCE_ENGINE,
+            dataset=str(dataset),
+            samples=count,
+            tokens=tokens,
+            seq_len=seq_len,
+            date=datetime.date.today().isoformat(),
+            tool="hpu-fp8 calibrate" + (" --all-experts" if all_experts else ""),
+            tool_version=__version__,
+        ),
+        model=ModelIdentity(model_type=d.model_type, num_hidden_layers=d.num_layers, moe_num_experts=experts),
+        amax=observer.amax,
+        expert_tokens=observer.expert_tokens,
+    )
+    dead = []
+    for key, routed in observer.expert_tokens.items():
+        if routed == 0:
+            layer, expert = key.split(".layers.", 1)[1].split(".mlp.experts.")
+            dead.append((int(layer), int(expert)))
+    return CalibrationResult(measurements, tokenizer, tokens, time.perf_counter() - started, sorted(dead))
+
+
+def write_fastdeploy_file(path: str | Path, measurements: Measurements) -> None:
+    """The same amax in FastDeploy's measurement-mode text format (``key<TAB>float`` lines)."""
+    lines = [f"{names.fastdeploy_key_from_module(module)}\t{value!r}\n" for module, value in measurements.amax.items()]
+    Path(path).write_text("".join(lines), encoding="utf-8")

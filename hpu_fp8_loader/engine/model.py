@@ -1,0 +1,194 @@
+"""The float32 forward of Ernie4.5 (MoE and dense) and Qwen2, layer by layer.
+
+Conventions (and where they come from):
+- RMSNorm with config ``rms_norm_eps``; SwiGLU ``silu(gate) * up`` with gate first.
+- Rotary: ERNIE interleaved (pairs 2i, 2i+1; FastDeploy's ``use_neox_rotary_style=False`` and
+  transformers' Ernie4.5), Qwen2 rotate-half (NeoX) (contract section 19); ``rope_theta`` from config.
+- GQA: each KV head serves ``num_heads / num_kv_heads`` query heads; causal softmax attention.
+- MoE (contract section 5.4): float32 router logits, softmax over all experts, top-k chosen on
+  probabilities plus the correction bias, the chosen *unbiased* probabilities renormalised (sum
+  clamped below at 1e-12); shared experts always added; MoE layers by FastDeploy's rule.
+
+An observer, when given, sees the tensors FastDeploy's measurement mode measures (contract section
+9.2), keyed by spec module names: that is all calibration needs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..arch import ModelDescriptor
+from ..errors import HpuFp8Error
+from ..spec import names
+from .weights import EngineWeights
+
+__all__ = ["EngineConfig", "Observer", "forward"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    rms_norm_eps: float
+    rope_theta: float
+    interleaved_rotary: bool
+    router_norm_min: float = 1e-12
+
+    @classmethod
+    def from_config(cls, config: dict, descriptor: ModelDescriptor) -> EngineConfig:
+        ernie = descriptor.prefix == "ernie"
+        rope = config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta")
+        return cls(
+            rms_norm_eps=float(config.get("rms_norm_eps") or (1e-5 if ernie else 1e-6)),
+            rope_theta=float(rope or (500000.0 if ernie else 1000000.0)),
+            interleaved_rotary=ernie,
+            router_norm_min=float(config.get("moe_norm_min") or 1e-12),
+        )
+
+
+class Observer:
+    """Receives activations; the default ignores them (a plain forward)."""
+
+    def record(self, module: str, values: np.ndarray) -> None:
+        """Whole-tensor activation at a spec module's input (or attention point)."""
+
+    def record_expert(self, layer: int, expert: int, intermediate: np.ndarray, routed_tokens: int) -> None:
+        """An expert's SwiGLU output over the tokens routed to it (all tokens with --all-experts)."""
+
+    wants_all_experts = False
+
+
+def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    variance = np.mean(x * x, axis=-1, keepdims=True)
+    return x / np.sqrt(variance + np.float32(eps)) * weight
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x / (np.float32(1) + np.exp(-x))
+
+
+def _rotary(x: np.ndarray, positions: np.ndarray, theta: float, interleaved: bool) -> np.ndarray:
+    """x: [B, T, heads, hd]."""
+    hd = x.shape[-1]
+    inv_freq = (1.0 / theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)).astype(np.float32)
+    angles = positions[:, None].astype(np.float32) * inv_freq[None, :]  # [T, hd/2]
+    cos, sin = np.cos(angles)[None, :, None, :], np.sin(angles)[None, :, None, :]
+    if interleaved:
+        even, odd = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = even * cos - odd * sin
+        out[..., 1::2] = odd * cos + even * sin
+        return out
+    first, second = x[..., : hd // 2], x[..., hd // 2 :]
+    return np.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+
+
+def _attention(d: ModelDescriptor, cfg: EngineConfig, w: dict, base: str, x: np.ndarray, observer: Observer) -> np.ndarray:
+    b, t, _ = x.shape
+    observer.record(f"{base}.self_attn.qkv_proj", x)
+    qkv = x @ w[f"{base}.self_attn.qkv_proj.weight"]
+    if d.qkv_bias:
+        qkv = qkv + w[f"{base}.self_attn.qkv_proj.bias"]
+    hd = d.head_dim
+    q = qkv[..., : d.q_width].reshape(b, t, d.num_heads, hd)
+    k = qkv[..., d.q_width : d.q_width + d.kv_width].reshape(b, t, d.num_kv_heads, hd)
+    v = qkv[..., d.q_width + d.kv_width :].reshape(b, t, d.num_kv_heads, hd)
+    positions = np.arange(t)
+    q = _rotary(q, positions, cfg.rope_theta, cfg.interleaved_rotary)
+    k = _rotary(k, positions, cfg.rope_theta, cfg.interleaved_rotary)
+    observer.record(f"{base}.self_attn.q", q)
+    observer.record(f"{base}.self_attn.cache_k", k)
+    observer.record(f"{base}.self_attn.cache_v", v)
+    group = d.num_heads // d.num_kv_heads
+    q = np.ascontiguousarray(q.transpose(0, 2, 1, 3))  # [B, heads, T, hd]: batched matmuls go to BLAS
+    k = np.repeat(k, group, axis=2).transpose(0, 2, 3, 1)  # [B, heads, hd, T]
+    v = np.repeat(v, group, axis=2).transpose(0, 2, 1, 3)  # [B, heads, T, hd]
+    scores = (q @ k) * np.float32(hd**-0.5)
+    scores = np.where(np.triu(np.ones((t, t), bool), 1), np.float32(-np.inf), scores)
+    scores -= scores.max(axis=-1, keepdims=True)
+    probabilities = np.exp(scores)
+    probabilities /= probabilities.sum(axis=-1, keepdims=True)
+    # FastDeploy's decode path quantizes unnormalised exp scores peaking at exactly 1 (contract 9.2).
+    observer.record(f"{base}.self_attn.s", np.ones(1, np.float32))
+    out = (probabilities @ v).transpose(0, 2, 1, 3).reshape(b, t, d.q_width)
+    observer.record(f"{base}.self_attn.o_proj", out)
+    return out @ w[f"{base}.self_attn.o_proj.weight"]
+
+
+def _mlp(module: str, w: dict, x: np.ndarray, observer: Observer, record_input: bool = True) -> np.ndarray:
+    if record_input:
+        observer.record(f"{module}.up_gate_proj", x)
+    gate_up = x @ w[f"{module}.up_gate_proj.weight"]
+    half = gate_up.shape[-1] // 2
+    hidden = _silu(gate_up[..., :half]) * gate_up[..., half:]
+    observer.record(f"{module}.down_proj", hidden)
+    return hidden @ w[f"{module}.down_proj.weight"]
+
+
+def _moe(d: ModelDescriptor, cfg: EngineConfig, w: dict, layer: int, x: np.ndarray, observer: Observer) -> np.ndarray:
+    base = names.layer(d.prefix, layer)
+    moe = d.moe
+    flat = x.reshape(-1, x.shape[-1])
+    observer.record(names.shared_expert_input(d.prefix, layer), flat)
+    logits = flat @ w[f"{base}.mlp.gate.weight"]
+    logits = logits - logits.max(axis=-1, keepdims=True)
+    probabilities = np.exp(logits)
+    probabilities /= probabilities.sum(axis=-1, keepdims=True)
+    bias_name = f"{base}.mlp.moe_statics.e_score_correction_bias"
+    choice = probabilities + (w[bias_name].reshape(1, -1) if bias_name in w else np.float32(0))
+    chosen = np.argsort(-choice, axis=-1, kind="stable")[:, : moe.top_k]
+    weights = np.take_along_axis(probabilities, chosen, axis=-1)
+    weights = weights / np.maximum(weights.sum(axis=-1, keepdims=True), np.float32(cfg.router_norm_min))
+    out = np.zeros_like(flat)
+    for e in range(moe.num_experts):
+        rows, slot = np.nonzero(chosen == e)
+        module = f"{base}.mlp.experts.{e}"
+        if observer.wants_all_experts or rows.size:
+            tokens = flat if observer.wants_all_experts else flat[rows]
+            gate_up = tokens @ w[f"{module}.up_gate_proj.weight"]
+            half = gate_up.shape[-1] // 2
+            hidden = _silu(gate_up[..., :half]) * gate_up[..., half:]
+            observer.record_expert(layer, e, hidden, int(rows.size))
+            if observer.wants_all_experts:
+                hidden = hidden[rows]
+            if rows.size:
+                out[rows] += weights[rows, slot][:, None] * (hidden @ w[f"{module}.down_proj.weight"])
+        else:
+            observer.record_expert(layer, e, np.zeros((0, moe.intermediate_size), np.float32), 0)
+    if moe.num_shared_experts:
+        out += _mlp(f"{base}.mlp.shared_experts", w, flat, observer)
+    return out.reshape(x.shape)
+
+
+def _load_layer(weights: EngineWeights, layer: int) -> dict[str, np.ndarray]:
+    try:
+        return weights.layer(layer)
+    except MemoryError:
+        size = sum(math.prod(w.shape) for w in weights.descriptor.weights() if w.layer == layer) * 4
+        raise HpuFp8Error(
+            f"layer {layer} needs {size / 2**30:.2f} GiB of float32 weights and that much memory is not available; "
+            "the engine holds one layer at a time, so this model cannot run on this machine"
+        ) from None
+
+
+def forward(
+    weights: EngineWeights, ids: np.ndarray, observer: Observer | None = None, config: EngineConfig | None = None
+) -> np.ndarray:
+    """Logits ``[B, T, vocab]`` for token ids ``[B, T]``, reading one layer's weights at a time."""
+    d = weights.descriptor
+    cfg = config or EngineConfig.from_config(weights.checkpoint.config, d)
+    observer = observer or Observer()
+    top = weights.layer(None)
+    embed = top[f"{d.prefix}.embed_tokens.weight"]
+    x = embed[ids]
+    for layer in range(d.num_layers):
+        w = _load_layer(weights, layer)
+        base = names.layer(d.prefix, layer)
+        h = _rms_norm(x, w[f"{base}.input_layernorm.weight"], cfg.rms_norm_eps)
+        x = x + _attention(d, cfg, w, base, h, observer)
+        h = _rms_norm(x, w[f"{base}.post_attention_layernorm.weight"], cfg.rms_norm_eps)
+        x = x + (_moe(d, cfg, w, layer, h, observer) if d.is_moe_layer(layer) else _mlp(f"{base}.mlp", w, h, observer))
+        del w
+    x = _rms_norm(x, top[f"{d.prefix}.norm.weight"], cfg.rms_norm_eps)
+    return x @ top["lm_head.weight"] if "lm_head.weight" in top else x @ embed.T

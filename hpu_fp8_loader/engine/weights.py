@@ -1,0 +1,74 @@
+"""Weights for the engine, one layer at a time, as float32 in the spec's ``[in, out]`` layout.
+
+From a BF16/FP16/FP32 source checkpoint (either layout: parts transposed and fused as the converter
+does) or from an hpu-fp8 checkpoint (fp8 values times their weight scales). Nothing is read before
+it is asked for, and what is returned is the caller's to drop: a model larger than RAM still runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..arch import Layout, ModelDescriptor, WeightTensor, describe
+from ..convert import detect_layout
+from ..io.checkpoint import Checkpoint
+from ..spec import names
+
+__all__ = ["EngineWeights", "open_weights"]
+
+
+def _available_memory() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class EngineWeights:
+    """``get(weight)`` -> float32 array of a descriptor weight, from whichever kind of checkpoint.
+
+    When the whole model in float32 fits in ``cache_bytes`` (default: a quarter of the available
+    memory), layers are kept once converted, so repeated forwards (calibration batches) read and
+    convert every weight once; otherwise every forward streams the layers again.
+    """
+
+    def __init__(self, checkpoint: Checkpoint, descriptor: ModelDescriptor, cache_bytes: int | None = None):
+        self.checkpoint = checkpoint
+        self.descriptor = descriptor
+        budget = _available_memory() // 4 if cache_bytes is None else cache_bytes
+        self._cache: dict[int | None, dict[str, np.ndarray]] | None = {} if 4 * descriptor.parameter_count() <= budget else None
+        self.is_spec = isinstance(checkpoint.config.get("quantization_config"), dict) and (
+            checkpoint.config["quantization_config"].get("quant_method") == "hpu_fp8"
+        )
+        self.layout = Layout.PADDLE if self.is_spec else detect_layout(checkpoint, descriptor)
+        self._by_layer: dict[int | None, list[WeightTensor]] = {}
+        for w in descriptor.weights():
+            self._by_layer.setdefault(w.layer, []).append(w)
+
+    def get(self, weight: WeightTensor) -> np.ndarray:
+        if self.is_spec and weight.is_linear:
+            scale = np.asarray(self.checkpoint.get(names.tensor(weight.module, names.WEIGHT_SCALE)), np.float32)
+            return self.checkpoint.get(weight.name).astype(np.float32) * (scale if weight.channel_wise else scale[0])
+        parts = weight.source_parts(self.layout, self.descriptor.prefix)
+        arrays = [self.checkpoint.get(p.name).astype(np.float32) for p in parts]
+        arrays = [a.T if p.transpose else a for p, a in zip(parts, arrays, strict=True)]
+        return np.ascontiguousarray(arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=-1))
+
+    def layer(self, index: int | None) -> dict[str, np.ndarray]:
+        """Every weight of one layer (``None``: embeddings, final norm, lm_head), keyed by spec name."""
+        if self._cache is not None and index in self._cache:
+            return self._cache[index]
+        weights = {w.name: self.get(w) for w in self._by_layer.get(index, [])}
+        if self._cache is not None:
+            self._cache[index] = weights
+        return weights
+
+
+def open_weights(path: str | Path, cache_bytes: int | None = None) -> EngineWeights:
+    checkpoint = Checkpoint.open(path)
+    return EngineWeights(checkpoint, describe(checkpoint.config), cache_bytes)
