@@ -172,3 +172,13 @@ def test_byte_tokens_need_a_vocabulary_of_256(tmp_path):
 def test_held_out_text_never_calibrates():
     calibration, held_out = load_text("builtin"), load_text("builtin", split="held-out")
     assert held_out and held_out not in calibration and len(held_out) < len(calibration) / 5
+
+
+def test_an_unknown_architecture_is_named(tmp_path, source_factory):
+    root = tmp_path / "m"
+    shutil.copytree(source_factory(), root)
+    config = json.loads((root / "config.json").read_text())
+    config["model_type"] = "llama"
+    (root / "config.json").write_text(json.dumps(config))
+    result = CliRunner().invoke(main, ["calibrate", str(root), "-o", str(tmp_path / "m.json")])
+    assert result.exit_code == 1 and "model_type 'llama' is not supported" in result.output
