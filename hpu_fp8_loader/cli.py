@@ -544,6 +544,70 @@ def calibrate(
         )
 
 
+@main.command("eval")
+@click.argument("bf16_source", type=click.Path(path_type=Path))
+@click.argument("fp8_checkpoint", type=click.Path(path_type=Path))
+@click.option(
+    "--dataset",
+    default="builtin",
+    show_default=True,
+    help="builtin uses its held-out part (never the calibration text), or FILE.txt/.jsonl.",
+)
+@click.option("--samples", default=8, show_default=True, help="Windows of --seq-len tokens.")
+@click.option("--seq-len", default=128, show_default=True)
+@click.option(
+    "--tp", default=1, show_default=True, help="Emulate this tensor parallelism (bf16 partial sums reduced as FastDeploy would)."
+)
+@click.option("--weights-only", "only_weights", is_flag=True, help="Ablation row: FP8 weights, float32 activations.")
+@click.option("--no-kv-fp8", "only_no_kv", is_flag=True, help="Ablation row: FP8 linears, BF16 attention and KV cache.")
+@click.option(
+    "--decode-attention",
+    is_flag=True,
+    help="Quantize unnormalised exp scores as FastDeploy's decode path does (default: prefill form).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def eval_command(
+    bf16_source: Path,
+    fp8_checkpoint: Path,
+    dataset: str,
+    samples: int,
+    seq_len: int,
+    tp: int,
+    only_weights: bool,
+    only_no_kv: bool,
+    decode_attention: bool,
+    as_json: bool,
+) -> None:
+    """Compare the emulated FP8 model (Gaudi arithmetic, FastDeploy's parameters) with the BF16 model.
+
+    Prints top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both perplexities. Without
+    --weights-only / --no-kv-fp8 every row is shown; with them, the FP8 row and the rows asked for.
+    """
+    from .evaluate import evaluate
+
+    variants = ("fp8", *(["weights-only"] if only_weights else []), *(["no-kv-fp8"] if only_no_kv else []))
+    if not (only_weights or only_no_kv):
+        variants = ("fp8", "weights-only", "no-kv-fp8")
+    with _errors():
+        report = evaluate(bf16_source, fp8_checkpoint, dataset, samples, seq_len, tp, variants, decode_attention)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        print_eval(report)
+    for warning in report.warnings:
+        click.echo(f"warning: {warning}", err=True)
+
+
+def print_eval(report) -> None:
+    click.echo(f"{report.tokens:,} held-out tokens ({report.dataset}), TP {report.tp}")
+    click.echo(f"{'variant':<14}{'top-1 agree':>12}{'mean KL':>10}{'logit RMSE':>12}{'ppl bf16':>10}{'ppl fp8':>10}{'ppl +%':>8}")
+    for r in report.rows:
+        click.echo(
+            f"{r.variant:<14}{100 * r.top1_agreement:>11.2f}%{r.mean_kl:>10.4f}{r.relative_logit_rmse:>12.4f}"
+            f"{r.perplexity_bf16:>10.3f}{r.perplexity_fp8:>10.3f}{100 * r.perplexity_increase:>7.2f}%"
+        )
+
+
 @main.command()
 @click.option(
     "--out",
@@ -553,14 +617,23 @@ def calibrate(
     type=click.Path(path_type=Path),
     help="Working directory (replaced on each run).",
 )
-@click.option("--preset", default="ernie-moe-tiny", show_default=True, help="Which tiny model to build.")
-def demo(work_dir: Path, preset: str) -> None:
-    """Run the main job on the embedded default: a tiny model built here, converted, validated, inspected."""
+@click.option(
+    "--model",
+    type=click.Choice(["ernie-moe-bytes", "qwen2-bytes"]),
+    default="ernie-moe-bytes",
+    show_default=True,
+    help="Which shipped tiny trained model to use.",
+)
+@click.option("--kv-cache", type=click.Choice(["fp8", "none"]), default="fp8", show_default=True)
+def demo(work_dir: Path, model: str, kv_cache: str) -> None:
+    """Run the main job on the embedded default: calibrate, convert, validate and evaluate a tiny trained model."""
     from .demo import run_demo
 
     with _errors():
-        result = run_demo(work_dir, preset, say=click.echo)
-    _print_inspection(result.inspection)
+        result = run_demo(work_dir, model, kv_cache, say=click.echo)
+    print_eval(result.evaluation)
+    for warning in result.evaluation.warnings:
+        click.echo(f"warning: {warning}", err=True)
     sys.exit(0 if result.report.valid else EXIT_INVALID)
 
 

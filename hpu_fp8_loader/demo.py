@@ -1,7 +1,8 @@
-"""The embedded default job: a small model the project builds itself, taken through the pipeline.
+"""The embedded default job: a tiny model trained here, taken through the whole pipeline on CPU.
 
-Today: synthesize -> calibrate (the float32 reference engine) -> convert -> validate -> inspect; the
-accuracy evaluation joins when the FP8 emulation lands.
+calibrate (reference engine, built-in text) -> convert -> validate -> eval (emulated Gaudi FP8
+against the BF16 model on held-out text) -> the accuracy table. The two tiny models ship with the
+package (``tiny_models/``, made by scripts/train_tiny.py); nothing is downloaded or trained.
 """
 
 from __future__ import annotations
@@ -10,15 +11,15 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .arch import Layout
 from .calibrate import calibrate
 from .convert import ConvertOptions, convert
-from .inspection import Inspection, inspect_checkpoint
+from .evaluate import EvalReport, evaluate
 from .spec.measurements import write_measurements
-from .synth import preset_config, synthesize
 from .validate import ValidationReport, validate
 
-__all__ = ["DemoResult", "run_demo"]
+__all__ = ["TINY_MODELS", "DemoResult", "run_demo"]
+
+TINY_MODELS = {name: Path(__file__).parent / "tiny_models" / name for name in ("ernie-moe-bytes", "qwen2-bytes")}
 
 
 @dataclass
@@ -27,24 +28,27 @@ class DemoResult:
     measurements: Path
     checkpoint: Path
     report: ValidationReport
-    inspection: Inspection
+    evaluation: EvalReport
 
 
-def run_demo(work_dir: str | Path, preset: str = "ernie-moe-tiny", say=print) -> DemoResult:
+def run_demo(work_dir: str | Path, model: str = "ernie-moe-bytes", kv_cache: str = "fp8", say=print) -> DemoResult:
     """Run the default pipeline in ``work_dir`` (replaced if it exists; it belongs to the demo)."""
     work_dir = Path(work_dir)
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
-    config = preset_config(preset)
-    source = synthesize(work_dir / "bf16", config, Layout.TORCH, seed=0)
-    say(f"1/4 synthesized {preset} (Hugging Face torch layout, BF16) -> {source}")
+    source = TINY_MODELS[model]
+    say(f"1/4 model: {source} (trained here on Python's documentation; BF16, Hugging Face torch layout)")
+    calibration = calibrate(source, samples=32, seq_len=128)
     measurements = work_dir / "measurements.json"
-    calibration = calibrate(source, samples=16, seq_len=128)
     write_measurements(measurements, calibration.measurements)
-    say(f"2/4 calibrated with the reference engine on built-in text ({calibration.tokens:,} tokens) -> {measurements}")
-    options = ConvertOptions(dead_experts="sibling-max" if calibration.dead_experts else "error")
+    say(f"2/4 calibrated with the reference engine ({calibration.tokens:,} tokens of built-in text) -> {measurements}")
+    options = ConvertOptions(kv_cache=kv_cache, dead_experts="sibling-max" if calibration.dead_experts else "error")
     checkpoint = convert(source, work_dir / "fp8", [calibration.measurements], options).out
-    say(f"3/4 converted to hpu-fp8 v1 (gaudi2, ±240, fp8 KV cache) -> {checkpoint}")
     report = validate(checkpoint)
-    say(f"4/4 validated: {'valid' if report.valid else 'INVALID'} ({report.tensors} tensors, full scan)")
-    return DemoResult(source, measurements, checkpoint, report, inspect_checkpoint(checkpoint))
+    say(
+        f"3/4 converted to hpu-fp8 v1 (gaudi2, ±240, KV cache {kv_cache}) -> {checkpoint}: "
+        f"{'valid' if report.valid else 'INVALID'} ({report.tensors} tensors)"
+    )
+    evaluation = evaluate(source, checkpoint, samples=16, seq_len=128)
+    say("4/4 emulated Gaudi FP8 (FastDeploy's parameters) vs BF16 on held-out text:")
+    return DemoResult(source, measurements, checkpoint, report, evaluation)

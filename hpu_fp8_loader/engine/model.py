@@ -25,7 +25,7 @@ from ..errors import HpuFp8Error
 from ..spec import names
 from .weights import EngineWeights
 
-__all__ = ["EngineConfig", "Observer", "forward"]
+__all__ = ["EngineConfig", "Observer", "forward", "rms_norm", "rotary", "route", "silu"]
 
 
 @dataclass(frozen=True)
@@ -59,16 +59,16 @@ class Observer:
     wants_all_experts = False
 
 
-def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     variance = np.mean(x * x, axis=-1, keepdims=True)
     return x / np.sqrt(variance + np.float32(eps)) * weight
 
 
-def _silu(x: np.ndarray) -> np.ndarray:
+def silu(x: np.ndarray) -> np.ndarray:
     return x / (np.float32(1) + np.exp(-x))
 
 
-def _rotary(x: np.ndarray, positions: np.ndarray, theta: float, interleaved: bool) -> np.ndarray:
+def rotary(x: np.ndarray, positions: np.ndarray, theta: float, interleaved: bool) -> np.ndarray:
     """x: [B, T, heads, hd]."""
     hd = x.shape[-1]
     inv_freq = (1.0 / theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)).astype(np.float32)
@@ -95,8 +95,8 @@ def _attention(d: ModelDescriptor, cfg: EngineConfig, w: dict, base: str, x: np.
     k = qkv[..., d.q_width : d.q_width + d.kv_width].reshape(b, t, d.num_kv_heads, hd)
     v = qkv[..., d.q_width + d.kv_width :].reshape(b, t, d.num_kv_heads, hd)
     positions = np.arange(t)
-    q = _rotary(q, positions, cfg.rope_theta, cfg.interleaved_rotary)
-    k = _rotary(k, positions, cfg.rope_theta, cfg.interleaved_rotary)
+    q = rotary(q, positions, cfg.rope_theta, cfg.interleaved_rotary)
+    k = rotary(k, positions, cfg.rope_theta, cfg.interleaved_rotary)
     observer.record(f"{base}.self_attn.q", q)
     observer.record(f"{base}.self_attn.cache_k", k)
     observer.record(f"{base}.self_attn.cache_v", v)
@@ -121,9 +121,21 @@ def _mlp(module: str, w: dict, x: np.ndarray, observer: Observer, record_input: 
         observer.record(f"{module}.up_gate_proj", x)
     gate_up = x @ w[f"{module}.up_gate_proj.weight"]
     half = gate_up.shape[-1] // 2
-    hidden = _silu(gate_up[..., :half]) * gate_up[..., half:]
+    hidden = silu(gate_up[..., :half]) * gate_up[..., half:]
     observer.record(f"{module}.down_proj", hidden)
     return hidden @ w[f"{module}.down_proj.weight"]
+
+
+def route(x: np.ndarray, gate: np.ndarray, bias: np.ndarray | None, top_k: int, norm_min: float):
+    """(chosen experts [N, k], their weights [N, k]): FastDeploy's routing in float32 (contract section 5.4)."""
+    logits = x.astype(np.float32) @ gate
+    logits = logits - logits.max(axis=-1, keepdims=True)
+    probabilities = np.exp(logits)
+    probabilities /= probabilities.sum(axis=-1, keepdims=True)
+    choice = probabilities + (bias.reshape(1, -1) if bias is not None else np.float32(0))
+    chosen = np.argsort(-choice, axis=-1, kind="stable")[:, :top_k]
+    weights = np.take_along_axis(probabilities, chosen, axis=-1)
+    return chosen, weights / np.maximum(weights.sum(axis=-1, keepdims=True), np.float32(norm_min))
 
 
 def _moe(d: ModelDescriptor, cfg: EngineConfig, w: dict, layer: int, x: np.ndarray, observer: Observer) -> np.ndarray:
@@ -131,15 +143,8 @@ def _moe(d: ModelDescriptor, cfg: EngineConfig, w: dict, layer: int, x: np.ndarr
     moe = d.moe
     flat = x.reshape(-1, x.shape[-1])
     observer.record(names.shared_expert_input(d.prefix, layer), flat)
-    logits = flat @ w[f"{base}.mlp.gate.weight"]
-    logits = logits - logits.max(axis=-1, keepdims=True)
-    probabilities = np.exp(logits)
-    probabilities /= probabilities.sum(axis=-1, keepdims=True)
-    bias_name = f"{base}.mlp.moe_statics.e_score_correction_bias"
-    choice = probabilities + (w[bias_name].reshape(1, -1) if bias_name in w else np.float32(0))
-    chosen = np.argsort(-choice, axis=-1, kind="stable")[:, : moe.top_k]
-    weights = np.take_along_axis(probabilities, chosen, axis=-1)
-    weights = weights / np.maximum(weights.sum(axis=-1, keepdims=True), np.float32(cfg.router_norm_min))
+    bias = w.get(f"{base}.mlp.moe_statics.e_score_correction_bias")
+    chosen, weights = route(flat, w[f"{base}.mlp.gate.weight"], bias, moe.top_k, cfg.router_norm_min)
     out = np.zeros_like(flat)
     for e in range(moe.num_experts):
         rows, slot = np.nonzero(chosen == e)
@@ -148,7 +153,7 @@ def _moe(d: ModelDescriptor, cfg: EngineConfig, w: dict, layer: int, x: np.ndarr
             tokens = flat if observer.wants_all_experts else flat[rows]
             gate_up = tokens @ w[f"{module}.up_gate_proj.weight"]
             half = gate_up.shape[-1] // 2
-            hidden = _silu(gate_up[..., :half]) * gate_up[..., half:]
+            hidden = silu(gate_up[..., :half]) * gate_up[..., half:]
             observer.record_expert(layer, e, hidden, int(rows.size))
             if observer.wants_all_experts:
                 hidden = hidden[rows]
@@ -185,10 +190,10 @@ def forward(
     for layer in range(d.num_layers):
         w = _load_layer(weights, layer)
         base = names.layer(d.prefix, layer)
-        h = _rms_norm(x, w[f"{base}.input_layernorm.weight"], cfg.rms_norm_eps)
+        h = rms_norm(x, w[f"{base}.input_layernorm.weight"], cfg.rms_norm_eps)
         x = x + _attention(d, cfg, w, base, h, observer)
-        h = _rms_norm(x, w[f"{base}.post_attention_layernorm.weight"], cfg.rms_norm_eps)
+        h = rms_norm(x, w[f"{base}.post_attention_layernorm.weight"], cfg.rms_norm_eps)
         x = x + (_moe(d, cfg, w, layer, h, observer) if d.is_moe_layer(layer) else _mlp(f"{base}.mlp", w, h, observer))
         del w
-    x = _rms_norm(x, top[f"{d.prefix}.norm.weight"], cfg.rms_norm_eps)
+    x = rms_norm(x, top[f"{d.prefix}.norm.weight"], cfg.rms_norm_eps)
     return x @ top["lm_head.weight"] if "lm_head.weight" in top else x @ embed.T

@@ -1,0 +1,212 @@
+"""FastDeploy's HPU FP8 forward, emulated on CPU from the parameters the FastDeploy mapping produces.
+
+One mapping, two users: this runs on exactly the arrays the plugin hands FastDeploy
+(:func:`hpu_fp8_loader.fastdeploy.mapping.map_rank`), rank by rank, so a wrong mapping shows up as
+wrong logits here. Arithmetic follows gaudi-fp8-semantics.md section 7 and the contract:
+
+- cast of a bf16 tensor with multiplier m: ``sat_fp8(bf16(x * bf16(m)))``, clamp then round to
+  nearest even at ±240 (semantics 1.3, 1.4, 7.2);
+- fp8 GEMM: float32 accumulation, times the operands' descales, output rounded to bf16 (7.3);
+  a bf16 input cast with multiplier ``s`` contributes the descale ``1/s`` (contract section 3), except
+  o_proj inside the fused SDPA op, which takes ``act_scale_inv`` (contract 6.5);
+- Qwen2's q|k|v bias is added in bf16 after the GEMM (semantics 8, PCD QKV path);
+- attention ``cache_fp8_sdpa_fp8``: Q, K and V cast with their multipliers, Q.K^T and P.V in fp8 with
+  the q/k and s/v descales; prefill quantizes the normalised probabilities, decode the unnormalised
+  exp(score - row max) and normalises after P.V (contract 6.5, semantics 3.3, 7.4-7.5);
+- MoE: one input multiplier for all experts, per-expert channel-wise weight descales, the SwiGLU output
+  cast with 1/down_proj_in_scale[e], router weights applied and accumulated in bf16 (semantics 7.6).
+
+[inferred], as the sources mark it: the accumulator precision (float32), bf16 rounding after each
+node, the softmax precision (float32 here), and the bias placement in the newest PCD op.
+
+Tensor parallelism: every rank's share runs and the row-parallel outputs (o_proj, down projections)
+are rounded to bf16 per rank and summed, as an all-reduce of bf16 partial sums would; the vocabulary
+split of the embedding and lm_head is reassembled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import numerics
+from ..arch import ModelDescriptor, describe
+from ..fastdeploy.mapping import Parallelism, map_rank
+from ..io.checkpoint import Checkpoint
+from ..spec import names
+from ..spec.config import KvCacheScheme, QuantizationConfig, parse_quantization_config
+from .model import EngineConfig, rms_norm, rotary, route, silu
+
+__all__ = ["EmulationOptions", "Fp8Emulator"]
+
+B = 240.0
+
+
+def bf16(x) -> np.ndarray:
+    """Round to bf16 (nearest even) and back to float32."""
+    return np.asarray(x, np.float32).astype(numerics.BF16_DTYPE).astype(np.float32)
+
+
+def f32(x) -> np.ndarray:
+    return np.asarray(x).astype(np.float32)
+
+
+def quantize(x: np.ndarray, multiplier) -> np.ndarray:
+    """Gaudi's cast of a bf16 tensor: sat_fp8(bf16(x * bf16(m))), returned as the fp8 values in float32."""
+    return numerics.cast_to_fp8(bf16(x * bf16(multiplier)), B).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class EmulationOptions:
+    weights_only: bool = False  # FP8 weights, float32 activations everywhere (an ablation)
+    fp8_attention: bool = True  # False: attention and KV cache in bf16 (an ablation, or the `none` scheme)
+    decode_attention: bool = False  # the decode form of the attention probabilities
+
+
+class Fp8Emulator:
+    """The FP8 model of every rank of one parallel layout, ready to run forwards."""
+
+    def __init__(self, root, tp: int = 1, options: EmulationOptions = EmulationOptions()):
+        checkpoint = Checkpoint.open(root)
+        self.qc: QuantizationConfig = parse_quantization_config(checkpoint.config)
+        self.d: ModelDescriptor = describe(checkpoint.config)
+        self.cfg = EngineConfig.from_config(checkpoint.config, self.d)
+        self.options = options
+        self.fp8_attention = options.fp8_attention and self.qc.kv_cache_scheme is KvCacheScheme.FP8
+        # Activations between ops: bf16 as on the HPU, or float32 in the weights-only ablation.
+        self.round = (lambda x: np.asarray(x, np.float32)) if options.weights_only else bf16
+        self.ranks = [self._parameters(checkpoint, Parallelism(tp, r)) for r in range(tp)]
+
+    def _parameters(self, checkpoint: Checkpoint, par: Parallelism) -> dict[str, np.ndarray]:
+        params: dict[str, np.ndarray] = {}
+        for piece in map_rank(checkpoint, self.qc, self.d, par):
+            if piece.expert is None:
+                params[piece.name] = f32(piece.array)
+            else:
+                params.setdefault(piece.name, []).append(f32(piece.array))
+        return {k: (np.stack(v) if isinstance(v, list) else v) for k, v in params.items()}
+
+    # ------------------------------------------------------------------ ops
+
+    def _linear(self, p: dict, module: str, x: np.ndarray, descale_name: str | None = None) -> np.ndarray:
+        """An FP8 linear: cast x with act_scale, fp8 GEMM, descales, bf16 out (contract 4.1, 4.4)."""
+        weight, weight_scale = p[f"{module}.weight"], p[f"{module}.weight_scale"][0]
+        if self.options.weights_only:
+            return x @ (weight * weight_scale)
+        multiplier = p[f"{module}.act_scale"][0]
+        descale = p[f"{module}.{descale_name}"][0] if descale_name else np.float32(1) / multiplier
+        return bf16((quantize(x, multiplier) @ weight) * descale * weight_scale)
+
+    def _attention(self, p: dict, base: str, x: np.ndarray) -> np.ndarray:
+        d, hd = self.d, self.d.head_dim
+        b, t, _ = x.shape
+        qkv = self._linear(p, f"{base}.self_attn.qkv_proj", x)
+        if d.qkv_bias:
+            qkv = self.round(qkv + p[f"{base}.self_attn.qkv_proj.bias"])
+        heads = p[f"{base}.self_attn.o_proj.weight"].shape[0] // hd
+        kv_heads = (qkv.shape[-1] - heads * hd) // (2 * hd)
+        q = qkv[..., : heads * hd].reshape(b, t, heads, hd)
+        k = qkv[..., heads * hd : (heads + kv_heads) * hd].reshape(b, t, kv_heads, hd)
+        v = qkv[..., (heads + kv_heads) * hd :].reshape(b, t, kv_heads, hd)
+        positions = np.arange(t)
+        q = self.round(rotary(q, positions, self.cfg.rope_theta, self.cfg.interleaved_rotary))
+        k = self.round(rotary(k, positions, self.cfg.rope_theta, self.cfg.interleaved_rotary))
+        scale = np.float32(hd**-0.5)
+        attn = f"{base}.self_attn.attn"
+        if self.fp8_attention and not self.options.weights_only:
+            q = quantize(q, p[f"{attn}.q_scale"][0])
+            k = quantize(k, p[f"{attn}.cache_k_scale"][0])  # the fp8 KV cache
+            v = quantize(v, p[f"{attn}.cache_v_scale"][0])
+            scale = scale * p[f"{attn}.q_out_scale"][0] * p[f"{attn}.cache_k_out_scale"][0]
+        group = heads // kv_heads
+        q = np.ascontiguousarray(q.transpose(0, 2, 1, 3))
+        k = np.repeat(k, group, axis=2).transpose(0, 2, 3, 1)
+        v = np.repeat(v, group, axis=2).transpose(0, 2, 1, 3)
+        scores = (q @ k) * scale
+        scores = np.where(np.triu(np.ones((t, t), bool), 1), np.float32(-np.inf), scores)
+        scores -= scores.max(axis=-1, keepdims=True)
+        exp = np.exp(scores)
+        total = exp.sum(axis=-1, keepdims=True)
+        if self.fp8_attention and not self.options.weights_only:
+            probabilities = exp if self.options.decode_attention else exp / total
+            out = (
+                (quantize(probabilities, p[f"{attn}.s_scale"][0]) @ v)
+                * p[f"{attn}.s_out_scale"][0]
+                * p[f"{attn}.cache_v_out_scale"][0]
+            )
+            if self.options.decode_attention:
+                out = out / total
+        else:
+            out = (exp / total) @ v
+        out = self.round(out.transpose(0, 2, 1, 3).reshape(b, t, heads * hd))
+        return self._linear(p, f"{base}.self_attn.o_proj", out, descale_name="act_scale_inv")
+
+    def _mlp(self, p: dict, module: str, x: np.ndarray) -> np.ndarray:
+        gate_up = self._linear(p, f"{module}.up_gate_proj", x)
+        half = gate_up.shape[-1] // 2
+        hidden = silu(gate_up[..., :half]) * gate_up[..., half:]
+        return self._linear(p, f"{module}.down_proj", self.round(hidden))
+
+    def _experts(self, p: dict, base: str, flat: np.ndarray, chosen: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """This rank's share of the routed experts (contract 5.4; semantics 7.6)."""
+        experts = f"{base}.mlp.experts"
+        up, down = p[f"{experts}.up_gate_proj_weight"], p[f"{experts}.down_proj_weight"]
+        up_scale, down_scale = p[f"{experts}.up_gate_proj_weight_scale"], p[f"{experts}.down_proj_weight_scale"]
+        in_scale, down_in = p[f"{experts}.up_gate_proj_in_scale"][0], p[f"{experts}.down_proj_in_scale"][:, 0]
+        qx = flat if self.options.weights_only else quantize(flat, in_scale)
+        x_descale = np.float32(1) if self.options.weights_only else np.float32(1) / in_scale
+        out = np.zeros_like(flat)
+        for e in range(up.shape[0]):
+            rows, slot = np.nonzero(chosen == e)
+            if not rows.size:
+                continue
+            gate_up = (qx[rows] @ up[e]) * x_descale * up_scale[e]
+            half = gate_up.shape[-1] // 2
+            if self.options.weights_only:
+                y = (silu(gate_up[:, :half]) * gate_up[:, half:]) @ (down[e] * down_scale[e])
+                out[rows] += weights[rows, slot][:, None] * y
+                continue
+            gate_up = bf16(gate_up)
+            hidden = bf16(silu(gate_up[:, :half]) * gate_up[:, half:])
+            y = bf16((quantize(hidden, np.float32(1) / down_in[e]) @ down[e]) * down_in[e] * down_scale[e])
+            out[rows] = bf16(out[rows] + bf16(weights[rows, slot][:, None] * y))
+        return out
+
+    # ------------------------------------------------------------------ forward
+
+    def _reduce(self, partials: list[np.ndarray]) -> np.ndarray:
+        """A row-parallel all-reduce: bf16 per rank, summed (float32 when emulating weights only)."""
+        return self.round(np.sum([self.round(x) for x in partials], axis=0))
+
+    def forward(self, ids: np.ndarray) -> np.ndarray:
+        """Logits ``[B, T, vocab]`` (float32) of the emulated FP8 model."""
+        d, ranks, round_ = self.d, self.ranks, self.round
+        embed_name = f"{d.prefix}.embed_tokens.embeddings.weight"
+        rows = ranks[0][embed_name].shape[0]
+        x = np.zeros((*ids.shape, d.hidden_size), np.float32)
+        for r, p in enumerate(ranks):  # vocabulary-parallel embedding: each rank looks up its rows
+            local = ids - r * rows
+            mine = (local >= 0) & (local < rows)
+            x[mine] = p[embed_name][local[mine]]
+        first = ranks[0]
+        for layer in range(d.num_layers):
+            base = names.layer(d.prefix, layer)
+            h = round_(rms_norm(x, first[f"{base}.input_layernorm.weight"], self.cfg.rms_norm_eps))
+            x = round_(x + self._reduce([self._attention(p, base, h) for p in ranks]))
+            h = round_(rms_norm(x, first[f"{base}.post_attention_layernorm.weight"], self.cfg.rms_norm_eps))
+            if d.is_moe_layer(layer):
+                flat = h.reshape(-1, h.shape[-1])
+                bias = first.get(f"{base}.mlp.experts.gate_correction_bias")
+                chosen, weights = route(flat, first[f"{base}.mlp.gate.weight"], bias, d.moe.top_k, self.cfg.router_norm_min)
+                weights = self.round(weights)
+                partials = [self._experts(p, base, flat, chosen, weights) for p in ranks]
+                if d.moe.num_shared_experts:
+                    partials += [self._mlp(p, f"{base}.mlp.shared_experts", flat) for p in ranks]
+                x = round_(x + self._reduce(partials).reshape(x.shape))
+            else:
+                x = round_(x + self._reduce([self._mlp(p, f"{base}.mlp", h) for p in ranks]))
+        x = round_(rms_norm(x, first[f"{d.prefix}.norm.weight"], self.cfg.rms_norm_eps))
+        if "lm_head.linear.weight" in first:
+            return np.concatenate([x @ p["lm_head.linear.weight"] for p in ranks], axis=-1)
+        return np.concatenate([x @ p[embed_name].T for p in ranks], axis=-1)

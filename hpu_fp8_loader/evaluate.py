@@ -1,0 +1,143 @@
+"""Accuracy evidence: the emulated FP8 model against the BF16 model on held-out text.
+
+The reference is the float32 engine on the BF16 source; the FP8 side is :class:`Fp8Emulator` on the
+parameters the FastDeploy mapping produces. Text is the held-out part of the built-in data (never
+the calibration part), or a file. Ablations say where the error comes from: ``weights-only`` (FP8
+weights, float32 activations) and ``no-kv-fp8`` (FP8 linears, BF16 attention and KV cache).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .datasets import BUILTIN, load_text, token_batches, tokenize
+from .engine.fp8 import EmulationOptions, Fp8Emulator
+from .engine.model import forward
+from .engine.weights import open_weights
+from .errors import HpuFp8Error
+
+__all__ = ["VARIANTS", "EvalReport", "EvalRow", "evaluate"]
+
+VARIANTS = {
+    "fp8": EmulationOptions(),
+    "weights-only": EmulationOptions(weights_only=True),
+    "no-kv-fp8": EmulationOptions(fp8_attention=False),
+}
+
+
+@dataclass
+class EvalRow:
+    variant: str
+    top1_agreement: float
+    mean_kl: float  # KL(bf16 || fp8) per token, nats
+    relative_logit_rmse: float
+    perplexity_bf16: float
+    perplexity_fp8: float
+
+    @property
+    def perplexity_increase(self) -> float:
+        return self.perplexity_fp8 / self.perplexity_bf16 - 1
+
+
+@dataclass
+class EvalReport:
+    tokens: int
+    tp: int
+    dataset: str
+    rows: list[EvalRow] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        for row, obj in zip(data["rows"], self.rows, strict=True):
+            row["perplexity_increase"] = obj.perplexity_increase
+        return data
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+class _Accumulator:
+    def __init__(self):
+        self.agree = self.count = 0
+        self.kl = self.err = self.norm = self.nll_ref = self.nll_fp8 = 0.0
+
+    def add(self, ref: np.ndarray, fp8: np.ndarray, targets: np.ndarray) -> None:
+        ref, fp8 = ref[:, :-1].astype(np.float64), fp8[:, :-1].astype(np.float64)
+        lp_ref, lp_fp8 = _log_softmax(ref), _log_softmax(fp8)
+        self.agree += int((ref.argmax(-1) == fp8.argmax(-1)).sum())
+        self.count += targets.size
+        self.kl += float((np.exp(lp_ref) * (lp_ref - lp_fp8)).sum())
+        self.err += float(((fp8 - ref) ** 2).sum())
+        self.norm += float((ref**2).sum())
+        picked = targets[..., None]
+        self.nll_ref -= float(np.take_along_axis(lp_ref, picked, -1).sum())
+        self.nll_fp8 -= float(np.take_along_axis(lp_fp8, picked, -1).sum())
+
+    def row(self, variant: str) -> EvalRow:
+        return EvalRow(
+            variant,
+            self.agree / self.count,
+            self.kl / self.count,
+            (self.err / self.norm) ** 0.5,
+            float(np.exp(self.nll_ref / self.count)),
+            float(np.exp(self.nll_fp8 / self.count)),
+        )
+
+
+def evaluate(
+    bf16_source: str | Path,
+    fp8_checkpoint: str | Path,
+    dataset: str | Path = BUILTIN,
+    samples: int = 8,
+    seq_len: int = 128,
+    tp: int = 1,
+    variants: tuple[str, ...] = tuple(VARIANTS),
+    decode_attention: bool = False,
+) -> EvalReport:
+    """Top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both perplexities, per variant."""
+    reference = open_weights(bf16_source)
+    text = load_text(dataset, split="held-out")
+    if not text.strip():
+        raise HpuFp8Error(f"dataset {dataset}: no held-out text")
+    ids, _ = tokenize(text, Path(bf16_source), reference.descriptor.vocab_size)
+    emulators = {}
+    for name in variants:
+        options = VARIANTS[name]
+        options = EmulationOptions(options.weights_only, options.fp8_attention, decode_attention)
+        emulator = Fp8Emulator(fp8_checkpoint, tp, options)
+        if name == "no-kv-fp8" and not emulator.fp8_attention and emulator.qc.kv_cache_scheme.value == "none":
+            continue  # the checkpoint already keeps attention in BF16: the full row is this ablation
+        emulators[name] = emulator
+    accumulators = {name: _Accumulator() for name in emulators}
+    tokens = 0
+    for batch in token_batches(ids, samples, seq_len, 4):
+        ref = forward(reference, batch)
+        for name, emulator in emulators.items():
+            accumulators[name].add(ref, emulator.forward(batch), batch[:, 1:])
+        tokens += batch.size
+    report = EvalReport(tokens, tp, str(dataset), [accumulators[name].row(name) for name in emulators])
+    warning = attention_warning(report.rows)
+    if warning:
+        report.warnings.append(warning)
+    return report
+
+
+def attention_warning(rows: list[EvalRow]) -> str | None:
+    """A warning when FP8 attention costs far more than FP8 linears: more than twice their KL, and 0.01 nats more."""
+    by_variant = {row.variant: row for row in rows}
+    if "fp8" not in by_variant or "no-kv-fp8" not in by_variant:
+        return None
+    full, linears = by_variant["fp8"].mean_kl, by_variant["no-kv-fp8"].mean_kl
+    if full > 2 * linears and full - linears > 0.01:
+        return (
+            f"FP8 attention and KV cache cost far more than FP8 linears (KL {full:.4f} vs {linears:.4f}): "
+            "convert with --kv-cache none (gaudi-fp8-semantics.md section 6: Qwen2-7B-Instruct collapsed "
+            "from GSM8K 0.77 to 0.03 with FP8 attention and KV cache)"
+        )
+    return None
