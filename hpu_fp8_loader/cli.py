@@ -609,6 +609,110 @@ def print_eval(report) -> None:
 
 
 @main.command()
+@click.argument("src")
+@click.option("--repo-id", required=True, help="Hub repository to publish to (ORG/NAME).")
+@click.option(
+    "--measurements",
+    "measurement_paths",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Activation statistics (JSON or FastDeploy files).",
+)
+@click.option(
+    "--calibrate", "run_calibration", is_flag=True, help="Calibrate with the reference engine on the built-in text instead."
+)
+@click.option("--base-model", default=None, help="Hub id of the BF16 model (default: SRC when it is a Hub id).")
+@click.option("--license", "license_", default=None, help="License for the card (default: the source card's).")
+@click.option("--target", type=click.Choice(["gaudi2", "gaudi3"]), default="gaudi2", show_default=True)
+@click.option("--kv-cache", type=click.Choice(["fp8", "none"]), default="fp8", show_default=True)
+@dead_experts_option
+@click.option("--eval", "force_eval", is_flag=True, help="Evaluate even above 3 B parameters (slow on CPU).")
+@click.option("--skip-eval", is_flag=True, help="Never evaluate; the card says no evaluation was run.")
+@click.option("--private", is_flag=True, help="Create the repository private.")
+@click.option("--revision", default=None, help="Branch to push to (created if missing).")
+@click.option("--create-pr", is_flag=True, help="Open a pull request instead of committing to the branch.")
+@click.option("--commit-message", default=None)
+@click.option(
+    "--work-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Keep the staged checkpoint and card here (default: a temporary directory).",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Do everything locally, print every file with size and sha256 and the planned commit; touch nothing remote.",
+)
+def push(
+    src: str,
+    repo_id: str,
+    measurement_paths: tuple[Path, ...],
+    run_calibration: bool,
+    base_model: str | None,
+    license_: str | None,
+    target: str,
+    kv_cache: str,
+    dead_experts: str,
+    force_eval: bool,
+    skip_eval: bool,
+    private: bool,
+    revision: str | None,
+    create_pr: bool,
+    commit_message: str | None,
+    work_dir: Path | None,
+    dry_run: bool,
+) -> None:
+    """Convert SRC, validate, evaluate, write the model card and upload to the Hugging Face Hub, then verify.
+
+    A checkpoint that fails validation is never uploaded. After the upload every remote file's size and
+    identifier (LFS sha256, or git blob id) is compared with the local manifest; a mismatch exits 1.
+    Re-running after an interrupted upload resumes it. The token comes from huggingface_hub's usual
+    sources (HF_TOKEN, `hf auth login`) and is never printed.
+    """
+    from .convert import ConvertOptions
+    from .publish import PushOptions
+    from .publish import push as run_push
+
+    command = f"hpu-fp8 push {src} --repo-id {repo_id} " + " ".join(
+        [
+            *(f"--measurements {p}" for p in measurement_paths),
+            *(["--calibrate"] if run_calibration else []),
+            f"--target {target}",
+            f"--kv-cache {kv_cache}",
+            f"--dead-experts {dead_experts}",
+        ]
+    )
+    options = PushOptions(
+        repo_id=repo_id,
+        measurements=measurement_paths,
+        calibrate=run_calibration,
+        license=license_,
+        base_model=base_model,
+        private=private,
+        revision=revision,
+        create_pr=create_pr,
+        commit_message=commit_message,
+        work_dir=work_dir,
+        dry_run=dry_run,
+        evaluation="skip" if skip_eval else ("always" if force_eval else "auto"),
+        convert=ConvertOptions(target=target, kv_cache=kv_cache, dead_experts=dead_experts, workers=1),
+        command=command,
+    )
+    with _errors():
+        result = run_push(src, options, say=click.echo)
+    if dry_run:
+        click.echo(
+            f"dry run: would commit {len(result.files)} file(s) to {repo_id}"
+            f"{'@' + revision if revision else ''}{' as a pull request' if create_pr else ''}"
+            f"{' (private)' if private else ''}: {commit_message or 'Upload hpu-fp8 checkpoint'}"
+        )
+        for f in result.files:
+            click.echo(f"  {f.name:<42}{f.size:>14,}  {f.sha256}")
+        return
+    click.echo(f"{repo_id}: published and verified ({len(result.files)} files): {result.pull_request_url or result.commit_url}")
+
+
+@main.command()
 @click.option(
     "--out",
     "work_dir",

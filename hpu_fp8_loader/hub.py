@@ -18,7 +18,7 @@ __all__ = ["SOURCE_PATTERNS", "SPEC_PATTERNS", "LoadedCheckpoint", "load", "reso
 SOURCE_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken"]
 # What an hpu-fp8 checkpoint is made of (docs/spec.md section 1): shards, index, config, manifest,
 # tokenizer and generation files.
-SPEC_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
+SPEC_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.md"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 

@@ -1,0 +1,259 @@
+"""A test double of the Hugging Face Hub: a loopback HTTP server speaking the parts of the Hub's API
+that huggingface_hub uses to create a repo, upload (pre-upload check, the LFS batch API with basic
+transfer, commit), list files and download them. It is not the Hub; it is what the real client is
+pointed at (HF_ENDPOINT) in tests, since the Hub cannot be reached here. Endpoints and fields follow
+environment-facts.md section 7 (checked against huggingface_hub 2.4), plus the LFS path real weight
+files take (with HF_HUB_DISABLE_XET=1 the client uses LFS rather than Xet).
+
+Knobs for tests: ``valid_tokens`` (others get 401), ``fail_lfs_after`` (LFS uploads after the Nth get a
+507: an interrupted upload), ``corrupt_on_commit`` (the next commit stores that file altered: a remote
+file whose hash differs); ``unknown_routes`` records requests the double does not speak.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+LFS_THRESHOLD = 1024  # files at least this big, or any .safetensors, take the LFS path (the Hub's own rule is similar)
+
+
+def git_blob(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\x00" % len(data) + data).hexdigest()
+
+
+@dataclass
+class StoredFile:
+    data: bytes
+    lfs: bool
+
+    def entry(self, path: str) -> dict:
+        item = {"type": "file", "path": path, "size": len(self.data), "oid": git_blob(self.data)}
+        if self.lfs:
+            item["lfs"] = {"oid": hashlib.sha256(self.data).hexdigest(), "size": len(self.data), "pointerSize": 134}
+        return item
+
+
+@dataclass
+class Repo:
+    private: bool
+    branches: dict[str, str] = field(default_factory=lambda: {"main": "0" * 40})
+    files: dict[str, dict[str, StoredFile]] = field(default_factory=lambda: {"0" * 40: {}})
+
+
+class HubTestDouble:
+    def __init__(self, valid_tokens=("hf_test_double_token",)):
+        self.valid_tokens = set(valid_tokens)
+        self.repos: dict[str, Repo] = {}
+        self.lfs: dict[str, bytes] = {}
+        self.lfs_uploads = 0
+        self.fail_lfs_after: int | None = None
+        self.commits = 0
+        self.corrupt_on_commit: str | None = None  # a file the next commit stores altered (remote hash differs)
+        self.unknown_routes: list[str] = []  # requests the double does not speak: a test should expect none
+        self._lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def start(self) -> HubTestDouble:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _handler(self):
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def _send(self, status: int, body: bytes = b"", headers: dict | None = None, content_type="application/json") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            def _json(self, status: int, value, headers: dict | None = None, content_type="application/json") -> None:
+                self._send(status, json.dumps(value).encode(), headers, content_type)
+
+            def _body(self) -> bytes:
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def _authorised(self) -> bool:
+                token = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+                if token in hub.valid_tokens:
+                    return True
+                self._json(401, {"error": "Invalid credentials in Authorization header"}, {"X-Error-Code": "Unauthorized"})
+                return False
+
+            def _repo(self, repo_id: str) -> Repo | None:
+                repo = hub.repos.get(repo_id)
+                if repo is None:
+                    self._json(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
+                return repo
+
+            def do_POST(self) -> None:
+                path = self.path.split("?")[0]
+                if path == "/api/repos/create":
+                    if not self._authorised():
+                        return
+                    request = json.loads(self._body())
+                    repo_id = f"{request.get('organization') or 'user'}/{request['name']}"
+                    with hub._lock:
+                        if repo_id in hub.repos:
+                            return self._json(
+                                409, {"error": "You already created this model repo", "url": f"{hub.url}/{repo_id}"}
+                            )
+                        hub.repos[repo_id] = Repo(bool(request.get("private")))
+                    return self._json(200, {"url": f"{hub.url}/{repo_id}"})
+                if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/preupload/(.+)", path):
+                    if not self._authorised() or self._repo(m[1]) is None:
+                        return
+                    files = json.loads(self._body())["files"]
+                    modes = [
+                        {
+                            "path": f["path"],
+                            "uploadMode": "lfs"
+                            if f["size"] >= LFS_THRESHOLD or f["path"].endswith(".safetensors")
+                            else "regular",
+                            "shouldIgnore": False,
+                        }
+                        for f in files
+                    ]
+                    return self._json(200, {"files": modes})
+                if m := re.fullmatch(r"/([^/]+/[^/]+)\.git/info/lfs/objects/batch", path):
+                    if not self._authorised() or self._repo(m[1]) is None:
+                        return
+                    objects = []
+                    for obj in json.loads(self._body())["objects"]:
+                        item = {"oid": obj["oid"], "size": obj["size"], "authenticated": True}
+                        if obj["oid"] not in hub.lfs:  # already stored objects need no upload: resuming skips them
+                            item["actions"] = {"upload": {"href": f"{hub.url}/lfs-objects/{obj['oid']}"}}
+                        objects.append(item)
+                    return self._json(200, {"transfer": "basic", "objects": objects}, content_type="application/vnd.git-lfs+json")
+                if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/commit/(.+)", path):
+                    if not self._authorised() or (repo := self._repo(m[1])) is None:
+                        return
+                    return self._commit(m[1], repo, m[2].replace("%2F", "/"))
+                if path == "/api/validate-yaml":  # model card metadata; the double checks only that it is there
+                    content = json.loads(self._body()).get("content", "")
+                    if content.startswith("---\n") and "\n---" in content[4:]:
+                        return self._json(200, {"errors": [], "warnings": []})
+                    return self._json(400, {"errors": [{"message": "no YAML front matter"}], "warnings": []})
+                if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/branch/(.+)", path):
+                    if not self._authorised() or (repo := self._repo(m[1])) is None:
+                        return
+                    repo.branches.setdefault(m[2], repo.branches["main"])
+                    return self._json(200, {})
+                hub.unknown_routes.append(f"POST {self.path}")
+                self._json(404, {"error": f"no route for POST {path}"})
+
+            def _commit(self, repo_id: str, repo: Repo, revision: str) -> None:
+                head = repo.branches.get(revision, repo.branches["main"])
+                files = dict(repo.files[head])
+                summary = ""
+                for line in self._body().splitlines():
+                    item = json.loads(line)
+                    value = item["value"]
+                    if item["key"] == "header":
+                        summary = value.get("summary", "")
+                    elif item["key"] == "file":
+                        files[value["path"]] = StoredFile(base64.b64decode(value["content"]), lfs=False)
+                    elif item["key"] == "lfsFile":
+                        if value["oid"] not in hub.lfs:
+                            return self._json(422, {"error": f"LFS object {value['oid']} was never uploaded"})
+                        files[value["path"]] = StoredFile(hub.lfs[value["oid"]], lfs=True)
+                    elif item["key"] == "deletedFile":
+                        files.pop(value["path"], None)
+                if hub.corrupt_on_commit in files:
+                    stored = files[hub.corrupt_on_commit]
+                    files[hub.corrupt_on_commit] = StoredFile(stored.data[:-1] + bytes([stored.data[-1] ^ 1]), stored.lfs)
+                    hub.corrupt_on_commit = None
+                with hub._lock:
+                    hub.commits += 1
+                    sha = hashlib.sha1(f"{repo_id}{hub.commits}{summary}".encode()).hexdigest()
+                    repo.files[sha] = files
+                    repo.branches[revision] = sha
+                self._json(200, {"commitOid": sha, "commitUrl": f"{hub.url}/{repo_id}/commit/{sha}", "pullRequestUrl": None})
+
+            def do_PUT(self) -> None:
+                m = re.fullmatch(r"/lfs-objects/([0-9a-f]{64})", self.path)
+                if not m:
+                    return self._json(404, {"error": "no route"})
+                data = self._body()
+                with hub._lock:
+                    hub.lfs_uploads += 1
+                    fail = hub.fail_lfs_after is not None and hub.lfs_uploads > hub.fail_lfs_after
+                if fail:
+                    # 507 rather than 500: the client retries 5xx gateway errors for ~20 s before giving up
+                    return self._json(507, {"error": "insufficient storage (test double: an interrupted upload)"})
+                if hashlib.sha256(data).hexdigest() != m[1]:
+                    return self._json(400, {"error": "sha256 mismatch"})
+                hub.lfs[m[1]] = data
+                self._send(200)
+
+            def _resolve_revision(self, repo: Repo, revision: str) -> str | None:
+                revision = revision.replace("%2F", "/")
+                if revision in repo.branches:
+                    return repo.branches[revision]
+                return revision if revision in repo.files else None
+
+            def do_GET(self) -> None:
+                path = self.path.split("?")[0]
+                if path == "/api/agent-harnesses":  # huggingface_hub's agent detection registry: an empty one
+                    return self._json(200, {"standardEnvVars": [], "harnesses": {}})
+                if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/(.+)", path):
+                    if (repo := self._repo(m[1])) is None:
+                        return
+                    sha = self._resolve_revision(repo, m[2])
+                    if sha is None:
+                        return self._json(404, {"error": "Revision not found"}, {"X-Error-Code": "RevisionNotFound"})
+                    siblings = [{"rfilename": p} for p in sorted(repo.files[sha])]
+                    return self._json(200, {"id": m[1], "sha": sha, "siblings": siblings, "private": repo.private})
+                if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)(/.*)?", path):
+                    if (repo := self._repo(m[1])) is None:
+                        return
+                    sha = self._resolve_revision(repo, m[2])
+                    if sha is None:
+                        return self._json(404, {"error": "Revision not found"}, {"X-Error-Code": "RevisionNotFound"})
+                    return self._json(200, [stored.entry(p) for p, stored in sorted(repo.files[sha].items())])
+                if m := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
+                    return self._download(m[1], m[2], m[3])
+                hub.unknown_routes.append(f"{self.command} {self.path}")
+                self._json(404, {"error": f"no route for GET {path}"})
+
+            def do_HEAD(self) -> None:
+                self.do_GET()
+
+            def _download(self, repo_id: str, revision: str, file: str) -> None:
+                repo = hub.repos.get(repo_id)
+                if repo is None:
+                    return self._json(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
+                sha = self._resolve_revision(repo, revision)
+                stored = repo.files.get(sha, {}).get(file) if sha else None
+                if stored is None:
+                    return self._json(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
+                etag = hashlib.sha256(stored.data).hexdigest() if stored.lfs else git_blob(stored.data)
+                headers = {"X-Repo-Commit": sha, "ETag": f'"{etag}"'}
+                if stored.lfs:
+                    headers.update({"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(len(stored.data))})
+                self._send(200, stored.data, headers, content_type="application/octet-stream")
+
+        return Handler

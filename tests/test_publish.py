@@ -1,0 +1,186 @@
+"""Publishing: model cards, and `hpu-fp8 push` through the real huggingface_hub client against a test
+double of the Hub on 127.0.0.1 (tests/hub_test_double.py), LFS path included."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hub_test_double import HubTestDouble
+from huggingface_hub import ModelCard, ModelCardData
+
+from hpu_fp8_loader.cards import render_card
+from hpu_fp8_loader.demo import TINY_MODELS
+from hpu_fp8_loader.evaluate import evaluate
+from hpu_fp8_loader.publish import git_blob_id
+
+TOKEN = "hf_test_double_token"
+QWEN = str(TINY_MODELS["qwen2-bytes"])
+
+
+@pytest.fixture
+def hub():
+    double = HubTestDouble(valid_tokens=[TOKEN]).start()
+    yield double
+    double.stop()
+    assert double.unknown_routes == []  # the client only used what the double speaks
+
+
+def run(args: list[str], hub: HubTestDouble | None, tmp_path: Path, token: str = TOKEN) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "HF_HUB_CACHE": str(tmp_path / "hf-cache"),
+        "HF_TOKEN": token,
+        "HF_ENDPOINT": hub.url if hub else "http://127.0.0.1:9",
+    }
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("hpu-fp8")), *args], capture_output=True, text=True, env=env, check=False
+    )
+
+
+def push_args(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "push",
+        QWEN,
+        "--repo-id",
+        "acme/qwen2-bytes-hpu-fp8",
+        "--calibrate",
+        "--license",
+        "apache-2.0",
+        "--base-model",
+        "acme/qwen2-bytes",
+        "--kv-cache",
+        "none",
+        "--work-dir",
+        str(tmp_path / "work"),
+        *extra,
+    ]
+
+
+def test_push_then_load_gives_identical_bytes(tmp_path, hub):
+    pushed = run(push_args(tmp_path), hub, tmp_path)
+    assert pushed.returncode == 0, pushed.stderr
+    assert "published and verified" in pushed.stdout
+    pulled = run(["pull", "acme/qwen2-bytes-hpu-fp8"], hub, tmp_path)
+    assert pulled.returncode == 0, pulled.stderr
+    local, remote = tmp_path / "work" / "checkpoint", Path(pulled.stdout.strip())
+    names = sorted(p.name for p in local.iterdir())
+    assert names == sorted(p.name for p in remote.iterdir()) and "README.md" in names
+    assert filecmp.cmpfiles(local, remote, names, shallow=False)[1:] == ([], [])
+    assert hub.lfs_uploads >= 2  # the weights took the LFS path
+
+
+def test_an_interrupted_upload_resumes(tmp_path, hub):
+    hub.fail_lfs_after = 1
+    first = run(push_args(tmp_path), hub, tmp_path)
+    assert first.returncode == 1 and "run the same command again to resume" in first.stderr
+    assert "Traceback" not in first.stderr
+    stored_before = len(hub.lfs)
+    hub.fail_lfs_after = None
+    uploads_before = hub.lfs_uploads
+    second = run(push_args(tmp_path), hub, tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert stored_before >= 1 and hub.lfs_uploads - uploads_before == len(hub.lfs) - stored_before  # stored objects skipped
+
+
+def test_a_bad_token_gets_a_clear_message_without_the_token(tmp_path, hub):
+    secret = "hf_this_token_is_wrong_123"
+    result = run(push_args(tmp_path), hub, tmp_path, token=secret)
+    assert result.returncode == 1 and "refused the credentials (HTTP 401)" in result.stderr
+    assert secret not in result.stdout + result.stderr
+
+
+def test_an_existing_repository_is_pushed_to(tmp_path, hub):
+    assert run(push_args(tmp_path), hub, tmp_path).returncode == 0
+    again = run(push_args(tmp_path, "--commit-message", "second upload"), hub, tmp_path)
+    assert again.returncode == 0 and hub.commits == 2
+
+
+@pytest.mark.parametrize(("path", "identifier"), [("config.json", "LFS sha256"), ("generation_config.json", "git blob id")])
+def test_a_remote_file_whose_hash_differs_fails_verification(tmp_path, hub, path, identifier):
+    hub.corrupt_on_commit = path  # config.json (> 1 KB) takes the LFS path in the double, generation_config.json not
+    result = run(push_args(tmp_path), hub, tmp_path)
+    assert result.returncode == 1 and f"{path}: {identifier} on the Hub differs" in result.stderr
+
+
+def test_dry_run_touches_nothing_remote(tmp_path):
+    result = run(push_args(tmp_path, "--dry-run", "--private", "--revision", "fp8"), None, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "would commit" in result.stdout and "@fp8" in result.stdout and "(private)" in result.stdout
+    assert "model-00001-of-00001.safetensors" in result.stdout and "README.md" in result.stdout
+    assert (tmp_path / "work" / "checkpoint" / "README.md").is_file()
+
+
+def test_push_needs_statistics_and_a_license(tmp_path):
+    no_stats = run(["push", QWEN, "--repo-id", "a/b", "--base-model", "a/c", "--license", "mit", "--dry-run"], None, tmp_path)
+    assert no_stats.returncode == 1 and "--measurements FILE or --calibrate" in no_stats.stderr
+    no_license = run(["push", QWEN, "--repo-id", "a/b", "--base-model", "a/c", "--calibrate", "--dry-run"], None, tmp_path)
+    assert no_license.returncode == 1 and "--license" in no_license.stderr
+
+
+def test_git_blob_id_is_gits():
+    assert git_blob_id(b"hello\n") == "ce013625030ba8dba906f756967f9e9ca394464a"  # `git hash-object` of "hello\n"
+
+
+@pytest.mark.parametrize(("model", "kv_cache"), [("ernie-moe-bytes", "fp8"), ("qwen2-bytes", "none")])
+def test_cards_parse_offline_and_their_metadata_round_trips(tmp_path, model, kv_cache):
+    from hpu_fp8_loader.calibrate import calibrate
+    from hpu_fp8_loader.convert import ConvertOptions, convert
+
+    source = TINY_MODELS[model]
+    convert(
+        source,
+        tmp_path / "c",
+        [calibrate(source, samples=4, seq_len=64).measurements],
+        ConvertOptions(kv_cache=kv_cache, dead_experts="sibling-max"),
+    )
+    evaluation = evaluate(source, tmp_path / "c", samples=2, seq_len=64) if kv_cache == "fp8" else None
+    text = render_card(
+        tmp_path / "c",
+        f"acme/{model}-fp8",
+        f"acme/{model}",
+        "apache-2.0",
+        "hpu-fp8 push ...",
+        evaluation,
+        None if evaluation else "skipped with --skip-eval",
+    )
+    card = ModelCard(text)
+    data = card.data.to_dict()
+    assert data["base_model"] == f"acme/{model}" and data["base_model_relation"] == "quantized"
+    assert data["license"] == "apache-2.0" and data["pipeline_tag"] == "text-generation" and data["library_name"] == "fastdeploy"
+    assert {"fp8", "intel-gaudi", "hpu", "fastdeploy"} <= set(data["tags"])
+    assert ModelCardData(**data).to_dict() == data
+    if evaluation:
+        assert "| fp8 |" in text and "recovery" in text and "FP8 KV cache and FP8 attention" in text
+    else:
+        assert "No evaluation was run for this upload (skipped with --skip-eval)" in text and "BF16 (FP8 attention off)" in text
+    assert "--load-choices hpu_fp8" in text and "export-legacy" in text and "model.safetensors.index.json" in text
+
+
+@pytest.mark.skipif(
+    not (os.environ.get("HPU_FP8_LIVE_HUB") == "1" and os.environ.get("HF_TOKEN")),
+    reason="opt-in: set HPU_FP8_LIVE_HUB=1 and HF_TOKEN (and HPU_FP8_LIVE_REPO) to push to the real Hub",
+)
+def test_live_push_to_the_real_hub(tmp_path):
+    repo = os.environ.get("HPU_FP8_LIVE_REPO", "hpu-fp8-loader-test/qwen2-bytes-hpu-fp8")
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "cache")}
+    cli = str(Path(sys.executable).with_name("hpu-fp8"))
+    args = [
+        "push",
+        QWEN,
+        "--repo-id",
+        repo,
+        "--calibrate",
+        "--license",
+        "apache-2.0",
+        "--base-model",
+        "acme/qwen2-bytes",
+        "--private",
+    ]
+    assert subprocess.run([cli, *args], env=env, check=False).returncode == 0
