@@ -257,3 +257,36 @@ class HubTestDouble:
                 self._send(200, stored.data, headers, content_type="application/octet-stream")
 
         return Handler
+
+
+def main(argv: list[str]) -> int:
+    """``python tests/hub_test_double.py -- COMMAND...``: run COMMAND against a fresh double, then stop it.
+
+    The environment points huggingface_hub at the double (HF_ENDPOINT, a token it accepts, LFS rather
+    than Xet, a private cache), so a publish can be tried end to end without the Hub.
+    """
+    import os
+    import subprocess
+    import tempfile
+
+    command = argv[argv.index("--") + 1 :] if "--" in argv else argv
+    hub = HubTestDouble().start()
+    with tempfile.TemporaryDirectory(prefix="hub-test-double-") as home:
+        env = {
+            **os.environ,
+            "HF_ENDPOINT": hub.url,
+            "HF_TOKEN": next(iter(hub.valid_tokens)),
+            "HF_HUB_DISABLE_XET": "1",
+            "HF_HOME": home,
+        }
+        print(f"Hub test double listening on {hub.url}", flush=True)
+        try:
+            return subprocess.run(command, env=env, check=False).returncode
+        finally:
+            hub.stop()
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -184,3 +184,26 @@ def test_live_push_to_the_real_hub(tmp_path):
         "--private",
     ]
     assert subprocess.run([cli, *args], env=env, check=False).returncode == 0
+
+
+def test_the_readme_publish_demo_command_runs(tmp_path):
+    double = Path(__file__).with_name("hub_test_double.py")
+    command = [
+        sys.executable,
+        str(double),
+        "--",
+        "hpu-fp8",
+        "push",
+        QWEN,
+        "--repo-id",
+        "demo/qwen2-bytes-hpu-fp8",
+        "--calibrate",
+        "--license",
+        "apache-2.0",
+        "--base-model",
+        "demo/qwen2-bytes",
+    ]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "Hub test double listening on http://127.0.0.1:" in result.stdout and "published and verified" in result.stdout
