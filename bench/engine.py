@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import time
 import warnings
 from pathlib import Path
 
 import numpy as np
+from timing import best_of
 
 from hpu_fp8_loader.calibrate import AmaxObserver
 from hpu_fp8_loader.engine.model import forward
@@ -26,16 +26,6 @@ SIZES = {  # hidden 512, 4 layers, vocab 32000: the size environment-facts.md se
     "num_key_value_heads": 2, "vocab_size": 32000, "head_dim": 64,
 }  # fmt: skip
 MOE = {"moe_intermediate_size": 352, "moe_num_experts": 8, "moe_k": 2, "moe_layer_end_index": 3}
-
-
-def best(repeat: int, fn) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> None:
@@ -63,9 +53,9 @@ def main() -> None:
             model(tokens)
 
     weights = open_weights(args.work)
-    theirs = best(args.repeat, reference)
-    ours = best(args.repeat, lambda: forward(weights, ids))
-    observed = best(args.repeat, lambda: forward(weights, ids, AmaxObserver(weights.descriptor.prefix)))
+    theirs = best_of(args.repeat, reference)
+    ours = best_of(args.repeat, lambda: forward(weights, ids))
+    observed = best_of(args.repeat, lambda: forward(weights, ids, AmaxObserver(weights.descriptor.prefix)))
     n = ids.size
     print(
         f"{args.preset}, {weights.descriptor.parameter_count() / 1e6:.0f} M parameters, batch {args.batch} x {args.seq}, "

@@ -11,23 +11,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from concurrent.futures import ProcessPoolExecutor
 
 import ml_dtypes
 import numpy as np
+from timing import best_of
 
 from hpu_fp8_loader import numerics, scales
-
-
-def best_of(repeat: int, fn) -> float:
-    fn()  # warm-up: first touch of fresh memory is slow here
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def _one_process(rows: int) -> float:

@@ -72,6 +72,20 @@ def _parse_size(text: str) -> int:
 force_option = click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 shard_size_option = click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard file.")
+target_option = click.option(
+    "--target",
+    type=click.Choice(["gaudi2", "gaudi3"]),
+    default="gaudi2",
+    show_default=True,
+    help="gaudi2: FP8 range ±240 (what FastDeploy serves); gaudi3: ±448.",
+)
+kv_cache_option = click.option(
+    "--kv-cache",
+    type=click.Choice(["fp8", "none"]),
+    default="fp8",
+    show_default=True,
+    help="fp8: fp8 KV cache and fp8 attention; none: attention stays BF16 (safer for Qwen2).",
+)
 dead_experts_option = click.option(
     "--dead-experts",
     type=click.Choice(["error", "sibling-max"]),
@@ -218,20 +232,8 @@ def synth(
     help="Activation amax: an hpu-fp8 measurement file (.json), or FastDeploy's model_measurement.txt, its "
     "per-rank model_measurement_{rank}.txt set, or a directory holding them. Repeat to combine sources (max per point).",
 )
-@click.option(
-    "--target",
-    type=click.Choice(["gaudi2", "gaudi3"]),
-    default="gaudi2",
-    show_default=True,
-    help="gaudi2: FP8 range ±240 (what FastDeploy serves); gaudi3: ±448.",
-)
-@click.option(
-    "--kv-cache",
-    type=click.Choice(["fp8", "none"]),
-    default="fp8",
-    show_default=True,
-    help="fp8: fp8 KV cache and fp8 attention; none: attention stays BF16 (safer for Qwen2).",
-)
+@target_option
+@kv_cache_option
 @click.option(
     "--scale-rounding",
     type=click.Choice(["none", "pow2"]),
@@ -623,8 +625,8 @@ def print_eval(report) -> None:
 )
 @click.option("--base-model", default=None, help="Hub id of the BF16 model (default: SRC when it is a Hub id).")
 @click.option("--license", "license_", default=None, help="License for the card (default: the source card's).")
-@click.option("--target", type=click.Choice(["gaudi2", "gaudi3"]), default="gaudi2", show_default=True)
-@click.option("--kv-cache", type=click.Choice(["fp8", "none"]), default="fp8", show_default=True)
+@target_option
+@kv_cache_option
 @dead_experts_option
 @click.option("--eval", "force_eval", is_flag=True, help="Evaluate even above 3 B parameters (slow on CPU).")
 @click.option("--skip-eval", is_flag=True, help="Never evaluate; the card says no evaluation was run.")
