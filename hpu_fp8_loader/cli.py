@@ -338,6 +338,63 @@ def import_legacy(
             click.echo(f"  {name}: {error:.2e}")
 
 
+@main.command("import")
+@click.argument("src")
+@click.argument("out", type=click.Path(path_type=Path))
+@target_option
+@kv_cache_option
+@click.option(
+    "--measurements",
+    "measurement_paths",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Statistics for the points the source lacks (q and softmax for FP8 attention; everything for dynamic checkpoints).",
+)
+@click.option(
+    "--calibrate",
+    "run_calibration",
+    is_flag=True,
+    help="Calibrate the dequantized model with the reference engine for the missing points.",
+)
+@dead_experts_option
+@shard_size_option
+@force_option
+def import_command(
+    src: str,
+    out: Path,
+    target: str,
+    kv_cache: str,
+    measurement_paths: tuple[Path, ...],
+    run_calibration: bool,
+    dead_experts: str,
+    max_shard_size: str,
+    force: bool,
+) -> None:
+    """Bring a compressed-tensors FP8 checkpoint (llm-compressor's, vLLM's) to hpu-fp8 v1 for Gaudi.
+
+    Fuses q|k|v and gate|up, transposes to [in, out], and requantizes each fused group exactly once
+    from the source's FP8 values to one tensor-wise scale (channel-wise for experts) at ±240 for
+    gaudi2; prints the error that adds, worst first. Static input scales become act_amax (x 448).
+    """
+    from .convert import ConvertOptions
+    from .ct_import import import_compressed_tensors
+    from .hub import resolve_checkpoint
+    from .measurements import load_measurements
+
+    options = ConvertOptions(
+        target=target, kv_cache=kv_cache, dead_experts=dead_experts, max_shard_bytes=_parse_size(max_shard_size), force=force
+    )
+    with _errors():
+        extra = [load_measurements(p).measurements for p in measurement_paths]
+        result = import_compressed_tensors(resolve_checkpoint(src), out, options, extra, run_calibration)
+    for warning in result.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    click.echo(f"{out}: hpu-fp8 v1 ({target}, KV cache {kv_cache}) from compressed-tensors ({result.scheme})")
+    click.echo("relative RMSE the import adds to the source's own quantization, worst ten:")
+    for name, error in result.errors[:10]:
+        click.echo(f"  {name}: {error:.2e}")
+
+
 @main.command("export-legacy")
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))

@@ -1,0 +1,166 @@
+"""`hpu-fp8 import` of compressed-tensors FP8 checkpoints made by llm-compressor itself
+(tests/fixtures/, by scripts/make_ct_fixtures.py in llm-compressor's own environment), plus
+hand-built edge cases."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from safetensors.numpy import load_file, save_file
+
+from hpu_fp8_loader.calibrate import calibrate
+from hpu_fp8_loader.cli import main
+from hpu_fp8_loader.convert import ConvertOptions
+from hpu_fp8_loader.ct_import import import_compressed_tensors
+from hpu_fp8_loader.demo import TINY_MODELS
+from hpu_fp8_loader.errors import ConfigError, MeasurementError
+from hpu_fp8_loader.evaluate import evaluate
+from hpu_fp8_loader.io.checkpoint import Checkpoint
+from hpu_fp8_loader.validate import validate
+
+np.float8_e4m3fn = ml_dtypes.float8_e4m3fn  # safetensors issue 682: its numpy path needs this alias for F8
+FIXTURES = Path(__file__).with_name("fixtures")
+STATIC, DYNAMIC, ERNIE = (
+    FIXTURES / n for n in ("qwen2-bytes-fp8-static", "qwen2-bytes-fp8-dynamic", "ernie-moe-bytes-fp8-dynamic")
+)
+
+
+@pytest.fixture(scope="module")
+def measured():
+    return {name: calibrate(path, samples=8, seq_len=128).measurements for name, path in TINY_MODELS.items()}
+
+
+def test_static_input_scales_become_act_amax(tmp_path):
+    result = import_compressed_tensors(STATIC, tmp_path / "out", ConvertOptions(kv_cache="none"))
+    assert validate(tmp_path / "out").valid and "static tensor" in result.scheme
+    source, spec = Checkpoint.open(STATIC), Checkpoint.open(tmp_path / "out")
+    scales = [float(source.get(f"model.layers.1.self_attn.{p}_proj.input_scale").astype(np.float32)[0]) for p in "qkv"]
+    assert spec.get("qwen2.layers.1.self_attn.qkv_proj.act_amax")[0] == np.float32(max(scales) * 448.0)
+    calibration = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]["calibration"]
+    assert [s["kind"] for s in calibration["sources"]] == ["imported-input-scale"]
+    assert 0 < max(error for _, error in result.errors) < 0.05
+
+
+def test_points_the_source_lacks_come_from_measurements_with_their_provenance(tmp_path, measured):
+    with pytest.raises(MeasurementError, match="lack .*self_attn.cache_k"):
+        import_compressed_tensors(STATIC, tmp_path / "a")
+    import_compressed_tensors(STATIC, tmp_path / "b", measurements=[measured["qwen2-bytes"]])
+    calibration = json.loads((tmp_path / "b" / "config.json").read_text())["quantization_config"]["calibration"]
+    kinds = {s["id"]: s["kind"] for s in calibration["sources"]}
+    assert kinds[calibration["default_source"]] == "imported-input-scale"
+    assert {kinds[calibration["overrides"]["qwen2.layers.0.self_attn.q"]]} == {"reference-engine"}
+    assert "qwen2.layers.0.self_attn.qkv_proj" not in calibration["overrides"]
+
+
+def test_a_dynamic_moe_checkpoint_imports_and_evaluates_against_its_bf16_base(tmp_path, measured):
+    result = import_compressed_tensors(ERNIE, tmp_path / "out", measurements=[measured["ernie-moe-bytes"]])
+    assert validate(tmp_path / "out").valid and "per channel, activations dynamic" in result.scheme
+    assert Checkpoint.open(tmp_path / "out").tensors["ernie.layers.1.mlp.experts.2.up_gate_proj.weight_scale"].shape == (192,)
+    report = evaluate(TINY_MODELS["ernie-moe-bytes"], tmp_path / "out", samples=4, seq_len=128)
+    fp8 = report.rows[0]
+    assert fp8.top1_agreement > 0.9 and fp8.perplexity_increase < 0.05
+
+
+def test_dynamic_without_statistics_is_refused_and_calibrate_fills_them(tmp_path):
+    with pytest.raises(MeasurementError, match="dynamic activations carry no statistics"):
+        import_compressed_tensors(DYNAMIC, tmp_path / "a")
+    import_compressed_tensors(DYNAMIC, tmp_path / "b", calibrate=True)
+    assert validate(tmp_path / "b").valid
+
+
+def _copy(tmp_path, source=STATIC) -> Path:
+    target = tmp_path / "src"
+    shutil.copytree(source, target)
+    return target
+
+
+def _edit_config(root: Path, edit) -> None:
+    config = json.loads((root / "config.json").read_text())
+    edit(config["quantization_config"])
+    (root / "config.json").write_text(json.dumps(config))
+
+
+def _edit_tensors(root: Path, edit) -> None:
+    tensors = load_file(root / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, root / "model.safetensors")
+    index = root / "model.safetensors.index.json"
+    if index.is_file():  # keep the index true to the shard
+        data = json.loads(index.read_text())
+        data["weight_map"] = dict.fromkeys(tensors, "model.safetensors")
+        index.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda q: q["config_groups"]["group_0"]["weights"].update(num_bits=4, type="int"), "int4 tensor.*only FP8"),
+        (lambda q: q["config_groups"]["group_0"]["weights"].update(block_structure=[128, 128], strategy="block"), "block"),
+        (
+            lambda q: (
+                q.update(format="nvfp4-pack-quantized") or q["config_groups"]["group_0"].update(format="nvfp4-pack-quantized")
+            ),
+            "nvfp4-pack-quantized",
+        ),
+        (lambda q: q.update(quant_method="gptq"), "'gptq', not 'compressed-tensors'"),
+    ],
+)
+def test_unsupported_schemes_are_refused_naming_what_was_found(tmp_path, edit, message):
+    root = _copy(tmp_path)
+    _edit_config(root, edit)
+    with pytest.raises(ConfigError, match=message):
+        import_compressed_tensors(root, tmp_path / "out", ConvertOptions(kv_cache="none"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_weight_scale_is_named(tmp_path):
+    root = _copy(tmp_path)
+    _edit_tensors(root, lambda t: t.pop("model.layers.0.mlp.up_proj.weight_scale"))
+    with pytest.raises(ConfigError, match="'model.layers.0.mlp.up_proj.weight_scale' is missing"):
+        import_compressed_tensors(root, tmp_path / "out", ConvertOptions(kv_cache="none"))
+
+
+def test_an_input_scale_of_zero_is_refused(tmp_path):
+    root = _copy(tmp_path)
+    _edit_tensors(root, lambda t: t.update({"model.layers.1.mlp.down_proj.input_scale": np.zeros(1, ml_dtypes.bfloat16)}))
+    with pytest.raises(ConfigError, match="down_proj.input_scale' is 0.0"):
+        import_compressed_tensors(root, tmp_path / "out", ConvertOptions(kv_cache="none"))
+
+
+def test_float32_scales_import_exactly_like_bf16_ones(tmp_path):
+    root = _copy(tmp_path)
+    _edit_tensors(root, lambda t: t.update({k: v.astype(np.float32) for k, v in t.items() if k.endswith("_scale")}))
+    import_compressed_tensors(STATIC, tmp_path / "a", ConvertOptions(kv_cache="none"))
+    import_compressed_tensors(root, tmp_path / "b", ConvertOptions(kv_cache="none"))
+    a, b = Checkpoint.open(tmp_path / "a"), Checkpoint.open(tmp_path / "b")
+    for name in a.tensors:
+        np.testing.assert_array_equal(a.get(name).view(np.uint8), b.get(name).view(np.uint8), err_msg=name)
+
+
+def test_an_ignore_list_that_leaves_the_router_quantized_is_handled(tmp_path, measured):
+    root = _copy(tmp_path, ERNIE)
+
+    def quantize_router(tensors):
+        router = tensors["model.layers.1.mlp.gate.weight"].astype(np.float32)
+        scale = np.abs(router).max(axis=1, keepdims=True) / 448
+        tensors["model.layers.1.mlp.gate.weight"] = (router / scale).astype(ml_dtypes.float8_e4m3fn)
+        tensors["model.layers.1.mlp.gate.weight_scale"] = scale.astype(ml_dtypes.bfloat16)
+
+    _edit_tensors(root, quantize_router)
+    _edit_config(root, lambda q: q.update(ignore=["lm_head", "re:.*embed_tokens"]))
+    result = import_compressed_tensors(root, tmp_path / "out", measurements=[measured["ernie-moe-bytes"]])
+    assert any("mlp.gate.weight: quantized in the source" in w for w in result.warnings)
+    assert Checkpoint.open(tmp_path / "out").tensors["ernie.layers.1.mlp.gate.weight"].dtype == "F32"
+    assert validate(tmp_path / "out").valid
+
+
+def test_cli_import_prints_the_scheme_and_the_worst_errors(tmp_path):
+    result = CliRunner().invoke(main, ["import", str(STATIC), str(tmp_path / "out"), "--kv-cache", "none"])
+    assert result.exit_code == 0, result.output
+    assert "per tensor, activations static tensor" in result.output and "worst ten" in result.output
