@@ -382,7 +382,12 @@ def import_command(
     from .measurements import load_measurements
 
     options = ConvertOptions(
-        target=target, kv_cache=kv_cache, dead_experts=dead_experts, max_shard_bytes=_parse_size(max_shard_size), force=force
+        target=target,
+        kv_cache=kv_cache,
+        dead_experts=dead_experts,
+        max_shard_bytes=_parse_size(max_shard_size),
+        force=force,
+        workers=min(2, os.cpu_count() or 1),
     )
     with _errors():
         extra = [load_measurements(p).measurements for p in measurement_paths]

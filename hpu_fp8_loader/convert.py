@@ -30,6 +30,7 @@ from .errors import ConfigError, HpuFp8Error, NonFiniteError
 from .io.checkpoint import Checkpoint
 from .io.manifest import file_digest
 from .io.writer import PlannedTensor, Shard, ShardFile, finish_output, plan_shards, prepare_output_dir
+from .source_tensors import source_problem, source_rows
 from .spec import names
 from .spec.config import (
     FP8_MAX_BY_TARGET,
@@ -59,7 +60,6 @@ __all__ = [
 ]
 
 _JOURNAL = ".hpu_fp8_progress.json"
-_SOURCE_DTYPES = ("BF16", "F16", "F32")
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,8 @@ class ConvertResult:
     seconds: float
     reused_shards: int
     filled_experts: list[ExpertRef] = field(default_factory=list)
+    # spec tensor -> relative RMSE added, for linears requantized from an FP8 (compressed-tensors) source
+    requantization_errors: dict[str, float] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float:
@@ -140,8 +142,8 @@ def _check_sources(checkpoint: Checkpoint, descriptor: ModelDescriptor, layout: 
                 problems.append(f"tensor '{part.name}' is missing")
             elif info.shape != part.shape:
                 problems.append(f"tensor '{part.name}' has shape {list(info.shape)}, config.json implies {list(part.shape)}")
-            elif info.dtype not in _SOURCE_DTYPES:
-                problems.append(f"tensor '{part.name}' has dtype {info.dtype}; supported: {', '.join(_SOURCE_DTYPES)}")
+            elif (problem := source_problem(checkpoint, part.name)) is not None:
+                problems.append(problem)
     if problems:
         more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
         raise ConfigError(f"{checkpoint.root}: " + "; ".join(problems[:10]) + more)
@@ -199,7 +201,7 @@ def _init_worker(context: _Context) -> None:
 
 
 def _part_rows(source: Checkpoint, name: str, start: int, stop: int) -> np.ndarray:
-    return source.files[source.tensors[name].file].read_rows(name, start, stop)
+    return source_rows(source, name, start, stop)
 
 
 def _blocks(rows: int, row_elements: int, budget: int):
@@ -243,8 +245,25 @@ def _locate_non_finite(name: str, block: np.ndarray, first_row: int, shape: tupl
     )
 
 
-def _convert_tensor(weight: WeightTensor) -> int:
-    """Convert and write one spec tensor; returns the source bytes read."""
+class _ErrorSum:
+    """Relative RMSE of a requantization, accumulated block by block: ||fp8 x scale - source|| / ||source||."""
+
+    def __init__(self):
+        self.difference = self.norm = 0.0
+
+    def add(self, values: np.ndarray, encoded: np.ndarray, scale: np.ndarray | float) -> None:
+        back = numerics.dequantize(encoded, scale)
+        self.difference += float(np.sum((back - values) ** 2, dtype=np.float64))
+        self.norm += float(np.sum(np.square(values, dtype=np.float32), dtype=np.float64))
+
+    @property
+    def relative(self) -> float:
+        return (self.difference / self.norm) ** 0.5 if self.norm else 0.0
+
+
+def _convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
+    """Convert and write one spec tensor; returns the source bytes read, and for a linear from an FP8
+    (compressed-tensors) source the relative RMSE its requantization added."""
     context: _Context = _worker["context"]
     source: Checkpoint = _worker["source"]
     options = context.options
@@ -253,7 +272,8 @@ def _convert_tensor(weight: WeightTensor) -> int:
     scale_name = names.tensor(weight.module, names.WEIGHT_SCALE) if weight.is_linear else None
     bytes_in = sum(source.tensors[p.name].nbytes for p in parts)
     if target is None and (scale_name is None or scale_name not in _worker["location"]):
-        return bytes_in  # everything it writes lives in shards reused from an interrupted run
+        return bytes_in, None  # everything it writes lives in shards reused from an interrupted run
+    errors = _ErrorSum() if weight.is_linear and any(source.tensors[p.name].dtype == "F8_E4M3" for p in parts) else None
     whole = bytes_in <= options.whole_tensor_bytes
     # Small tensors are read once and kept; large ones are read in row blocks, once per pass.
     arrays = [_part_rows(source, p.name, 0, p.shape[0]) for p in parts] if whole else None
@@ -271,10 +291,13 @@ def _convert_tensor(weight: WeightTensor) -> int:
     if target is not None and whole:
         fused = [a.T if p.transpose else a for p, a in zip(parts, arrays, strict=True)]
         values = fused[0] if len(fused) == 1 else np.concatenate(fused, axis=-1)
-        target.write(weight.name, np.ascontiguousarray(_encode(weight, values, scale, options)))
+        encoded = np.ascontiguousarray(_encode(weight, values, scale, options))
+        target.write(weight.name, encoded)
+        if errors is not None:
+            errors.add(values, encoded, scale if weight.channel_wise else scale[0])
     elif target is not None:
-        _write_streamed(source, weight, parts, scale, target, options)
-    return bytes_in
+        _write_streamed(source, weight, parts, scale, target, options, errors)
+    return bytes_in, None if errors is None else errors.relative
 
 
 def _encode(weight: WeightTensor, values: np.ndarray, scale: np.ndarray | None, options: ConvertOptions) -> np.ndarray:
@@ -285,7 +308,7 @@ def _encode(weight: WeightTensor, values: np.ndarray, scale: np.ndarray | None, 
     return values.astype(dtype, copy=False)
 
 
-def _write_streamed(source, weight, parts, scale, target: ShardFile, options) -> None:
+def _write_streamed(source, weight, parts, scale, target: ShardFile, options, errors: _ErrorSum | None = None) -> None:
     """Row blocks of each part; a transposed part lands as column segments of the spec tensor."""
     offset = 0
     for p in parts:
@@ -294,12 +317,18 @@ def _write_streamed(source, weight, parts, scale, target: ShardFile, options) ->
         for start, stop in _blocks(p.shape[0], math.prod(p.shape[1:]), options.block_elements):
             block = _part_rows(source, p.name, start, stop)
             if p.transpose:  # rows start:stop of [out_p, in] are spec columns offset+start : offset+stop
-                encoded = _encode(weight, np.ascontiguousarray(block.T), _slice(part_scale, start, stop), options)
+                values, block_scale = np.ascontiguousarray(block.T), _slice(part_scale, start, stop)
+                encoded = _encode(weight, values, block_scale, options)
                 target.write_columns(weight.name, encoded, 0, offset + start)
             elif len(parts) == 1:
-                target.write(weight.name, _encode(weight, block, part_scale, options), start)
+                values, block_scale = block, part_scale
+                encoded = _encode(weight, block, part_scale, options)
+                target.write(weight.name, encoded, start)
             else:  # a 1-D fused bias: its parts are consecutive runs
                 target.write_columns(weight.name, _encode(weight, block, part_scale, options).reshape(1, -1), 0, offset + start)
+                continue
+            if errors is not None:
+                errors.add(values, encoded, block_scale if weight.channel_wise else block_scale[0])
         offset += width
 
 
@@ -430,7 +459,7 @@ def convert(
             shard_of = next(s.file_name for s in shards if any(t.name == name for t in s.tensors))
             if shard_of in files:
                 files[shard_of].write(name, np.asarray(array, np.float32).reshape(1))
-    _run_jobs(descriptor, context, shards, done, fingerprint, progress)
+    requantized = _run_jobs(descriptor, context, shards, done, fingerprint, progress)
     (staging / _JOURNAL).unlink()
     finish_output(
         staging,
@@ -451,10 +480,11 @@ def convert(
         seconds=time.perf_counter() - started,
         reused_shards=len(context.skip_shards),
         filled_experts=filled,
+        requantization_errors=dict(sorted(requantized.items(), key=lambda item: -item[1])),
     )
 
 
-def _run_jobs(descriptor, context: _Context, shards, done: dict, fingerprint: str, progress) -> None:
+def _run_jobs(descriptor, context: _Context, shards, done: dict, fingerprint: str, progress) -> dict[str, float]:
     """Convert every tensor (in worker processes when asked), hashing each shard as it completes."""
     weights = descriptor.weights()
     owner = {t.name: s.file_name for s in shards for t in s.tensors}
@@ -465,8 +495,12 @@ def _run_jobs(descriptor, context: _Context, shards, done: dict, fingerprint: st
     source = Checkpoint.open(context.src)
     total_bytes = sum(source.tensors[p.name].nbytes for w in weights for p in w.source_parts(context.layout, context.prefix))
     state = {"bytes": 0, "tensors": 0}
+    requantized: dict[str, float] = {}
 
-    def finished(weight: WeightTensor, bytes_in: int) -> None:
+    def finished(weight: WeightTensor, outcome: tuple[int, float | None]) -> None:
+        bytes_in, error = outcome
+        if error is not None:
+            requantized[weight.name] = error
         outputs = [weight.name] + ([names.tensor(weight.module, names.WEIGHT_SCALE)] if weight.is_linear else [])
         for name in outputs:
             shard = owner[name]
@@ -504,6 +538,7 @@ def _run_jobs(descriptor, context: _Context, shards, done: dict, fingerprint: st
         if remaining:
             raise HpuFp8Error(f"internal error: shard {shard} still misses {sorted(remaining)[:3]}")
     _save_journal(context.staging, fingerprint, done)
+    return requantized
 
 
 def _largest_first(weights: list[WeightTensor]) -> list[WeightTensor]:

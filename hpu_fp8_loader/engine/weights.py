@@ -14,6 +14,7 @@ import numpy as np
 from ..arch import Layout, ModelDescriptor, WeightTensor, describe
 from ..convert import detect_layout
 from ..io.checkpoint import Checkpoint
+from ..source_tensors import source_rows
 from ..spec import names
 
 __all__ = ["EngineWeights", "open_weights"]
@@ -55,7 +56,7 @@ class EngineWeights:
             scale = np.asarray(self.checkpoint.get(names.tensor(weight.module, names.WEIGHT_SCALE)), np.float32)
             return self.checkpoint.get(weight.name).astype(np.float32) * (scale if weight.channel_wise else scale[0])
         parts = weight.source_parts(self.layout, self.descriptor.prefix)
-        arrays = [self.checkpoint.get(p.name).astype(np.float32) for p in parts]
+        arrays = [source_rows(self.checkpoint, p.name, 0, p.shape[0]).astype(np.float32) for p in parts]
         arrays = [a.T if p.transpose else a for p, a in zip(parts, arrays, strict=True)]
         return np.ascontiguousarray(arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=-1))
 
