@@ -33,6 +33,7 @@ __all__ = [
     "cast_to_fp8",
     "channel_abs_max",
     "dequantize",
+    "fp8_to_float32",
     "quantize",
 ]
 
@@ -234,6 +235,18 @@ def quantize(
     return out.view(FP8_DTYPE).reshape(x.shape)
 
 
+@functools.lru_cache(maxsize=1)
+def _decode_table() -> np.ndarray:
+    return np.arange(256, dtype=np.uint8).view(FP8_DTYPE).astype(np.float32)
+
+
+def fp8_to_float32(q: np.ndarray) -> np.ndarray:
+    """The float32 values of e4m3fn codes, through a 256-entry table (ml_dtypes' astype is ~10x slower)."""
+    return np.take(_decode_table(), np.asarray(q).view(np.uint8))
+
+
 def dequantize(q: np.ndarray, scale: float | np.ndarray) -> np.ndarray:
     """float32(q) * scale: the real value a spec weight stands for."""
-    return q.astype(np.float32) * np.asarray(scale, np.float32)
+    values = fp8_to_float32(q)
+    values *= np.asarray(scale, np.float32)
+    return values

@@ -12,6 +12,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .io.checkpoint import Checkpoint
+from .numerics import fp8_to_float32
 
 __all__ = ["SOURCE_DTYPES", "scale_name", "source_problem", "source_rows"]
 
@@ -50,4 +51,6 @@ def source_rows(checkpoint: Checkpoint, name: str, start: int, stop: int) -> np.
             f"{checkpoint.root}: '{scale_name(name)}' holds {scale.min()}..{scale.max()}; scales must be finite and > 0"
         )
     per_row = scale[start:stop].reshape(-1, *([1] * (rows.ndim - 1))) if scale.size > 1 else scale[0]
-    return rows.astype(np.float32) * per_row
+    values = fp8_to_float32(rows)
+    values *= per_row
+    return values
