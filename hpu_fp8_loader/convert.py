@@ -252,7 +252,9 @@ class _ErrorSum:
         self.difference = self.norm = 0.0
 
     def add(self, values: np.ndarray, encoded: np.ndarray, scale: np.ndarray | float) -> None:
-        difference = (numerics.dequantize(encoded, scale) - values).reshape(-1)
+        difference = numerics.dequantize(encoded, scale)
+        difference -= values
+        difference = difference.reshape(-1)
         flat = np.ascontiguousarray(values, np.float32).reshape(-1)
         self.difference += float(np.dot(difference, difference))  # BLAS dot products: float32 is plenty for a report
         self.norm += float(np.dot(flat, flat))
@@ -291,7 +293,8 @@ def _convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
             _worker["location"][scale_name].write(scale_name, scale.astype(np.float32))
     if target is not None and whole:
         fused = [a.T if p.transpose else a for p, a in zip(parts, arrays, strict=True)]
-        values = fused[0] if len(fused) == 1 else np.concatenate(fused, axis=-1)
+        # One contiguous copy serves the cast and the error report (quantize would copy a transposed view anyway).
+        values = np.ascontiguousarray(fused[0] if len(fused) == 1 else np.concatenate(fused, axis=-1))
         encoded = np.ascontiguousarray(_encode(weight, values, scale, options))
         target.write(weight.name, encoded)
         if errors is not None:
