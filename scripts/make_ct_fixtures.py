@@ -49,7 +49,27 @@ def static(name: str) -> None:
     target = OUT / f"{name}-fp8-static"
     shutil.rmtree(target, ignore_errors=True)
     recipe = QuantizationModifier(targets="Linear", scheme="FP8", ignore=IGNORE)
-    oneshot(model=model, dataset=data, recipe=recipe, num_calibration_samples=32, max_seq_length=128, output_dir=str(target))
+    oneshot(
+        model=model,
+        dataset=data,
+        recipe=recipe,
+        num_calibration_samples=32,
+        max_seq_length=128,
+        output_dir=str(target),
+        processor=byte_tokenizer(),
+    )
+    (target / "tokenizer.json").unlink(missing_ok=True)  # the models read bytes; keep no tokenizer that says otherwise
+    (target / "tokenizer_config.json").unlink(missing_ok=True)
+    (target / "special_tokens_map.json").unlink(missing_ok=True)
+
+
+def byte_tokenizer():
+    """A byte-level tokenizer (id = byte): oneshot wants a processor with a dataset; the models read bytes."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {chr(i) if 32 < i < 127 else f"<0x{i:02X}>": i for i in range(256)}
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<0x00>")), pad_token="<0x00>")
 
 
 if __name__ == "__main__":

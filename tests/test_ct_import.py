@@ -164,3 +164,24 @@ def test_cli_import_prints_the_scheme_and_the_worst_errors(tmp_path):
     result = CliRunner().invoke(main, ["import", str(STATIC), str(tmp_path / "out"), "--kv-cache", "none"])
     assert result.exit_code == 0, result.output
     assert "per tensor, activations static tensor" in result.output and "worst ten" in result.output
+
+
+def test_a_static_moe_checkpoint_takes_expert_statistics_from_its_input_scales(tmp_path):
+    source_dir = FIXTURES / "ernie-moe-bytes-fp8-static"
+    import_compressed_tensors(source_dir, tmp_path / "out", ConvertOptions(kv_cache="none"))
+    assert validate(tmp_path / "out").valid
+    source, spec = Checkpoint.open(source_dir), Checkpoint.open(tmp_path / "out")
+
+    def scale(name: str) -> float:
+        return float(source.get(name).astype(np.float32)[0])
+
+    base = "model.layers.1.mlp.experts"
+    shared_input = max(scale(f"{base}.{e}.{p}_proj.input_scale") for e in range(4) for p in ("gate", "up"))
+    assert spec.get("ernie.layers.1.mlp.experts.up_gate_proj.act_amax")[0] == np.float32(shared_input * 448.0)  # max over experts
+    for e in range(4):
+        assert spec.get(f"ernie.layers.1.mlp.experts.{e}.down_proj.act_amax")[0] == np.float32(
+            scale(f"{base}.{e}.down_proj.input_scale") * 448.0
+        )
+    assert spec.tensors["ernie.layers.1.mlp.experts.0.up_gate_proj.weight_scale"].shape == (
+        192,
+    )  # tensor-wise source -> channel-wise spec
