@@ -185,3 +185,26 @@ def test_a_static_moe_checkpoint_takes_expert_statistics_from_its_input_scales(t
     assert spec.tensors["ernie.layers.1.mlp.experts.0.up_gate_proj.weight_scale"].shape == (
         192,
     )  # tensor-wise source -> channel-wise spec
+
+
+def test_k_and_v_scales_become_the_kv_cache_amax(tmp_path, measured):
+    root = _copy(tmp_path)  # llm-compressor's kv_cache_scheme writes self_attn.k_scale / v_scale beside the projections
+    _edit_tensors(
+        root,
+        lambda t: t.update(
+            {
+                "model.layers.0.self_attn.k_scale": np.array([0.05], ml_dtypes.bfloat16),
+                "model.layers.0.self_attn.v_scale": np.array([0.02], ml_dtypes.bfloat16),
+            }
+        ),
+    )
+    import_compressed_tensors(root, tmp_path / "out", measurements=[measured["qwen2-bytes"]])
+    spec = Checkpoint.open(tmp_path / "out")
+    assert spec.get("qwen2.layers.0.self_attn.cache_k.act_amax")[0] == np.float32(
+        float(np.float32(ml_dtypes.bfloat16(0.05))) * 448.0
+    )
+    assert spec.get("qwen2.layers.0.self_attn.cache_v.act_amax")[0] == np.float32(
+        float(np.float32(ml_dtypes.bfloat16(0.02))) * 448.0
+    )
+    overrides = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]["calibration"]["overrides"]
+    assert "qwen2.layers.0.self_attn.cache_k" not in overrides and "qwen2.layers.1.self_attn.cache_k" in overrides
