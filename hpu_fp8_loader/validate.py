@@ -75,20 +75,23 @@ def expected_tensors(descriptor: ModelDescriptor, qc: QuantizationConfig) -> dic
     return expected
 
 
-def _read_shards(root: Path, report: ValidationReport) -> dict[str, TensorInfo]:
-    """Index and headers, each defect recorded; returns the tensors of every readable shard."""
+def _read_shards(root: Path, report: ValidationReport) -> tuple[dict[str, TensorInfo], dict[Path, SafetensorsFile]]:
+    """Index and headers, each defect recorded; returns the tensors of every readable shard and the
+    opened shards themselves, so later checks read scales without parsing a header again."""
     try:
         weight_map, metadata = read_index(root)
     except HpuFp8Error as exc:
         report.add("container.index", INDEX_FILE, str(exc))
-        return {}
+        return {}, {}
     tensors: dict[str, TensorInfo] = {}
+    files: dict[Path, SafetensorsFile] = {}
     for relative in sorted(set(weight_map.values())):
         try:
             path = safe_member(root, relative)
             if not path.is_file():
                 raise CheckpointNotFoundError(f"shard {relative} named by the index is missing")
-            for name, info in SafetensorsFile(path).tensors.items():
+            shard = files[path] = SafetensorsFile(path)
+            for name, info in shard.tensors.items():
                 if name in tensors:
                     report.add("container.index", name, f"tensor appears in {relative} and {tensors[name].file.name}")
                 tensors[name] = info
@@ -108,7 +111,7 @@ def _read_shards(root: Path, report: ValidationReport) -> dict[str, TensorInfo]:
     actual = sum(t.nbytes for t in tensors.values())
     if total is not None and not report.violations and total != actual:
         report.add("container.index", INDEX_FILE, f"metadata.total_size {total} != {actual} bytes of tensors")
-    return tensors
+    return tensors, files
 
 
 def _scalar(files: dict[Path, SafetensorsFile], info: TensorInfo) -> np.ndarray:
@@ -294,7 +297,7 @@ def validate(
     descriptor = describe(config)
     report = ValidationReport(str(root), ("full" if full else "quick") + (" + sha256" if hashes else ""))
     _check_config(config, qc, descriptor, report)
-    tensors = _read_shards(root, report)
+    tensors, files = _read_shards(root, report)
     report.tensors = len(tensors)
     digests = _scan_files(root, tensors, qc, hashes, report, progress) if full or hashes else {}
     for problem in check_manifest(root, hashes=hashes, known=digests):
@@ -310,7 +313,5 @@ def validate(
         info = tensors.get(name)
         if info is not None and (info.dtype, info.shape) != (dtype, shape):
             report.add("tensors.dtype-shape", name, f"is {info.dtype}{list(info.shape)}, expected {dtype}{list(shape)}")
-    files = {info.file: None for info in tensors.values()}
-    opened = {path: SafetensorsFile(path) for path in files}
-    _check_scales(tensors, opened, qc, descriptor, report)
+    _check_scales(tensors, files, qc, descriptor, report)
     return report
