@@ -29,6 +29,7 @@ from .arch import Layout, ModelDescriptor, WeightTensor, describe
 from .errors import ConfigError, HpuFp8Error, NonFiniteError
 from .io.checkpoint import Checkpoint
 from .io.manifest import file_digest
+from .io.safetensors_file import row_blocks
 from .io.writer import PlannedTensor, Shard, ShardFile, finish_output, plan_shards, prepare_output_dir
 from .source_tensors import source_problem, source_rows
 from .spec import names
@@ -200,16 +201,6 @@ def _init_worker(context: _Context) -> None:
     _worker["location"] = location
 
 
-def _part_rows(source: Checkpoint, name: str, start: int, stop: int) -> np.ndarray:
-    return source_rows(source, name, start, stop)
-
-
-def _blocks(rows: int, row_elements: int, budget: int):
-    step = max(1, budget // max(1, row_elements))
-    for start in range(0, rows, step):
-        yield start, min(rows, start + step)
-
-
 def _part_amax(part, blocks, channel_wise: bool) -> np.ndarray | float:
     """amax of one source part from its row blocks ``(first_row, array)``; per output channel when
     ``channel_wise``. Refuses NaN/inf naming the source tensor and the index in it."""
@@ -231,8 +222,8 @@ def _part_amax(part, blocks, channel_wise: bool) -> np.ndarray | float:
 
 
 def _streamed_blocks(source: Checkpoint, part, budget: int):
-    for start, stop in _blocks(part.shape[0], math.prod(part.shape[1:]), budget):
-        yield start, _part_rows(source, part.name, start, stop)
+    for start, stop in row_blocks(part.shape[0], math.prod(part.shape[1:]), budget):
+        yield start, source_rows(source, part.name, start, stop)
 
 
 def _locate_non_finite(name: str, block: np.ndarray, first_row: int, shape: tuple[int, ...]) -> HpuFp8Error:
@@ -279,7 +270,7 @@ def _convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
     errors = _ErrorSum() if weight.is_linear and any(source.tensors[p.name].dtype == "F8_E4M3" for p in parts) else None
     whole = bytes_in <= options.whole_tensor_bytes
     # Small tensors are read once and kept; large ones are read in row blocks, once per pass.
-    arrays = [_part_rows(source, p.name, 0, p.shape[0]) for p in parts] if whole else None
+    arrays = [source_rows(source, p.name, 0, p.shape[0]) for p in parts] if whole else None
 
     def blocks(k: int):
         return [(0, arrays[k])] if whole else _streamed_blocks(source, parts[k], options.block_elements)
@@ -318,8 +309,8 @@ def _write_streamed(source, weight, parts, scale, target: ShardFile, options, er
     for p in parts:
         width = p.shape[0] if p.transpose else p.shape[-1]
         part_scale = None if scale is None else (scale[offset : offset + width] if weight.channel_wise else scale)
-        for start, stop in _blocks(p.shape[0], math.prod(p.shape[1:]), options.block_elements):
-            block = _part_rows(source, p.name, start, stop)
+        for start, stop in row_blocks(p.shape[0], math.prod(p.shape[1:]), options.block_elements):
+            block = source_rows(source, p.name, start, stop)
             if p.transpose:  # rows start:stop of [out_p, in] are spec columns offset+start : offset+stop
                 values, block_scale = np.ascontiguousarray(block.T), _slice(part_scale, start, stop)
                 encoded = _encode(weight, values, block_scale, options)
@@ -463,7 +454,7 @@ def convert(
             shard_of = next(s.file_name for s in shards if any(t.name == name for t in s.tensors))
             if shard_of in files:
                 files[shard_of].write(name, np.asarray(array, np.float32).reshape(1))
-    requantized = _run_jobs(descriptor, context, shards, done, fingerprint, progress)
+    requantized = _run_jobs(checkpoint, descriptor, context, shards, done, fingerprint, progress)
     (staging / _JOURNAL).unlink()
     finish_output(
         staging,
@@ -488,7 +479,9 @@ def convert(
     )
 
 
-def _run_jobs(descriptor, context: _Context, shards, done: dict, fingerprint: str, progress) -> dict[str, float]:
+def _run_jobs(
+    source: Checkpoint, descriptor, context: _Context, shards, done: dict, fingerprint: str, progress
+) -> dict[str, float]:
     """Convert every tensor (in worker processes when asked), hashing each shard as it completes."""
     weights = descriptor.weights()
     owner = {t.name: s.file_name for s in shards for t in s.tensors}
@@ -496,7 +489,6 @@ def _run_jobs(descriptor, context: _Context, shards, done: dict, fingerprint: st
     for s in shards:  # act tensors are already written
         if s.file_name in pending_in_shard:
             pending_in_shard[s.file_name] -= {t.name for t in s.tensors if t.name.endswith((names.ACT_SCALE, names.ACT_AMAX))}
-    source = Checkpoint.open(context.src)
     total_bytes = sum(source.tensors[p.name].nbytes for w in weights for p in w.source_parts(context.layout, context.prefix))
     state = {"bytes": 0, "tensors": 0}
     requantized: dict[str, float] = {}

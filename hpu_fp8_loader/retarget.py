@@ -18,6 +18,7 @@ import numpy as np
 
 from . import numerics, scales
 from .io.checkpoint import Checkpoint
+from .io.safetensors_file import row_blocks
 from .io.writer import CheckpointWriter, PlannedTensor
 from .spec import names
 from .spec.config import FP8_MAX_BY_TARGET, Target, parse_quantization_config
@@ -80,9 +81,8 @@ def retarget(
         elif not info.shape:
             writer.write(name, np.asarray(shard.get(name)))
         else:  # weights, in row blocks: fp8 ones halved when rescaling, the rest copied
-            step = max(1, _BLOCK_ELEMENTS // max(1, math.prod(info.shape[1:])))
-            for start in range(0, info.shape[0], step):
-                block = shard.read_rows(name, start, min(info.shape[0], start + step))
+            for start, stop in row_blocks(info.shape[0], math.prod(info.shape[1:]), _BLOCK_ELEMENTS):
+                block = shard.read_rows(name, start, stop)
                 if rescale and info.dtype == "F8_E4M3":
                     block, rounded = _halve(block)
                     report.rounded += rounded

@@ -20,6 +20,7 @@ from .. import numerics
 from ..arch import ModelDescriptor, Role, WeightTensor
 from ..errors import ConfigError, HpuFp8Error
 from ..io.checkpoint import Checkpoint
+from ..io.safetensors_file import row_blocks
 from ..spec import names
 from ..spec.config import KvCacheScheme, QuantizationConfig, ScaleRounding
 
@@ -254,11 +255,11 @@ def _read(checkpoint: Checkpoint, name: str, rows: slice | None = None, columns:
         return shard.read_rows(name, start, stop)
     if len(info.shape) == 1:
         return _take(shard.read_rows(name, 0, info.shape[0]), columns)
-    step = max(1, _BLOCK_ELEMENTS // info.shape[1])
-    if step >= stop - start:
-        return _take(shard.read_rows(name, start, stop), columns)
-    blocks = [_take(shard.read_rows(name, first, min(stop, first + step)), columns) for first in range(start, stop, step)]
-    return np.concatenate(blocks)
+    blocks = [
+        _take(shard.read_rows(name, first, last), columns)
+        for first, last in row_blocks(stop, info.shape[1], _BLOCK_ELEMENTS, start)
+    ]
+    return blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
 
 
 def _amax(checkpoint: Checkpoint, module: str) -> np.float32:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import SafetensorsFormatError
 
-__all__ = ["ITEMSIZES", "SafetensorsFile", "TensorInfo", "dtype_name", "numpy_dtype", "read_header"]
+__all__ = ["ITEMSIZES", "SafetensorsFile", "TensorInfo", "dtype_name", "numpy_dtype", "read_header", "row_blocks"]
 
 # Item size of every safetensors dtype code; numpy dtypes are made on demand (numpy_dtype), so code
 # that only checks headers or reads F32/uint8 never imports ml_dtypes (its import costs ~0.7 s here).
@@ -172,6 +172,13 @@ def _tensor_info(path: Path, name: str, entry: object, data_start: int, size: in
     if end > size:
         raise _bad(path, f"tensor '{name}' ends at byte {end} but the file has {size} bytes (truncated)")
     return TensorInfo(name, path, dtype, tuple(shape), begin, end)
+
+
+def row_blocks(rows: int, row_elements: int, budget: int, start: int = 0):
+    """``(first, stop)`` row ranges of ``start:rows`` holding about ``budget`` elements each (at least one row)."""
+    step = max(1, budget // max(1, row_elements))
+    for first in range(start, rows, step):
+        yield first, min(rows, first + step)
 
 
 class SafetensorsFile:
