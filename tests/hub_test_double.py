@@ -209,6 +209,15 @@ class HubTestDouble:
                 hub.lfs[m[1]] = data
                 self._send(200)
 
+            def _revision(self, repo_id: str, revision: str) -> tuple[Repo, str] | None:
+                """The repository and commit a request names, or None once a 404 like the Hub's is sent."""
+                if (repo := self._repo(repo_id)) is None:
+                    return None
+                if (sha := self._resolve_revision(repo, revision)) is None:
+                    self._json(404, {"error": "Revision not found"}, {"X-Error-Code": "RevisionNotFound"})
+                    return None
+                return repo, sha
+
             def _resolve_revision(self, repo: Repo, revision: str) -> str | None:
                 revision = revision.replace("%2F", "/")
                 if revision in repo.branches:
@@ -220,19 +229,15 @@ class HubTestDouble:
                 if path == "/api/agent-harnesses":  # huggingface_hub's agent detection registry: an empty one
                     return self._json(200, {"standardEnvVars": [], "harnesses": {}})
                 if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/(.+)", path):
-                    if (repo := self._repo(m[1])) is None:
+                    if (found := self._revision(m[1], m[2])) is None:
                         return
-                    sha = self._resolve_revision(repo, m[2])
-                    if sha is None:
-                        return self._json(404, {"error": "Revision not found"}, {"X-Error-Code": "RevisionNotFound"})
+                    repo, sha = found
                     siblings = [{"rfilename": p} for p in sorted(repo.files[sha])]
                     return self._json(200, {"id": m[1], "sha": sha, "siblings": siblings, "private": repo.private})
                 if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)(/.*)?", path):
-                    if (repo := self._repo(m[1])) is None:
+                    if (found := self._revision(m[1], m[2])) is None:
                         return
-                    sha = self._resolve_revision(repo, m[2])
-                    if sha is None:
-                        return self._json(404, {"error": "Revision not found"}, {"X-Error-Code": "RevisionNotFound"})
+                    repo, sha = found
                     return self._json(200, [stored.entry(p) for p, stored in sorted(repo.files[sha].items())])
                 if m := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
                     return self._download(m[1], m[2], m[3])
@@ -243,9 +248,8 @@ class HubTestDouble:
                 self.do_GET()
 
             def _download(self, repo_id: str, revision: str, file: str) -> None:
-                repo = hub.repos.get(repo_id)
-                if repo is None:
-                    return self._json(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
+                if (repo := self._repo(repo_id)) is None:
+                    return
                 sha = self._resolve_revision(repo, revision)
                 stored = repo.files.get(sha, {}).get(file) if sha else None
                 if stored is None:
