@@ -306,9 +306,16 @@ def scale_share(checkpoint: Checkpoint, d: ModelDescriptor, w: WeightTensor, par
     return scale
 
 
-def _moe_pieces(checkpoint: Checkpoint, d: ModelDescriptor, qc: QuantizationConfig, layer: int, par: Parallelism):
+def _moe_pieces(
+    checkpoint: Checkpoint,
+    d: ModelDescriptor,
+    qc: QuantizationConfig,
+    layer: int,
+    experts: dict[tuple[int, Role], WeightTensor],
+    par: Parallelism,
+):
+    """The stacked expert parameters of one MoE layer, from its experts' weights keyed by (expert, role)."""
     base = f"{names.layer(d.prefix, layer)}.mlp.experts"
-    experts = {(w.expert, w.role): w for w in d.weights() if w.layer == layer and w.expert is not None}
     local = local_experts(d, par)
     down_in = np.empty((len(local), 1), np.float32)
     for i, e in enumerate(local):
@@ -351,12 +358,15 @@ def map_rank(checkpoint: Checkpoint, qc: QuantizationConfig, d: ModelDescriptor,
             f"FastDeploy's mix_quant builds every linear in FP8; modules kept in BF16 ({qc.ignore[:3]}) cannot be served"
         )
     check_parallelism(d, par)
-    moe_done = set()
-    for w in d.weights():
-        if w.role in (Role.EXPERT_UP_GATE, Role.EXPERT_DOWN):
-            if w.layer not in moe_done:
-                moe_done.add(w.layer)
-                yield from _moe_pieces(checkpoint, d, qc, w.layer, par)
+    weights = d.weights()  # built once: a large MoE model has tens of thousands of expert weights
+    experts: dict[int, dict[tuple[int, Role], WeightTensor]] = {}
+    for w in weights:
+        if w.expert is not None:
+            experts.setdefault(w.layer, {})[(w.expert, w.role)] = w
+    for w in weights:
+        if w.expert is not None:
+            if w.layer in experts:
+                yield from _moe_pieces(checkpoint, d, qc, w.layer, experts.pop(w.layer), par)
             continue
         if not w.is_linear:
             value = rank_share(checkpoint, d, w, par)
