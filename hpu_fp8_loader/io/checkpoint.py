@@ -95,21 +95,22 @@ class Checkpoint:
         if not root.is_dir():
             raise CheckpointNotFoundError(f"{root}: no such checkpoint directory")
         checkpoint = cls(root, read_config(root))
-        for relative in shard_names(root):
-            checkpoint._add_file(relative)
-        if (root / INDEX_FILE).is_file():
-            weight_map, _ = read_index(root)
-            paths = {relative: safe_member(root, relative) for relative in set(weight_map.values())}
+        weight_map = read_index(root)[0] if (root / INDEX_FILE).is_file() else None
+        shards = {relative: checkpoint._add_file(relative) for relative in _shard_names(root, weight_map)}
+        if weight_map is not None:
+            listed: dict[str, set[str]] = {}
             for name, relative in weight_map.items():
-                info = checkpoint.tensors.get(name)
-                if info is None or info.file != paths[relative]:
-                    raise CheckpointIndexError(f"{root / INDEX_FILE}: tensor '{name}' is not in {relative}")
-            unlisted = sorted(set(checkpoint.tensors) - set(weight_map))
+                listed.setdefault(relative, set()).add(name)
+            for relative, listed_names in listed.items():
+                absent = sorted(listed_names - shards[relative].tensors.keys())
+                if absent:
+                    raise CheckpointIndexError(f"{root / INDEX_FILE}: tensor '{absent[0]}' is not in {relative}")
+            unlisted = sorted(checkpoint.tensors.keys() - weight_map.keys())
             if unlisted:
                 raise CheckpointIndexError(f"{root / INDEX_FILE}: shards hold tensors the index omits: {unlisted[:5]}")
         return checkpoint
 
-    def _add_file(self, relative: str) -> None:
+    def _add_file(self, relative: str) -> SafetensorsFile:
         path = safe_member(self.root, relative)
         if not path.is_file():
             raise CheckpointNotFoundError(f"{self.root}: shard {relative} is missing")
@@ -119,6 +120,7 @@ class Checkpoint:
                 raise CheckpointIndexError(f"{self.root}: tensor '{name}' appears in two shards")
             self.tensors[name] = info
         self.files[path] = shard
+        return shard
 
     def get(self, name: str) -> np.ndarray:
         """Zero-copy read-only view of a tensor."""
@@ -126,11 +128,9 @@ class Checkpoint:
         return self.files[info.file].get(name)
 
 
-def shard_names(root: Path) -> list[str]:
+def _shard_names(root: Path, weight_map: dict[str, str] | None) -> list[str]:
     """The shard files of a checkpoint: those the index names, else ``model.safetensors``, else every ``*.safetensors``."""
-    root = Path(root)
-    if (root / INDEX_FILE).is_file():
-        weight_map, _ = read_index(root)
+    if weight_map is not None:
         names = sorted(set(weight_map.values()))
         for name in names:
             safe_member(root, name)
