@@ -247,9 +247,9 @@ def _read(checkpoint: Checkpoint, name: str, rows: slice | None = None, columns:
     info = checkpoint.tensors[name]
     shard = checkpoint.files[info.file]
     if not info.shape or info.nbytes <= _SMALL_BYTES:  # scales and amax: a view of the map costs no syscall
-        whole = np.asarray(shard.get(name))
+        whole = shard.get(name)
         whole = whole if rows is None else whole[rows]
-        return np.array(whole if columns is None else _take(whole, columns))
+        return whole.copy() if columns is None else _take(whole, columns)
     start, stop = (rows.start, rows.stop) if rows is not None else (0, info.shape[0])
     if columns is None:
         return shard.read_rows(name, start, stop)
@@ -262,16 +262,16 @@ def _read(checkpoint: Checkpoint, name: str, rows: slice | None = None, columns:
     return blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
 
 
-def _amax(checkpoint: Checkpoint, module: str) -> np.float32:
-    return np.float32(_read(checkpoint, names.tensor(module, names.ACT_AMAX)).reshape(-1)[0])
+def _scalar(checkpoint: Checkpoint, name: str) -> np.float32:
+    return np.float32(checkpoint.get(name).reshape(-1)[0])
 
 
 def _act_pair(checkpoint: Checkpoint, module: str, qc: QuantizationConfig) -> tuple[np.float32, np.float32]:
     """(multiplier, descale) of an activation: 240 / amax and amax / 240, or 1/s and s under pow2 scales."""
     if qc.scale_rounding is ScaleRounding.POW2:
-        scale = np.float32(_read(checkpoint, names.tensor(module, names.ACT_SCALE)).reshape(-1)[0])
+        scale = _scalar(checkpoint, names.tensor(module, names.ACT_SCALE))
         return np.float32(1) / scale, scale
-    amax = _amax(checkpoint, module)
+    amax = _scalar(checkpoint, names.tensor(module, names.ACT_AMAX))
     return np.float32(FASTDEPLOY_FP8_MAX) / amax, amax / np.float32(FASTDEPLOY_FP8_MAX)
 
 
@@ -300,10 +300,10 @@ def rank_share(checkpoint: Checkpoint, d: ModelDescriptor, w: WeightTensor, par:
 
 def scale_share(checkpoint: Checkpoint, d: ModelDescriptor, w: WeightTensor, par: Parallelism) -> np.ndarray:
     """This rank's share of a linear's weight_scale: an expert up_gate's channels split gate|up-paired."""
-    scale = _read(checkpoint, names.tensor(w.module, names.WEIGHT_SCALE))
+    name = names.tensor(w.module, names.WEIGHT_SCALE)
     if w.role is Role.EXPERT_UP_GATE:  # paired, unlike the fork's contiguous rule (contract section 14)
-        return _take(scale, _paired_columns(w.shape[1], _expert_tp(par), _expert_rank(par)))
-    return scale
+        return _read(checkpoint, name, columns=_paired_columns(w.shape[1], _expert_tp(par), _expert_rank(par)))
+    return _read(checkpoint, name)
 
 
 def _moe_pieces(
