@@ -170,11 +170,35 @@ def test_symlink_escaping_the_directory_is_refused(tmp_path):
         safe_member(root, "model.safetensors")
 
 
-def test_checkpoint_open_checks_index_against_shards(spec_copy):
+def _moved_to_another_shard(weight_map: dict) -> str:
+    name = next(iter(weight_map))
+    weight_map[name] = next(file for file in sorted(set(weight_map.values())) if file != weight_map[name])
+    return f"'{name}' is not in {weight_map[name]}"
+
+
+def _left_out(weight_map: dict) -> str:
+    files = list(weight_map.values())
+    name = next(name for name in sorted(weight_map) if files.count(weight_map[name]) > 1)  # its shard stays listed
+    del weight_map[name]
+    return f"omits: \\['{name}'\\]"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(
+            lambda weight_map: weight_map.update({"ghost.weight": next(iter(weight_map.values()))}) or "'ghost.weight'",
+            id="unknown-tensor",
+        ),
+        pytest.param(_moved_to_another_shard, id="wrong-shard"),
+        pytest.param(_left_out, id="omitted"),
+    ],
+)
+def test_checkpoint_open_checks_index_against_shards(spec_copy, damage):
     root = spec_copy()
     index = json.loads((root / "model.safetensors.index.json").read_text())
-    name = next(iter(index["weight_map"]))
-    index["weight_map"]["ghost.weight"] = index["weight_map"][name]
+    assert len(set(index["weight_map"].values())) > 1  # the wrong-shard case needs a second shard
+    expected = damage(index["weight_map"])
     (root / "model.safetensors.index.json").write_text(json.dumps(index))
-    with pytest.raises(CheckpointIndexError, match="'ghost.weight'"):
+    with pytest.raises(CheckpointIndexError, match=expected):
         Checkpoint.open(root)
