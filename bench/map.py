@@ -4,8 +4,9 @@ Mapping one rank (``map_rank``: every FastDeploy parameter of TP rank 0, as the 
 them) of a >= 2 GB hpu-fp8 checkpoint vs materialising the same files through safetensors' numpy
 API (``get_tensor`` of every tensor): goal <= 1.3x the time; peak memory of the mapping process (sum
 of PSS, bench/memory.py) <= checkpoint size / tp + 10%. Both are timed inside their own process
-after imports (Python and ml_dtypes take ~1 s to import here, the same for both); ``hpu-fp8 map``,
-which also writes the rank's file, is timed whole as a third figure.
+after imports (Python and ml_dtypes take ~1 s to import here, the same for both), best of
+``--runs`` runs taking turns; ``hpu-fp8 map``, which also writes the rank's file, is timed whole as a
+third figure.
 
     python bench/map.py [--gb 4.2] [--tp 2]
 """
@@ -54,14 +55,15 @@ print(time.perf_counter() - start)
 """
 
 
-def timed(script: str, *args: str, runs: int) -> tuple[float, int]:
-    """(best in-process seconds, peak PSS) of a script that prints its own elapsed time."""
-    best, peak = float("inf"), 0
+def best_of_interleaved(commands: list[list[str]], runs: int) -> list[float]:
+    """Best in-process seconds of each script (it prints its own), the scripts taking turns run after
+    run: this machine's load drifts over minutes, and taking turns lets the drift hit every one alike."""
+    best = [float("inf")] * len(commands)
     for _ in range(runs):
-        result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, check=True)
-        best = min(best, float(result.stdout.strip().splitlines()[-1]))
-        peak = max(peak, run_measured([sys.executable, "-c", script, *args]).peak_pss)
-    return best, peak
+        for i, command in enumerate(commands):
+            result = subprocess.run(command, capture_output=True, text=True, check=True)
+            best[i] = min(best[i], float(result.stdout.strip().splitlines()[-1]))
+    return best
 
 
 def main() -> None:
@@ -69,7 +71,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/hpu-fp8-bench-map"))
     parser.add_argument("--gb", type=float, default=4.2, help="BF16 source size; the FP8 checkpoint is about half")
     parser.add_argument("--tp", type=int, default=2)
-    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
@@ -80,9 +82,11 @@ def main() -> None:
     size = sum(p.stat().st_size for p in (args.work / "fp8").glob("*.safetensors"))
     print(f"hpu-fp8 checkpoint: {size / 1e9:.2f} GB ({config['num_hidden_layers']} layers); TP {args.tp}, rank 0")
     cli = str(Path(sys.executable).with_name("hpu-fp8"))
-    timed(MATERIALISE, str(args.work / "fp8"), runs=1)  # warm the page cache for both
-    base, base_peak = timed(MATERIALISE, str(args.work / "fp8"), runs=args.runs)
-    ours, peak = timed(MAP, str(args.work / "fp8"), str(args.tp), runs=args.runs)
+    materialise = [sys.executable, "-c", MATERIALISE, str(args.work / "fp8")]
+    mapping = [sys.executable, "-c", MAP, str(args.work / "fp8"), str(args.tp)]
+    best_of_interleaved([materialise], runs=1)  # warm the page cache for both
+    base, ours = best_of_interleaved([materialise, mapping], runs=args.runs)
+    base_peak, peak = (run_measured(command).peak_pss for command in (materialise, mapping))
     whole = min(
         (
             run_measured(

@@ -155,6 +155,29 @@ def test_unknown_dtype_and_non_json_header(good_file):
         read_header(good_file)
 
 
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda h: h.update(y=[1, 2]), "tensor 'y': header entry lacks dtype/shape/data_offsets"),
+        (lambda h: h["y"].pop("shape"), "tensor 'y': header entry lacks dtype/shape/data_offsets"),
+        (lambda h: h["y"].update(dtype=["F32"]), "tensor 'y': unknown dtype \\['F32'\\]"),
+        (lambda h: h["y"].update(shape=[-4, -4]), "tensor 'y': shape \\[-4, -4\\] is not a list of non-negative"),
+        (lambda h: h["y"].update(shape=[4.0, 4]), "tensor 'y': shape \\[4.0, 4\\] is not a list"),
+        (lambda h: h["y"].update(shape=[True, 16]), "tensor 'y': shape \\[True, 16\\] is not a list"),
+        (lambda h: h["y"].update(shape="16"), "tensor 'y': shape '16' is not a list"),
+        (lambda h: h["y"].update(data_offsets=[64]), "tensor 'y': data_offsets \\[64\\] are not \\[begin, end\\]"),
+        (lambda h: h["y"].update(data_offsets=[128, 64]), "tensor 'y': data_offsets \\[128, 64\\] are not"),
+        (lambda h: h["y"].update(data_offsets=[-64, 0]), "tensor 'y': data_offsets \\[-64, 0\\] are not"),
+    ],
+    ids=["entry-not-object", "no-shape", "dtype-not-string", "negative-dims", "float-dims", "bool-dims", "shape-string",
+         "one-offset", "reversed-offsets", "negative-offset"],
+)  # fmt: skip
+def test_malformed_header_entries_are_named(good_file, edit, message):
+    _rewrite_header(good_file, edit)
+    with pytest.raises(SafetensorsFormatError, match=message):
+        read_header(good_file)
+
+
 @pytest.mark.parametrize("entry", ["../outside.safetensors", "/etc/passwd", "a/../../b.safetensors", "..\\x.safetensors"])
 def test_index_entries_outside_the_directory_are_refused(tmp_path, entry):
     with pytest.raises(UnsafePathError, match="inside the checkpoint|climbs out|outside"):

@@ -370,7 +370,9 @@ def map_rank(checkpoint: Checkpoint, qc: QuantizationConfig, d: ModelDescriptor,
             continue
         if not w.is_linear:
             value = rank_share(checkpoint, d, w, par)
-            yield MappedPiece(fastdeploy_name(w), value if w.source_dtype == "F32" else value.astype(numerics.BF16_DTYPE))
+            yield MappedPiece(
+                fastdeploy_name(w), value if w.source_dtype == "F32" else value.astype(numerics.BF16_DTYPE, copy=False)
+            )
             continue
         yield MappedPiece(w.name, rank_share(checkpoint, d, w, par))
         yield MappedPiece(names.tensor(w.module, "weight_scale"), _bf16(scale_share(checkpoint, d, w, par)))

@@ -119,7 +119,7 @@ class Checkpoint:
             if name in self.tensors:
                 raise CheckpointIndexError(f"{self.root}: tensor '{name}' appears in two shards")
             self.tensors[name] = info
-        self.files[path] = shard
+        self.files[shard.path] = shard  # the very key object the TensorInfos hold: lookups skip Path.__eq__
         return shard
 
     def get(self, name: str) -> np.ndarray:

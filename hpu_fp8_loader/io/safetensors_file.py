@@ -162,10 +162,11 @@ def _naturals(values: object) -> bool:
 
 
 def _tensor_info(path: Path, name: str, entry: object, data_start: int, size: int) -> TensorInfo:
-    if type(entry) is not dict or not {"dtype", "shape", "data_offsets"} <= entry.keys():
-        raise _bad(path, f"tensor '{name}': header entry lacks dtype/shape/data_offsets")
-    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if dtype not in ITEMSIZES:
+    try:
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    except (TypeError, KeyError):
+        raise _bad(path, f"tensor '{name}': header entry lacks dtype/shape/data_offsets") from None
+    if type(dtype) is not str or dtype not in ITEMSIZES:
         raise _bad(path, f"tensor '{name}': unknown dtype {dtype!r}")
     if not _naturals(shape):
         raise _bad(path, f"tensor '{name}': shape {shape!r} is not a list of non-negative integers")
