@@ -31,7 +31,8 @@ from .io.checkpoint import Checkpoint
 from .io.manifest import file_digest
 from .io.safetensors_file import row_blocks
 from .io.writer import PlannedTensor, Shard, ShardFile, finish_output, plan_shards, prepare_output_dir
-from .source_tensors import source_problem, source_rows
+from .requantize import requantize_rows, row_amax
+from .source_tensors import source_problem, source_rows, source_scale
 from .spec import names
 from .spec.config import (
     FP8_MAX_BY_TARGET,
@@ -217,23 +218,13 @@ def _part_amax(part, blocks, channel_wise: bool) -> np.ndarray | float:
                 peak = numerics.channel_abs_max(block, part.name)
                 result = peak if result is None else np.maximum(result, peak)
         except NonFiniteError:
-            raise _locate_non_finite(part.name, block, start, part.shape) from None
+            raise numerics.locate_non_finite(part.name, block, start, part.shape) from None
     return result if result is not None else 0.0
 
 
 def _streamed_blocks(source: Checkpoint, part, budget: int):
     for start, stop in row_blocks(part.shape[0], math.prod(part.shape[1:]), budget):
         yield start, source_rows(source, part.name, start, stop)
-
-
-def _locate_non_finite(name: str, block: np.ndarray, first_row: int, shape: tuple[int, ...]) -> HpuFp8Error:
-    bad = np.argwhere(~np.isfinite(block.astype(np.float32)))[0]
-    index = [first_row + int(bad[0]), *(int(i) for i in bad[1:])]
-    value = float(block.astype(np.float32)[tuple(bad)])
-    return NonFiniteError(
-        f"tensor '{name}' {list(shape)} holds {value} at index {index}; FP8 casts must never see NaN or inf "
-        "(Paddle's CPU cast would silently turn them into ±448). Fix the source checkpoint."
-    )
 
 
 class _ErrorSum:
@@ -247,8 +238,12 @@ class _ErrorSum:
         difference -= values
         difference = difference.reshape(-1)
         flat = np.ascontiguousarray(values, np.float32).reshape(-1)
-        self.difference += float(np.dot(difference, difference))  # BLAS dot products: float32 is plenty for a report
-        self.norm += float(np.dot(flat, flat))
+        # BLAS dot products: float32 is plenty for a report
+        self.add_sums(float(np.dot(difference, difference)), float(np.dot(flat, flat)))
+
+    def add_sums(self, squared_difference: float, squared_source: float) -> None:
+        self.difference += squared_difference
+        self.norm += squared_source
 
     @property
     def relative(self) -> float:
@@ -267,8 +262,10 @@ def _convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
     bytes_in = sum(source.tensors[p.name].nbytes for p in parts)
     if target is None and (scale_name is None or scale_name not in _worker["location"]):
         return bytes_in, None  # everything it writes lives in shards reused from an interrupted run
-    errors = _ErrorSum() if weight.is_linear and any(source.tensors[p.name].dtype == "F8_E4M3" for p in parts) else None
     whole = bytes_in <= options.whole_tensor_bytes
+    if _requantizes_by_tables(source, weight, parts):
+        return bytes_in, _requantize_fp8(source, weight, parts, target, scale_name, options, whole)
+    errors = _ErrorSum() if weight.is_linear and any(source.tensors[p.name].dtype == "F8_E4M3" for p in parts) else None
     # Small tensors are read once and kept; large ones are read in row blocks, once per pass.
     arrays = [source_rows(source, p.name, 0, p.shape[0]) for p in parts] if whole else None
 
@@ -276,12 +273,7 @@ def _convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
         return [(0, arrays[k])] if whole else _streamed_blocks(source, parts[k], options.block_elements)
 
     amaxes = [_part_amax(p, blocks(k), weight.channel_wise) for k, p in enumerate(parts)]  # also refuses NaN/inf
-    scale = None
-    if weight.is_linear:
-        amax = np.concatenate([np.atleast_1d(a) for a in amaxes]) if weight.channel_wise else max(amaxes)
-        scale = scales.weight_scale_from_amax(amax, options.fp8_max, options.scale_rounding.value).reshape(-1)
-        if scale_name in _worker["location"]:
-            _worker["location"][scale_name].write(scale_name, scale.astype(np.float32))
+    scale = _write_weight_scale(weight, amaxes, scale_name, options) if weight.is_linear else None
     if target is not None and whole:
         fused = [a.T if p.transpose else a for p, a in zip(parts, arrays, strict=True)]
         # One contiguous copy serves the cast and the error report (quantize would copy a transposed view anyway).
@@ -292,7 +284,56 @@ def _convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
             errors.add(values, encoded, scale if weight.channel_wise else scale[0])
     elif target is not None:
         _write_streamed(source, weight, parts, scale, target, options, errors)
-    return bytes_in, None if errors is None else errors.relative
+    return bytes_in, None if errors is None or target is None else errors.relative
+
+
+def _write_weight_scale(weight: WeightTensor, amaxes: list, scale_name: str, options: ConvertOptions) -> np.ndarray:
+    """The weight scale from the parts' amax (per channel or their max), written unless its shard was reused."""
+    amax = np.concatenate([np.atleast_1d(a) for a in amaxes]) if weight.channel_wise else max(float(np.max(a)) for a in amaxes)
+    scale = scales.weight_scale_from_amax(amax, options.fp8_max, options.scale_rounding.value).reshape(-1)
+    if scale_name in _worker["location"]:
+        _worker["location"][scale_name].write(scale_name, scale.astype(np.float32))
+    return scale
+
+
+def _requantizes_by_tables(source: Checkpoint, weight: WeightTensor, parts) -> bool:
+    """A linear made only of FP8 ``[out, in]`` matrices (compressed-tensors' layout): its new scale, tensor-wise
+    or per output channel, is constant along each source row, so requantize.py maps its codes by tables."""
+    return weight.is_linear and all(source.tensors[p.name].dtype == "F8_E4M3" and p.transpose for p in parts)
+
+
+def _requantize_fp8(source: Checkpoint, weight: WeightTensor, parts, target, scale_name: str, options, whole: bool):
+    """An FP8 (compressed-tensors) linear: amax from each row's largest code, codes mapped through tables;
+    returns the relative RMSE the requantization added (None when the tensor's shard was reused)."""
+    files = [source.files[source.tensors[p.name].file] for p in parts]
+    kept = [f.read_rows(p.name, 0, p.shape[0]) for f, p in zip(files, parts, strict=True)] if whole else None
+    source_scales = [source_scale(source, p.name) for p in parts]
+
+    def blocks(k: int):
+        """(first row, codes, source scale of those rows) of part k: kept whole, or read in row blocks."""
+        spans = [(0, parts[k].shape[0])] if whole else row_blocks(parts[k].shape[0], parts[k].shape[1], options.block_elements)
+        for start, stop in spans:
+            codes = kept[k] if whole else files[k].read_rows(parts[k].name, start, stop)
+            yield start, codes, _slice(source_scales[k], start, stop)
+
+    amaxes = [np.concatenate([row_amax(c, s, p.name, start, p.shape) for start, c, s in blocks(k)]) for k, p in enumerate(parts)]
+    scale = _write_weight_scale(weight, amaxes, scale_name, options)
+    if target is None:
+        return None
+    errors, fused, offset = _ErrorSum(), [], 0
+    for k, p in enumerate(parts):
+        part_scale = scale[offset : offset + p.shape[0]] if weight.channel_wise else scale
+        for start, codes, block_source_scale in blocks(k):
+            new = requantize_rows(codes, block_source_scale, _slice(part_scale, start, start + len(codes)), options.fp8_max)
+            errors.add_sums(new.squared_error, new.squared_source)
+            if whole:
+                fused.append(new.codes.T)
+            else:  # rows start:stop of [out_p, in] are spec columns offset+start : offset+stop
+                target.write_columns(weight.name, np.ascontiguousarray(new.codes.T), 0, offset + start)
+        offset += p.shape[0]
+    if whole:
+        target.write(weight.name, np.ascontiguousarray(fused[0] if len(fused) == 1 else np.concatenate(fused, axis=-1)))
+    return errors.relative
 
 
 def _encode(weight: WeightTensor, values: np.ndarray, scale: np.ndarray | None, options: ConvertOptions) -> np.ndarray:

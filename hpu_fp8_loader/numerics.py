@@ -34,6 +34,7 @@ __all__ = [
     "channel_abs_max",
     "dequantize",
     "fp8_to_float32",
+    "locate_non_finite",
     "quantize",
 ]
 
@@ -82,6 +83,17 @@ def _non_finite_error(name: str, shape: tuple[int, ...], flat_index: int, value:
         f"tensor '{name}' holds {value} at index {list(where)} (flat {flat_index}); "
         "FP8 casts must never see NaN or inf (Paddle's CPU cast would silently turn them into ±448). "
         "Fix the source checkpoint."
+    )
+
+
+def locate_non_finite(name: str, block: np.ndarray, first_row: int, shape: tuple[int, ...]) -> NonFiniteError:
+    """The error for the first NaN/inf of rows ``first_row:`` of a source tensor, naming its full index."""
+    wide = block.astype(np.float32)
+    bad = np.argwhere(~np.isfinite(wide))[0]
+    index = [first_row + int(bad[0]), *(int(i) for i in bad[1:])]
+    return NonFiniteError(
+        f"tensor '{name}' {list(shape)} holds {float(wide[tuple(bad)])} at index {index}; FP8 casts must never see "
+        "NaN or inf (Paddle's CPU cast would silently turn them into ±448). Fix the source checkpoint."
     )
 
 

@@ -14,7 +14,7 @@ from .errors import ConfigError
 from .io.checkpoint import Checkpoint
 from .numerics import fp8_to_float32
 
-__all__ = ["SOURCE_DTYPES", "scale_name", "source_problem", "source_rows"]
+__all__ = ["SOURCE_DTYPES", "scale_name", "source_problem", "source_rows", "source_scale"]
 
 SOURCE_DTYPES = ("BF16", "F16", "F32", "F8_E4M3")
 
@@ -39,17 +39,23 @@ def source_problem(checkpoint: Checkpoint, name: str) -> str | None:
     return None
 
 
+def source_scale(checkpoint: Checkpoint, name: str) -> np.ndarray:
+    """The float32 weight_scale of an FP8 source tensor, flat: one value, or one per row."""
+    scale = np.asarray(checkpoint.get(scale_name(name))).astype(np.float32).reshape(-1)
+    if not (np.isfinite(scale).all() and (scale > 0).all()):
+        raise ConfigError(
+            f"{checkpoint.root}: '{scale_name(name)}' holds {scale.min()}..{scale.max()}; scales must be finite and > 0"
+        )
+    return scale
+
+
 def source_rows(checkpoint: Checkpoint, name: str, start: int, stop: int) -> np.ndarray:
     """Rows ``start:stop`` of a source tensor (read with pread), FP8 ones dequantized to float32."""
     info = checkpoint.tensors[name]
     rows = checkpoint.files[info.file].read_rows(name, start, stop)
     if info.dtype != "F8_E4M3":
         return rows
-    scale = np.asarray(checkpoint.get(scale_name(name))).astype(np.float32).reshape(-1)
-    if not (np.isfinite(scale).all() and (scale > 0).all()):
-        raise ConfigError(
-            f"{checkpoint.root}: '{scale_name(name)}' holds {scale.min()}..{scale.max()}; scales must be finite and > 0"
-        )
+    scale = source_scale(checkpoint, name)
     per_row = scale[start:stop].reshape(-1, *([1] * (rows.ndim - 1))) if scale.size > 1 else scale[0]
     values = fp8_to_float32(rows)
     values *= per_row

@@ -14,6 +14,8 @@ import pytest
 from click.testing import CliRunner
 from safetensors.numpy import load_file, save_file
 
+from hpu_fp8_loader import numerics, scales
+from hpu_fp8_loader.arch import Layout, describe
 from hpu_fp8_loader.calibrate import calibrate
 from hpu_fp8_loader.cli import main
 from hpu_fp8_loader.convert import ConvertOptions
@@ -22,6 +24,8 @@ from hpu_fp8_loader.demo import TINY_MODELS
 from hpu_fp8_loader.errors import ConfigError, MeasurementError
 from hpu_fp8_loader.evaluate import evaluate
 from hpu_fp8_loader.io.checkpoint import Checkpoint
+from hpu_fp8_loader.source_tensors import source_rows
+from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.validate import validate
 
 np.float8_e4m3fn = ml_dtypes.float8_e4m3fn  # safetensors issue 682: its numpy path needs this alias for F8
@@ -208,3 +212,47 @@ def test_k_and_v_scales_become_the_kv_cache_amax(tmp_path, measured):
     )
     overrides = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]["calibration"]["overrides"]
     assert "qwen2.layers.0.self_attn.cache_k" not in overrides and "qwen2.layers.1.self_attn.cache_k" in overrides
+
+
+def _requantized_by_dequantizing(source: Checkpoint, spec: Checkpoint, fp8_max: float = 240.0) -> None:
+    """Every linear of ``spec`` equals the element-wise route: each source part dequantized to float32,
+    fused in [in, out], one scale from the amax (per channel for experts), numerics.quantize."""
+    d = describe(source.config)
+    for w in (w for w in d.weights() if w.is_linear):
+        parts = w.source_parts(Layout.TORCH, d.prefix)
+        values = [source_rows(source, p.name, 0, p.shape[0]).astype(np.float32) for p in parts]
+        fused = np.concatenate([v.T if p.transpose else v for p, v in zip(parts, values, strict=True)], axis=-1)
+        amax = np.abs(fused).max(axis=0) if w.channel_wise else np.abs(fused).max()
+        scale = scales.weight_scale_from_amax(amax, fp8_max)
+        weight_scale = spec.get(names.tensor(w.module, names.WEIGHT_SCALE))
+        np.testing.assert_array_equal(weight_scale, np.reshape(scale, weight_scale.shape), err_msg=w.name)
+        expected = numerics.quantize(fused, scale if w.channel_wise else scale.reshape(()), fp8_max, w.name)
+        np.testing.assert_array_equal(spec.get(w.name).view(np.uint8), expected.view(np.uint8), err_msg=w.name)
+
+
+STREAMED = {"whole_tensor_bytes": 0, "block_elements": 1000}  # every tensor in row blocks of a few rows
+
+
+@pytest.mark.parametrize("fixture", ["qwen2-bytes-fp8-static", "qwen2-bytes-fp8-dynamic", "ernie-moe-bytes-fp8-static"])
+@pytest.mark.parametrize("reading", [{}, STREAMED], ids=["whole", "streamed"])
+def test_imported_weights_are_exactly_dequantize_then_quantize(tmp_path, fixture, reading, measured):
+    source_dir = FIXTURES / fixture
+    extra = [] if "static" in fixture else [measured["qwen2-bytes"]]
+    result = import_compressed_tensors(source_dir, tmp_path / "out", ConvertOptions(kv_cache="none", **reading), extra)
+    _requantized_by_dequantizing(Checkpoint.open(source_dir), Checkpoint.open(tmp_path / "out"))
+    assert len(result.errors) == sum(w.is_linear for w in describe(Checkpoint.open(source_dir).config).weights())
+
+
+@pytest.mark.parametrize("reading", [{}, STREAMED], ids=["whole", "streamed"])
+def test_a_group_mixing_fp8_and_bf16_parts_is_requantized_from_its_values(tmp_path, reading):
+    root = _copy(tmp_path)  # an ignore list can leave one projection of a fused group unquantized
+
+    def unquantize_v(tensors):
+        name = "model.layers.0.self_attn.v_proj.weight"
+        scale = tensors.pop(name.removesuffix("weight") + "weight_scale").astype(np.float32)
+        tensors[name] = (tensors[name].astype(np.float32) * scale).astype(ml_dtypes.bfloat16)
+
+    _edit_tensors(root, unquantize_v)
+    result = import_compressed_tensors(root, tmp_path / "out", ConvertOptions(kv_cache="none", **reading))
+    _requantized_by_dequantizing(Checkpoint.open(root), Checkpoint.open(tmp_path / "out"))
+    assert 0 < dict(result.errors)["qwen2.layers.0.self_attn.qkv_proj.weight"] < 0.05
