@@ -27,6 +27,7 @@ from . import __version__, numerics, scales
 from .activations import merge_measurements, resolve_act_amax
 from .arch import Layout, ModelDescriptor, WeightTensor, describe
 from .errors import ConfigError, HpuFp8Error, NonFiniteError
+from .fusion import fuse_columns, transposed
 from .io.checkpoint import Checkpoint
 from .io.manifest import file_digest
 from .io.safetensors_file import row_blocks
@@ -212,7 +213,7 @@ def _part_amax(part, blocks, channel_wise: bool) -> np.ndarray | float:
                 value = numerics.abs_max(block, part.name)
                 result = value if result is None else max(result, value)
             elif part.transpose:  # [out_p, in]: one channel per row
-                peak = numerics.channel_abs_max(np.ascontiguousarray(block.T), part.name)
+                peak = numerics.channel_abs_max(transposed(block), part.name)
                 result = peak if result is None else np.concatenate([result, peak])
             else:  # [in, out_p]: one channel per column
                 peak = numerics.channel_abs_max(block, part.name)
@@ -275,9 +276,8 @@ def _convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
     amaxes = [_part_amax(p, blocks(k), weight.channel_wise) for k, p in enumerate(parts)]  # also refuses NaN/inf
     scale = _write_weight_scale(weight, amaxes, scale_name, options) if weight.is_linear else None
     if target is not None and whole:
-        fused = [a.T if p.transpose else a for p, a in zip(parts, arrays, strict=True)]
         # One contiguous copy serves the cast and the error report (quantize would copy a transposed view anyway).
-        values = np.ascontiguousarray(fused[0] if len(fused) == 1 else np.concatenate(fused, axis=-1))
+        values = fuse_columns(arrays, [p.transpose for p in parts])
         encoded = np.ascontiguousarray(_encode(weight, values, scale, options))
         target.write(weight.name, encoded)
         if errors is not None:
@@ -320,19 +320,19 @@ def _requantize_fp8(source: Checkpoint, weight: WeightTensor, parts, target, sca
     scale = _write_weight_scale(weight, amaxes, scale_name, options)
     if target is None:
         return None
-    errors, fused, offset = _ErrorSum(), [], 0
+    errors, requantized, offset = _ErrorSum(), [], 0
     for k, p in enumerate(parts):
         part_scale = scale[offset : offset + p.shape[0]] if weight.channel_wise else scale
         for start, codes, block_source_scale in blocks(k):
             new = requantize_rows(codes, block_source_scale, _slice(part_scale, start, start + len(codes)), options.fp8_max)
             errors.add_sums(new.squared_error, new.squared_source)
             if whole:
-                fused.append(new.codes.T)
+                requantized.append(new.codes)
             else:  # rows start:stop of [out_p, in] are spec columns offset+start : offset+stop
-                target.write_columns(weight.name, np.ascontiguousarray(new.codes.T), 0, offset + start)
+                target.write_columns(weight.name, transposed(new.codes), 0, offset + start)
         offset += p.shape[0]
     if whole:
-        target.write(weight.name, np.ascontiguousarray(fused[0] if len(fused) == 1 else np.concatenate(fused, axis=-1)))
+        target.write(weight.name, fuse_columns(requantized, [True] * len(parts)))
     return errors.relative
 
 
@@ -353,7 +353,7 @@ def _write_streamed(source, weight, parts, scale, target: ShardFile, options, er
         for start, stop in row_blocks(p.shape[0], math.prod(p.shape[1:]), options.block_elements):
             block = source_rows(source, p.name, start, stop)
             if p.transpose:  # rows start:stop of [out_p, in] are spec columns offset+start : offset+stop
-                values, block_scale = np.ascontiguousarray(block.T), _slice(part_scale, start, stop)
+                values, block_scale = transposed(block), _slice(part_scale, start, stop)
                 encoded = _encode(weight, values, block_scale, options)
                 target.write_columns(weight.name, encoded, 0, offset + start)
             elif len(parts) == 1:

@@ -25,6 +25,7 @@ from .arch import Layout, ModelDescriptor, WeightTensor, describe
 from .convert import ConvertOptions, output_config, plan_tensors, quantization_config_for
 from .errors import ConfigError, HpuFp8Error, MeasurementError, NotHpuFp8CheckpointError
 from .fastdeploy.mapping import Parallelism, check_parallelism, rank_share, scale_share, share_shape
+from .fusion import fuse_columns
 from .io.checkpoint import Checkpoint
 from .io.writer import CheckpointWriter, PlannedTensor
 from .spec import names
@@ -162,13 +163,13 @@ def _import_linear(
         codes = _codes(checkpoint, _legacy_key(p.name, QUANT_WEIGHT), p.shape)
         width = p.shape[0] if p.transpose else p.shape[-1]
         scale = _weight_scale(checkpoint, _legacy_key(p.name, "weight_scale"), width, w.channel_wise)
-        pieces.append(codes.T if p.transpose else codes)
+        pieces.append(codes)
         part_scales.append(scale)
+    transpose = [p.transpose for p in parts]
     if len(parts) == 1 or w.channel_wise or all(np.array_equal(s, part_scales[0]) for s in part_scales):
-        fused = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=-1)
         scale = np.concatenate(part_scales) if w.channel_wise else part_scales[0]
-        return np.ascontiguousarray(fused), scale
-    values = np.concatenate([numerics.dequantize(q, s[0]) for q, s in zip(pieces, part_scales, strict=True)], axis=-1)
+        return fuse_columns(pieces, transpose), scale
+    values = fuse_columns([numerics.dequantize(q, s[0]) for q, s in zip(pieces, part_scales, strict=True)], transpose)
     scale = scales.weight_scale_from_amax(numerics.abs_max(values, w.name), FASTDEPLOY_FP8_MAX).reshape(1)
     requantized = numerics.quantize(values, scale[0], FASTDEPLOY_FP8_MAX, w.name)
     error = np.linalg.norm(numerics.dequantize(requantized, scale[0]) - values) / max(np.linalg.norm(values), 1e-30)
@@ -178,15 +179,16 @@ def _import_linear(
 
 def _import_kept(checkpoint: Checkpoint, w: WeightTensor, layout: Layout, prefix: str) -> np.ndarray:
     arrays = []
-    for p in w.source_parts(layout, prefix):
+    parts = w.source_parts(layout, prefix)
+    for p in parts:
         info = checkpoint.tensors.get(p.name)
         if info is None or info.shape != p.shape:
             raise ConfigError(f"{checkpoint.root}: '{p.name}' is missing or not {list(p.shape)}")
         a = np.asarray(checkpoint.get(p.name))
         numerics.abs_max(a, p.name)  # refuses NaN/inf by name
-        arrays.append(a.T if p.transpose else a)
-    values = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=-1)
-    return np.ascontiguousarray(values.astype(np.float32 if w.source_dtype == "F32" else numerics.BF16_DTYPE))
+        arrays.append(a)
+    values = fuse_columns(arrays, [p.transpose for p in parts])
+    return values.astype(np.float32 if w.source_dtype == "F32" else numerics.BF16_DTYPE)
 
 
 def import_legacy(

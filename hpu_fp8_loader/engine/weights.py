@@ -13,6 +13,7 @@ import numpy as np
 
 from ..arch import Layout, ModelDescriptor, WeightTensor, describe
 from ..convert import detect_layout
+from ..fusion import fuse_columns
 from ..io.checkpoint import Checkpoint
 from ..source_tensors import source_rows
 from ..spec import names
@@ -57,8 +58,7 @@ class EngineWeights:
             return self.checkpoint.get(weight.name).astype(np.float32) * (scale if weight.channel_wise else scale[0])
         parts = weight.source_parts(self.layout, self.descriptor.prefix)
         arrays = [source_rows(self.checkpoint, p.name, 0, p.shape[0]).astype(np.float32) for p in parts]
-        arrays = [a.T if p.transpose else a for p, a in zip(parts, arrays, strict=True)]
-        return np.ascontiguousarray(arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=-1))
+        return fuse_columns(arrays, [p.transpose for p in parts])
 
     def layer(self, index: int | None) -> dict[str, np.ndarray]:
         """Every weight of one layer (``None``: embeddings, final norm, lm_head), keyed by spec name."""
