@@ -21,7 +21,7 @@ from hpu_fp8_loader.cli import main
 from hpu_fp8_loader.convert import ConvertOptions
 from hpu_fp8_loader.ct_import import import_compressed_tensors
 from hpu_fp8_loader.demo import TINY_MODELS
-from hpu_fp8_loader.errors import ConfigError, MeasurementError
+from hpu_fp8_loader.errors import ConfigError, MeasurementError, NonFiniteError
 from hpu_fp8_loader.evaluate import evaluate
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.source_tensors import source_rows
@@ -256,3 +256,18 @@ def test_a_group_mixing_fp8_and_bf16_parts_is_requantized_from_its_values(tmp_pa
     result = import_compressed_tensors(root, tmp_path / "out", ConvertOptions(kv_cache="none", **reading))
     _requantized_by_dequantizing(Checkpoint.open(root), Checkpoint.open(tmp_path / "out"))
     assert 0 < dict(result.errors)["qwen2.layers.0.self_attn.qkv_proj.weight"] < 0.05
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_nan_code_in_an_fp8_source_is_named_and_nothing_is_published(tmp_path, workers):
+    root = _copy(tmp_path)
+
+    def poison(tensors):
+        codes = tensors["model.layers.1.mlp.down_proj.weight"].view(np.uint8).copy()
+        codes[3, 5] = 0xFF  # e4m3fn has no inf; 0x7F / 0xFF are its NaNs
+        tensors["model.layers.1.mlp.down_proj.weight"] = codes.view(ml_dtypes.float8_e4m3fn)
+
+    _edit_tensors(root, poison)
+    with pytest.raises(NonFiniteError, match=r"'model.layers.1.mlp.down_proj.weight' \[\d+, \d+\] holds nan at index \[3, 5\]"):
+        import_compressed_tensors(root, tmp_path / "out", ConvertOptions(kv_cache="none", workers=workers))
+    assert not (tmp_path / "out").exists()
