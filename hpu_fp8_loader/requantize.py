@@ -12,6 +12,7 @@ fraction of the memory traffic: one byte per element instead of float32 passes o
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -43,13 +44,13 @@ def row_amax(codes: np.ndarray, scale: np.ndarray, name: str, first_row: int, sh
     return fp8_to_float32(peak) * np.asarray(scale, np.float32)
 
 
+@dataclass(frozen=True)
 class Requantized:
     """The codes of a block of rows at the new scale, and the two sums of its error report."""
 
-    def __init__(self, codes: np.ndarray, squared_error: float, squared_source: float):
-        self.codes = codes
-        self.squared_error = squared_error  # sum of (new code x s_dst - code x s_src)^2
-        self.squared_source = squared_source  # sum of (code x s_src)^2
+    codes: np.ndarray
+    squared_error: float  # sum of (new code x s_dst - code x s_src)^2
+    squared_source: float  # sum of (code x s_src)^2
 
 
 def requantize_rows(codes: np.ndarray, source_scale: np.ndarray, target_scale: np.ndarray, fp8_max: float) -> Requantized:
