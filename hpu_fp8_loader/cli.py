@@ -86,6 +86,8 @@ kv_cache_option = click.option(
     show_default=True,
     help="fp8: fp8 KV cache and fp8 attention; none: attention stays BF16 (safer for Qwen2).",
 )
+tp_option = click.option("--tp", default=1, show_default=True, help="Tensor-parallel size.")
+ep_option = click.option("--ep", default=1, show_default=True, help="Expert-parallel size (MoE).")
 dead_experts_option = click.option(
     "--dead-experts",
     type=click.Choice(["error", "sibling-max"]),
@@ -452,9 +454,9 @@ def retarget(src: Path, out: Path, target: str, max_shard_size: str, force: bool
 
 @main.command("map")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
-@click.option("--tp", default=1, show_default=True, help="Tensor-parallel size.")
+@tp_option
 @click.option("--rank", default=0, show_default=True, help="Tensor-parallel rank to map.")
-@click.option("--ep", default=1, show_default=True, help="Expert-parallel size (MoE).")
+@ep_option
 @click.option("--ep-rank", default=0, show_default=True, help="Expert-parallel rank.")
 @click.option(
     "--all-ranks", is_flag=True, help="Write FastDeploy's pre-sharded layout: OUT/rank{r}/ for every TP rank (legacy keys)."
@@ -489,8 +491,8 @@ def map_command(checkpoint: Path, tp: int, rank: int, ep: int, ep_rank: int, all
 
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--tp", default=1, show_default=True, help="Tensor-parallel size.")
-@click.option("--ep", default=1, show_default=True, help="Expert-parallel size (MoE).")
+@tp_option
+@ep_option
 @click.option(
     "--kv-cache", type=click.Choice(["fp8", "none"]), default="fp8", show_default=True, help="KV-cache scheme to size for."
 )
