@@ -11,13 +11,15 @@ taking turns: goal <= 1.2x.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import sys
 from pathlib import Path
 
-from memory import run_measured
+from memory import Measured, run_measured
 from peer_llmcompressor import PEER, QWEN2_1GB
+from timing import taking_turns
 
 from hpu_fp8_loader.spec.measurements import write_measurements
 from hpu_fp8_loader.synth import preset_config, synthesize, synthetic_measurements
@@ -49,12 +51,16 @@ def main() -> None:
         "hpu-fp8 convert (BF16 source, --workers 2)": [cli, "convert", str(args.work / "src"), out, *measurements, "-q"],
         "hpu-fp8 import (compressed-tensors)": [cli, "import", str(args.work / "ct"), out, *measurements],
     }
-    runs: dict[str, list] = {label: [] for label in commands}
-    for _ in range(args.runs):  # taking turns, each after a sync: the other's dirty pages are not this one's writeback
-        for label, command in commands.items():
-            os.sync()
-            runs[label].append(run_measured(command))
-            assert runs[label][-1].returncode == 0, label
+
+    def after_sync(command: list[str]) -> Measured:
+        """A whole-process measurement after a sync: the other command's dirty pages are not this one's writeback."""
+        os.sync()
+        measured = run_measured(command)
+        assert measured.returncode == 0, command
+        return measured
+
+    turns = taking_turns([functools.partial(after_sync, command) for command in commands.values()], args.runs)
+    runs = dict(zip(commands, turns, strict=True))
     for label, measured in runs.items():
         print(
             f"{label}: {min(r.seconds for r in measured):.1f} s (runs {', '.join(f'{r.seconds:.1f}' for r in measured)}), "

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from convert import model_of_size
 from memory import run_measured
+from timing import taking_turns
 
 from hpu_fp8_loader.convert import ConvertOptions, convert
 from hpu_fp8_loader.synth import synthesize, synthetic_measurements
@@ -57,15 +58,9 @@ print(time.perf_counter() - start)
 """
 
 
-def interleaved(commands: list[list[str]], runs: int) -> list[list[float]]:
-    """In-process seconds of each script (it prints its own) per run, the scripts taking turns: this
-    machine's load drifts over minutes, and taking turns lets the drift hit every one alike."""
-    seconds: list[list[float]] = [[] for _ in commands]
-    for _ in range(runs):
-        for i, command in enumerate(commands):
-            result = subprocess.run(command, capture_output=True, text=True, check=True)
-            seconds[i].append(float(result.stdout.strip().splitlines()[-1]))
-    return seconds
+def in_process_seconds(command: list[str]) -> float:
+    """What a script prints as its own elapsed time."""
+    return float(subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -86,8 +81,8 @@ def main() -> None:
     cli = str(Path(sys.executable).with_name("hpu-fp8"))
     materialise = [sys.executable, "-c", MATERIALISE, str(args.work / "fp8")]
     mapping = [sys.executable, "-c", MAP, str(args.work / "fp8"), str(args.tp)]
-    interleaved([materialise], runs=1)  # warm the page cache for both
-    base_runs, our_runs = interleaved([materialise, mapping], runs=args.runs)
+    in_process_seconds(materialise)  # warm the page cache for both
+    base_runs, our_runs = taking_turns([lambda: in_process_seconds(materialise), lambda: in_process_seconds(mapping)], args.runs)
     base, ours = min(base_runs), min(our_runs)
     pairwise = statistics.median(o / b for o, b in zip(our_runs, base_runs, strict=True))
     base_peak, peak = (run_measured(command).peak_pss for command in (materialise, mapping))
