@@ -87,11 +87,10 @@ def contract_parameters(c, tp, rank):
     prefix = {"ernie4_5_moe": "ernie", "ernie4_5": "ernie", "qwen2": "qwen2"}[c["model_type"]]
     h, heads, kv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
     hd = c.get("head_dim") or h // heads
-    kv_rank = kv // tp if kv >= tp else 1
+    kv_rank = kv // tp
     params = {f"{prefix}.embed_tokens.embeddings.weight": ([c["vocab_size"] // tp, h], "bfloat16"),
               f"{prefix}.norm.weight": ([h], "bfloat16")}
-    if not c.get("tie_word_embeddings"):
-        params["lm_head.linear.weight"] = ([h, c["vocab_size"] // tp], "bfloat16")
+    params["lm_head.linear.weight"] = ([h, c["vocab_size"] // tp], "bfloat16")  # FastDeploy builds it tied or not
 
     def linear(name, shape):  # section 4.1
         params[f"{name}.weight"] = (shape, "float8_e4m3fn")

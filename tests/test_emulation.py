@@ -73,13 +73,13 @@ def test_a_wrong_mapping_shows_up_as_wrong_logits(trained, model):
 
 
 @pytest.mark.parametrize("model", list(TINY_MODELS))
-@pytest.mark.parametrize("tp", [2, 4])
-def test_tensor_parallel_emulation_agrees_with_tp1_within_bf16_partial_sums(trained, model, tp):
-    """Stated tolerance. Each row-parallel all-reduce rounds every rank's output to bf16 (relative 2^-9)
+def test_tensor_parallel_emulation_agrees_with_tp1_within_bf16_partial_sums(trained, model):
+    """Stated tolerance. Each row-parallel all-reduce rounds every rank's output to bf16 (relative 2^-8)
     and their sum again, a few roundings per layer, so the typical (median) token's logits stay within
     2% of TP 1; a few tokens move further (in MoE layers a token whose top-k experts score within that
     noise routes differently): overall relative RMSE within 5% and top-1 agreement >= 93%
-    (measured: median ~1.4%, RMSE 2.0-2.9%, top-1 95-96%)."""
+    (measured: median ~1.4%, RMSE 2.0-2.9%, top-1 95-96%). TP 2 is the largest the tiny models' 2 KV heads allow."""
+    tp = 2
     one = Fp8Emulator(trained(model), 1).forward(IDS)
     many = Fp8Emulator(trained(model), tp).forward(IDS)
     per_token = np.linalg.norm(many - one, axis=-1) / np.linalg.norm(one, axis=-1)

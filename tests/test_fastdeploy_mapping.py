@@ -10,7 +10,7 @@ import pytest
 
 from hpu_fp8_loader.arch import describe
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error
-from hpu_fp8_loader.fastdeploy.mapping import Parallelism, map_rank, parameter_specs, valid_tp_sizes
+from hpu_fp8_loader.fastdeploy.mapping import Parallelism, check_parallelism, map_rank, parameter_specs, valid_tp_sizes
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.safetensors_file import dtype_name
 from hpu_fp8_loader.spec.config import parse_quantization_config
@@ -117,9 +117,8 @@ def _concat(parts):
     return np.concatenate(parts, axis=-1)
 
 
-@pytest.mark.parametrize("tp", [2, 4])
-def test_tensor_parallel_shares_reassemble_the_checkpoint(spec_factory, tp):
-    root = spec_factory()
+def test_tensor_parallel_shares_reassemble_the_checkpoint(spec_factory):
+    root, tp = spec_factory(), 2  # the tiny models' 2 KV heads allow TP 1 and 2 on HPU
     spec = Checkpoint.open(root)
     d = describe(spec.config)
     ranks = [mapped(root, Parallelism(tp, r)) for r in range(tp)]
@@ -136,20 +135,21 @@ def test_tensor_parallel_shares_reassemble_the_checkpoint(spec_factory, tp):
     np.testing.assert_array_equal(
         _concat([u8(r["ernie.layers.0.mlp.up_gate_proj.weight"])[:, half // tp :] for r in ranks]), full[:, half:]
     )
-    # GQA q|k|v: q heads split; 2 KV heads over tp ranks (replicated when tp > 2)
+    # GQA q|k|v: q heads split; KV heads split, num_key_value_heads // tp a rank
     qkv = u8(spec.get("ernie.layers.0.self_attn.qkv_proj.weight"))
     q_width, kv_width, hd = d.q_width, d.kv_width, d.head_dim
     q_rank = q_width // tp
     np.testing.assert_array_equal(
         _concat([u8(r["ernie.layers.0.self_attn.qkv_proj.weight"])[:, :q_rank] for r in ranks]), qkv[:, :q_width]
     )
+    kv_rank = d.num_kv_heads // tp * hd
+    assert kv_rank > 0
     for r, params in enumerate(ranks):
-        head = r * d.num_kv_heads // tp if d.num_kv_heads < tp else None
         k = u8(params["ernie.layers.0.self_attn.qkv_proj.weight"])[:, q_rank:]
-        k, v = k[:, : k.shape[1] // 2], k[:, k.shape[1] // 2 :]
-        if head is not None:
-            np.testing.assert_array_equal(k, qkv[:, q_width + head * hd : q_width + (head + 1) * hd])
-            np.testing.assert_array_equal(v, qkv[:, q_width + kv_width + head * hd : q_width + kv_width + (head + 1) * hd])
+        k, v = k[:, :kv_rank], k[:, kv_rank:]
+        assert v.shape[1] == kv_rank
+        np.testing.assert_array_equal(k, qkv[:, q_width + r * kv_rank : q_width + (r + 1) * kv_rank])
+        np.testing.assert_array_equal(v, qkv[:, q_width + kv_width + r * kv_rank : q_width + kv_width + (r + 1) * kv_rank])
     # experts: paired split of weights and of their channel-wise scales, down rows split, down scales whole
     base = "ernie.layers.2.mlp.experts"
     up = u8(spec.get(f"{base}.3.up_gate_proj.weight"))
@@ -207,8 +207,9 @@ def test_expert_parallelism_gives_each_rank_whole_experts(spec_factory):
 @pytest.mark.parametrize(
     ("par", "message"),
     [
-        (Parallelism(8, 0), "tensor parallelism 8 does not divide.*valid: 1, 2, 4"),
-        (Parallelism(3, 0), "valid: 1, 2, 4"),
+        (Parallelism(4, 0), "tensor parallelism 4 cannot serve.*num_key_value_heads // tp = 0 KV heads.*valid: 1, 2$"),
+        (Parallelism(8, 0), "tensor parallelism 8 cannot serve.*valid: 1, 2$"),
+        (Parallelism(3, 0), "tensor parallelism 3 cannot serve.*valid: 1, 2$"),
         (Parallelism(1, 0, 3, 0), "expert parallelism 3 does not divide 4 experts"),
     ],
 )
@@ -232,3 +233,25 @@ def test_valid_tp_sizes_of_the_real_models():
     assert valid_tp_sizes(describe(ERNIE_21B), 8) == [1, 2, 4]
     assert valid_tp_sizes(describe(ERNIE_300B), 8) == [1, 2, 4, 8]
     assert valid_tp_sizes(describe(QWEN2["7B"]), 8) == [1, 2, 4]
+    assert valid_tp_sizes(describe(QWEN2["1.5B"]), 8) == [1, 2]  # 2 KV heads: TP 4 would leave a rank none
+    with pytest.raises(ConfigError, match=r"does not split this model's heads and widths evenly \(64 heads, 8 KV heads\)"):
+        check_parallelism(describe(ERNIE_300B), Parallelism(3, 0))
+
+
+def test_a_tied_lm_head_is_each_ranks_embedding_rows_transposed(spec_factory):
+    """FastDeploy builds a column-parallel lm_head tied or not and, tied, fills it from the rank's embedding
+    shard transposed (docs/fastdeploy.md, "lm_head"); an untied one comes from the checkpoint's lm_head."""
+    tied = spec_factory()  # ernie-moe-tiny ties its embeddings
+    d = describe(Checkpoint.open(tied).config)
+    assert d.tie_word_embeddings
+    for rank in range(2):
+        params = mapped(tied, Parallelism(2, rank))
+        embedding = params["ernie.embed_tokens.embeddings.weight"]
+        assert params["lm_head.linear.weight"].shape == embedding.shape[::-1] == (d.hidden_size, d.vocab_size // 2)
+        np.testing.assert_array_equal(params["lm_head.linear.weight"].view(np.uint16), embedding.T.view(np.uint16))
+    untied = spec_factory("qwen2-tiny")
+    spec = Checkpoint.open(untied)
+    params = mapped(untied, Parallelism(2, 1))
+    np.testing.assert_array_equal(
+        params["lm_head.linear.weight"].view(np.uint16), spec.get("lm_head.weight")[:, spec.get("lm_head.weight").shape[1] // 2 :].view(np.uint16)
+    )

@@ -22,7 +22,7 @@ def expected(c: dict, tp: int, moe_layers: int, dense_layers: int, kv_fp8: bool 
         c[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size")
     )
     hd = c.get("head_dim") or h // heads
-    kv_rank = kv // tp if kv >= tp else 1
+    kv_rank = kv // tp  # FastDeploy's HPU runner: num_key_value_heads // tp
     qkv_width = (heads // tp + 2 * kv_rank) * hd
     attention = layers * (h * qkv_width + heads * hd // tp * h + 2 * LINEAR_SCALES + (ATTENTION_SCALARS if kv_fp8 else 0))
     if c["model_type"] == "qwen2":
@@ -41,7 +41,7 @@ def expected(c: dict, tp: int, moe_layers: int, dense_layers: int, kv_fp8: bool 
         router = moe_layers * (h * experts * 4 + experts * 4)
     return {
         "attention": attention, "dense_mlp": dense, "shared_experts": shared, "routed_experts": routed, "router": router,
-        "embeddings": vocab // tp * h * 2, "lm_head": 0 if c["tie_word_embeddings"] else h * vocab // tp * 2,
+        "embeddings": vocab // tp * h * 2, "lm_head": h * vocab // tp * 2,  # built tied or not
         "norms": (2 * layers + 1) * h * 2, "kv": 2 * layers * kv_rank * hd,
     }  # fmt: skip
 
@@ -62,7 +62,9 @@ def test_bytes_per_rank_and_kv_per_token_match_the_hand_count(config, tp, moe_la
 
 def test_the_21b_model_at_tp1_is_about_half_its_bf16_size():
     plan = plan_deployment(describe(ERNIE_21B), 1)
-    assert plan.total_bytes_per_rank / (2 * plan.parameters) == pytest.approx(0.506, abs=0.01)  # models.md section 1.2
+    # fp8 linears are half their bf16 size; the embedding, norms, router and the lm_head FastDeploy builds
+    # beside the tied embedding (0.53 GB) stay 16/32-bit: 0.519 (0.506 without that lm_head)
+    assert plan.total_bytes_per_rank / (2 * plan.parameters) == pytest.approx(0.519, abs=0.002)
 
 
 def test_kv_scheme_none_sizes_a_bf16_cache_without_attention_scalars():
@@ -76,7 +78,7 @@ def test_kv_scheme_none_sizes_a_bf16_cache_without_attention_scalars():
 
 @pytest.mark.parametrize("config", [ERNIE_21B, QWEN2["7B"]])
 def test_tp8_is_refused_for_models_whose_heads_it_does_not_divide(config):
-    with pytest.raises(ConfigError, match=r"tensor parallelism 8 does not divide.*valid: 1, 2, 4(,|$)"):
+    with pytest.raises(ConfigError, match=r"tensor parallelism 8 cannot serve.*valid: 1, 2, 4(,|$)"):
         plan_deployment(describe(config), 8)
 
 

@@ -69,7 +69,7 @@ def test_register_after_import_patches_too_and_other_choices_are_untouched(stand
 
 
 @pytest.mark.parametrize(
-    ("preset", "tp"), [("ernie-moe-tiny", 1), ("ernie-moe-tiny", 4), ("qwen2-tiny", 2), ("ernie-dense-tiny", 2)]
+    ("preset", "tp"), [("ernie-moe-tiny", 1), ("ernie-moe-tiny", 2), ("qwen2-tiny", 2), ("ernie-dense-tiny", 2)]
 )
 def test_every_parameter_is_filled_with_the_mapped_bits(standin, spec_factory, preset, tp):
     plugin.register()

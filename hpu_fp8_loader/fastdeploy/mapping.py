@@ -26,6 +26,7 @@ from ..spec.config import KvCacheScheme, QuantizationConfig, ScaleRounding
 
 __all__ = [
     "FASTDEPLOY_FP8_MAX",
+    "LM_HEAD_PARAMETER",
     "MappedPiece",
     "Parallelism",
     "ParameterSpec",
@@ -45,6 +46,8 @@ ATTENTION_SCALES = (
     "cache_k_scale", "cache_k_out_scale", "cache_v_scale", "cache_v_out_scale", "q_scale", "q_out_scale",
     "q_scaling_scale", "q_scaling_out_scale", "s_scale", "s_out_scale",
 )  # fmt: skip
+# FastDeploy always builds a column-parallel lm_head; tied, it holds the rank's embedding rows transposed.
+LM_HEAD_PARAMETER = "lm_head.linear.weight"
 # Rows read per pread when a tensor is split by columns: bounded working memory per tensor.
 _BLOCK_ELEMENTS = 1 << 22
 # Tensors up to this size are read through the memory map instead of pread.
@@ -80,14 +83,18 @@ class MappedPiece:
 
 
 def valid_tp_sizes(descriptor: ModelDescriptor, limit: int = 64) -> list[int]:
-    """Tensor-parallel sizes that split heads, intermediates and vocabulary evenly (models.md section 1.3)."""
+    """Tensor-parallel sizes FastDeploy's HPU runner can serve: every width split evenly, at least one KV head a rank.
+
+    The HPU runner gives each rank ``num_key_value_heads // tp`` KV heads (docs/fastdeploy.md, "KV heads
+    per rank"): a TP larger than the KV head count would leave a rank with none, so KV heads are never
+    replicated here, unlike FastDeploy's GPU path.
+    """
     sizes = []
     for tp in range(1, limit + 1):
-        widths = [descriptor.num_heads, descriptor.intermediate_size, descriptor.vocab_size]
+        widths = [descriptor.num_heads, descriptor.num_kv_heads, descriptor.intermediate_size, descriptor.vocab_size]
         if descriptor.moe:
             widths.append(descriptor.moe.intermediate_size)
-        kv_ok = descriptor.num_kv_heads % tp == 0 or tp % descriptor.num_kv_heads == 0
-        if kv_ok and all(w % tp == 0 for w in widths):
+        if all(w % tp == 0 for w in widths):
             sizes.append(tp)
     return sizes
 
@@ -95,9 +102,15 @@ def valid_tp_sizes(descriptor: ModelDescriptor, limit: int = 64) -> list[int]:
 def check_parallelism(descriptor: ModelDescriptor, par: Parallelism) -> None:
     valid = valid_tp_sizes(descriptor)
     if par.tp_size not in valid:
+        why = (
+            f"FastDeploy's HPU runner gives each rank num_key_value_heads // tp = {descriptor.num_kv_heads // par.tp_size} KV heads"
+            if par.tp_size > descriptor.num_kv_heads
+            else f"it does not split this model's heads and widths evenly ({descriptor.num_heads} heads, "
+            f"{descriptor.num_kv_heads} KV heads)"
+        )
         raise ConfigError(
-            f"tensor parallelism {par.tp_size} does not divide this {descriptor.model_type} model "
-            f"({descriptor.num_heads} heads, {descriptor.num_kv_heads} KV heads); valid: {', '.join(map(str, valid))}"
+            f"tensor parallelism {par.tp_size} cannot serve this {descriptor.model_type} model: {why}; "
+            f"valid: {', '.join(map(str, valid))}"
         )
     if par.ep_size > 1:
         if descriptor.moe is None:
@@ -135,21 +148,11 @@ def _take(array: np.ndarray, columns: Columns) -> np.ndarray:
 
 
 def _qkv_columns(d: ModelDescriptor, par: Parallelism) -> Columns:
-    """This rank's q heads, then its k and v heads, as columns of the fused q|k|v output.
-
-    With fewer KV heads than ranks each rank holds one KV head, ``r * nkv // tp``: consecutive ranks
-    share a head, as FastDeploy's QKVParallelLinear replicates them (the exact rank -> head assignment
-    is [unverified] upstream, contract section 14).
-    """
+    """This rank's q heads, then its k and v heads, as columns of the fused q|k|v output."""
     hd, tp, r = d.head_dim, par.tp_size, par.tp_rank
-    q_heads = d.num_heads // tp
+    q_heads, kv_heads = d.num_heads // tp, d.num_kv_heads // tp
     q = (r * q_heads * hd, (r + 1) * q_heads * hd)
-    if d.num_kv_heads >= tp:
-        per = d.num_kv_heads // tp
-        kv = (r * per * hd, (r + 1) * per * hd)
-    else:
-        head = r * d.num_kv_heads // tp
-        kv = (head * hd, (head + 1) * hd)
+    kv = (r * kv_heads * hd, (r + 1) * kv_heads * hd)
     k = (d.q_width + kv[0], d.q_width + kv[1])
     v = (d.q_width + d.kv_width + kv[0], d.q_width + d.kv_width + kv[1])
     return (q, k, v)
@@ -197,7 +200,7 @@ def fastdeploy_name(w: WeightTensor) -> str:
     if w.role is Role.EMBEDDING:
         return w.name.replace(".embed_tokens.weight", ".embed_tokens.embeddings.weight")
     if w.role is Role.LM_HEAD:
-        return "lm_head.linear.weight"
+        return LM_HEAD_PARAMETER
     if w.role is Role.ROUTER_BIAS:
         return w.name.replace(".mlp.moe_statics.e_score_correction_bias", ".mlp.experts.gate_correction_bias")
     return w.name
@@ -217,6 +220,8 @@ def parameter_specs(d: ModelDescriptor, kv_cache: KvCacheScheme, par: Parallelis
                 specs[names.tensor(w.module, suffix)] = ParameterSpec("BF16", (1,))
         else:
             specs[fastdeploy_name(w)] = ParameterSpec(w.source_dtype, shape)
+            if w.role is Role.EMBEDDING and d.tie_word_embeddings:
+                specs[LM_HEAD_PARAMETER] = ParameterSpec(w.source_dtype, shape[::-1])
     for layer in d.moe_layers():
         base = f"{names.layer(d.prefix, layer)}.mlp.experts"
         e = len(local_experts(d, par))
@@ -370,9 +375,10 @@ def map_rank(checkpoint: Checkpoint, qc: QuantizationConfig, d: ModelDescriptor,
             continue
         if not w.is_linear:
             value = rank_share(checkpoint, d, w, par)
-            yield MappedPiece(
-                fastdeploy_name(w), value if w.source_dtype == "F32" else value.astype(numerics.BF16_DTYPE, copy=False)
-            )
+            value = value if w.source_dtype == "F32" else value.astype(numerics.BF16_DTYPE, copy=False)
+            yield MappedPiece(fastdeploy_name(w), value)
+            if w.role is Role.EMBEDDING and d.tie_word_embeddings:
+                yield MappedPiece(LM_HEAD_PARAMETER, np.ascontiguousarray(value.T))
             continue
         yield MappedPiece(w.name, rank_share(checkpoint, d, w, par))
         yield MappedPiece(names.tensor(w.module, "weight_scale"), _bf16(scale_share(checkpoint, d, w, par)))

@@ -54,10 +54,6 @@ class DeploymentPlan:
         return asdict(self)
 
 
-def _kv_heads_per_rank(d: ModelDescriptor, tp: int) -> int:
-    return d.num_kv_heads // tp if d.num_kv_heads >= tp else 1  # fewer heads than ranks: one replicated head each
-
-
 def plan_deployment(d: ModelDescriptor, tp: int = 1, ep: int = 1, kv_cache: KvCacheScheme = KvCacheScheme.FP8) -> DeploymentPlan:
     """Bytes a rank holds at ``tp`` x ``ep`` (rank 0; every rank holds the same), and its KV cache per token."""
     kv_cache = KvCacheScheme(kv_cache)
@@ -66,7 +62,7 @@ def plan_deployment(d: ModelDescriptor, tp: int = 1, ep: int = 1, kv_cache: KvCa
     by_group = dict.fromkeys(GROUPS, 0)
     for name, spec in parameter_specs(d, kv_cache, par).items():
         by_group[parameter_group(name)] += math.prod(spec.shape) * ITEMSIZES[spec.dtype]
-    per_token = 2 * d.num_layers * _kv_heads_per_rank(d, tp) * d.head_dim  # K and V values
+    per_token = 2 * d.num_layers * (d.num_kv_heads // tp) * d.head_dim  # K and V values
     return DeploymentPlan(
         model_type=d.model_type,
         tp=tp,
