@@ -21,7 +21,7 @@ import numpy as np
 
 from . import numerics, scales
 from .activations import merge_measurements, resolve_act_amax
-from .arch import Layout, ModelDescriptor, WeightTensor, describe
+from .arch import Layout, ModelDescriptor, Role, WeightTensor, describe
 from .convert import ConvertOptions, output_config, plan_tensors, quantization_config_for
 from .errors import ConfigError, HpuFp8Error, MeasurementError, NotHpuFp8CheckpointError
 from .fastdeploy.mapping import Parallelism, check_parallelism, rank_share, scale_share, share_shape
@@ -66,7 +66,7 @@ def amax_from_legacy(key: str, value: float) -> float:
 
 
 def amax_to_legacy(key: str, amax: float) -> np.ndarray:
-    """The bf16 ``[1]`` value the legacy layout stores for an amax (bf16 storage loses up to 2^-9)."""
+    """The bf16 ``[1]`` value the legacy layout stores for an amax (bf16 storage moves it by up to 2^-8 relative)."""
     value = np.float32(amax) if _raw_amax_key(key) else np.float32(amax) / np.float32(FASTDEPLOY_FP8_MAX)
     return np.array([value], np.float32).astype(numerics.BF16_DTYPE)
 
@@ -282,6 +282,16 @@ def _check_servable(descriptor: ModelDescriptor, tp: int, ep: bool) -> None:
         )
 
 
+def _tied_lm_head_key(descriptor: ModelDescriptor) -> str | None:
+    """The key a tied model's v0 path still reads for its lm_head, holding the embedding ``[vocab, hidden]``.
+
+    FastDeploy's Qwen2 ``set_state_dict`` hands the checkpoint to ``ParallelLMHead.load_state_dict``,
+    which pops ``lm_head.weight`` and, tied, transposes it (docs/fastdeploy.md, "lm_head"); ERNIE
+    passes its embedding parameter instead and reads no key.
+    """
+    return "lm_head.weight" if descriptor.model_type == "qwen2" and descriptor.tie_word_embeddings else None
+
+
 def export_legacy(
     src: str | Path,
     out: str | Path,
@@ -309,6 +319,7 @@ def export_legacy(
     check_parallelism(descriptor, rank)
     attention = qc.kv_cache_scheme is KvCacheScheme.FP8
     modules = descriptor.act_modules(attention, frozenset(qc.ignore))
+    tied_key = _tied_lm_head_key(descriptor)
     planned: list[PlannedTensor] = []
     for w in descriptor.weights():
         shape = share_shape(descriptor, w, rank)
@@ -317,6 +328,8 @@ def export_legacy(
             planned.append(PlannedTensor(_legacy_key(w.name, "weight_scale"), "BF16", (shape[-1],) if w.channel_wise else (1,)))
         else:
             planned.append(PlannedTensor(w.name, checkpoint.tensors[w.name].dtype, shape))
+            if tied_key and w.role is Role.EMBEDDING:
+                planned.append(PlannedTensor(tied_key, checkpoint.tensors[w.name].dtype, shape))
     planned += [PlannedTensor(names.fastdeploy_key_from_module(m), "BF16", (1,)) for m in modules]
     writer = CheckpointWriter(out, planned, max_shard_bytes, force, {"format": "pd"})
     for w in descriptor.weights():
@@ -327,6 +340,8 @@ def export_legacy(
             writer.write(_legacy_key(w.name, "weight_scale"), scale)
         else:
             writer.write(w.name, share)
+            if tied_key and w.role is Role.EMBEDDING:
+                writer.write(tied_key, share)
     for module in modules:
         key = names.fastdeploy_key_from_module(module)
         amax = float(np.asarray(checkpoint.get(names.tensor(module, names.ACT_AMAX)), np.float32)[0])

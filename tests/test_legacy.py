@@ -14,11 +14,12 @@ from click.testing import CliRunner
 from legacy_model_convert import LEGACY_CONFIG, model_convert
 
 from hpu_fp8_loader.cli import main
+from hpu_fp8_loader.convert import ConvertOptions, convert
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error, MeasurementError, NotHpuFp8CheckpointError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
-from hpu_fp8_loader.legacy import export_legacy, import_legacy
+from hpu_fp8_loader.legacy import amax_to_legacy, export_legacy, import_legacy
 from hpu_fp8_loader.spec import names
-from hpu_fp8_loader.synth import preset_config, synthetic_measurements
+from hpu_fp8_loader.synth import preset_config, synthesize, synthetic_measurements
 from hpu_fp8_loader.validate import validate
 
 
@@ -276,6 +277,7 @@ def test_spec_to_legacy_to_spec_is_bit_identical_but_for_bf16_amax(tmp_path, spe
             expected = bf16(value) if "self_attn" in key else np.float32(bf16(value / np.float32(240))) * np.float32(240)
             assert b.get(name)[0] == np.float32(expected), name  # exactly the bf16 storage, nothing else
             lost += b.get(name)[0] != value
+            assert abs(b.get(name)[0] - value) <= value * 2.0**-8, name  # bf16's half step, the bound README states
         elif not name.endswith(names.ACT_SCALE):
             np.testing.assert_array_equal(a.get(name).view(np.uint8), b.get(name).view(np.uint8), err_msg=name)
     assert lost > 0  # the legacy layout's bf16 storage of amax is a real loss; the README states it
@@ -296,3 +298,25 @@ def test_cli_import_and_export(tmp_path, legacy_ernie, spec_factory):
     assert "tensor-wise (older converter)" in result.output and "KV cache fp8" in result.output
     result = CliRunner().invoke(main, ["export-legacy", str(spec_factory("qwen2-tiny")), str(tmp_path / "ex"), "--tp", "2"])
     assert result.exit_code == 1 and "does not split Qwen2" in result.output
+
+
+def test_bf16_storage_of_an_amax_moves_it_by_up_to_2_to_the_minus_8():
+    """bf16 keeps 8 significant bits: round-to-nearest moves a value by up to half a step, 2^-8 relative
+    (not 2^-9): 1 + 0.99 * 2^-8 rounds down to 1."""
+    amax = np.float32(1 + 0.99 * 2.0**-8)
+    stored = float(amax_to_legacy("ernie.layers.0.self_attn.qkv_proj.activation_scale", amax).astype(np.float32)[0])
+    assert stored == 1.0
+    assert 2.0**-9 < (amax - stored) / amax <= 2.0**-8
+
+
+def test_export_of_a_tied_qwen2_writes_the_lm_head_key_its_v0_path_reads(tmp_path, spec_factory):
+    """FastDeploy's Qwen2 set_state_dict pops lm_head.weight even when tied and transposes it: the embedding."""
+    config = preset_config("qwen2-tiny", {"tie_word_embeddings": True})
+    synthesize(tmp_path / "src", config, seed=3)
+    convert(tmp_path / "src", tmp_path / "spec", [synthetic_measurements(config)], ConvertOptions())
+    legacy = Checkpoint.open(export_legacy(tmp_path / "spec", tmp_path / "legacy").out)
+    embedding = legacy.get("qwen2.embed_tokens.weight")
+    assert legacy.tensors["lm_head.weight"].shape == embedding.shape
+    np.testing.assert_array_equal(legacy.get("lm_head.weight").view(np.uint16), embedding.view(np.uint16))
+    ernie = Checkpoint.open(export_legacy(spec_factory(), tmp_path / "legacy-ernie").out)  # tied too
+    assert "lm_head.weight" not in ernie.tensors  # ERNIE hands its embedding parameter to the lm_head instead
