@@ -18,7 +18,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-MODEL_LOADER = """
+BASE_LOADER = """
 from abc import ABC, abstractmethod
 
 
@@ -31,6 +31,13 @@ class BaseModelLoader(ABC):
 
     @abstractmethod
     def load_model(self, fd_config): ...
+"""
+
+# FastDeploy's default_loader imports models.model_base, whose package runs the plugins: the plugin runs
+# while model_loader is half-imported, before get_model_loader exists.
+DEFAULT_LOADER = """
+from fastdeploy.model_executor.model_loader.base_loader import BaseModelLoader
+from fastdeploy.model_executor.models.model_base import ModelRegistry
 
 
 class DefaultModelLoader(BaseModelLoader):
@@ -43,6 +50,11 @@ class DefaultModelLoader(BaseModelLoader):
 
 class DefaultModelLoaderV1(DefaultModelLoader):
     pass
+"""
+
+MODEL_LOADER = """
+from fastdeploy.model_executor.model_loader.base_loader import BaseModelLoader
+from fastdeploy.model_executor.model_loader.default_loader import DefaultModelLoader, DefaultModelLoaderV1
 
 
 def get_model_loader(load_config):
@@ -62,8 +74,18 @@ class HPUModelRunner:
 
     def load_model(self):
         model = get_model_loader(load_config=self.fd_config.load_config).load_model(fd_config=self.fd_config)
-        self.converted = True  # convert_model: re-packs down_proj_in_scale, installs the fused forwards
+        self.converted = True  # convert_model: installs the fused forwards (and, from PR 5855, pads down_proj_in_scale)
         return model
+"""
+
+# The plugins FastDeploy's models package runs on import: FD_PLUGINS names the entry points to load.
+MODELS_PACKAGE = """
+import os
+from importlib.metadata import entry_points
+
+for point in entry_points(group="fastdeploy.model_register_plugins"):
+    if point.name in os.environ.get("FD_PLUGINS", "").split(","):
+        point.load()()
 """
 
 MODELS = '''
@@ -82,7 +104,7 @@ def _add(root, dotted, shape, dtype):
     node.add_parameter(leaf, node.create_parameter(shape, dtype=dtype, default_initializer=paddle.nn.initializer.Constant(0)))
 
 
-def contract_parameters(c, tp, rank):
+def contract_parameters(c, tp, rank, moe_list_layout=False, lm_head_fp32=False):
     """name -> (shape, dtype) of an HPU FP8 model's parameters on one TP rank, from the contract."""
     prefix = {"ernie4_5_moe": "ernie", "ernie4_5": "ernie", "qwen2": "qwen2"}[c["model_type"]]
     h, heads, kv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
@@ -90,7 +112,8 @@ def contract_parameters(c, tp, rank):
     kv_rank = kv // tp
     params = {f"{prefix}.embed_tokens.embeddings.weight": ([c["vocab_size"] // tp, h], "bfloat16"),
               f"{prefix}.norm.weight": ([h], "bfloat16")}
-    params["lm_head.linear.weight"] = ([h, c["vocab_size"] // tp], "bfloat16")  # FastDeploy builds it tied or not
+    # FastDeploy builds it tied or not; float32 with --lm_head-fp32
+    params["lm_head.linear.weight"] = ([h, c["vocab_size"] // tp], "float32" if lm_head_fp32 else "bfloat16")
 
     def linear(name, shape):  # section 4.1
         params[f"{name}.weight"] = (shape, "float8_e4m3fn")
@@ -124,7 +147,8 @@ def contract_parameters(c, tp, rank):
         params[f"{p}.mlp.experts.up_gate_proj_weight_scale"] = ([e, 2 * inter], "bfloat16")
         params[f"{p}.mlp.experts.down_proj_weight_scale"] = ([e, h], "bfloat16")
         params[f"{p}.mlp.experts.up_gate_proj_in_scale"] = ([1], "bfloat16")
-        params[f"{p}.mlp.experts.down_proj_in_scale"] = ([e, 1], "bfloat16")
+        if not moe_list_layout:  # PR 5855; before it, FastDeploy sets a per-expert list instead
+            params[f"{p}.mlp.experts.down_proj_in_scale"] = ([e, 1], "bfloat16")
         if c.get("moe_num_shared_experts"):
             width = c["moe_num_shared_experts"] * c["moe_intermediate_size"] // tp
             linear(f"{p}.mlp.shared_experts.up_gate_proj", [h, 2 * width])
@@ -137,7 +161,9 @@ class StandInModel(paddle.nn.Layer):
         super().__init__()
         parallel = fd_config.parallel_config
         for name, (shape, dtype) in contract_parameters(fd_config.model_config.config, parallel.tensor_parallel_size,
-                                                       parallel.tensor_parallel_rank).items():
+                                                       parallel.tensor_parallel_rank,
+                                                       getattr(fd_config, "moe_list_layout", False),
+                                                       fd_config.model_config.lm_head_fp32).items():
             _add(self, name, shape, dtype)
 
 
@@ -155,7 +181,10 @@ def write_standin(root: Path) -> Path:
         "fastdeploy/__init__.py": "",
         "fastdeploy/model_executor/__init__.py": "",
         "fastdeploy/model_executor/model_loader/__init__.py": MODEL_LOADER,
-        "fastdeploy/model_executor/models/__init__.py": MODELS,
+        "fastdeploy/model_executor/model_loader/base_loader.py": BASE_LOADER,
+        "fastdeploy/model_executor/model_loader/default_loader.py": DEFAULT_LOADER,
+        "fastdeploy/model_executor/models/__init__.py": MODELS_PACKAGE,
+        "fastdeploy/model_executor/models/model_base.py": MODELS,
         "fastdeploy/worker/__init__.py": "",
         "fastdeploy/worker/hpu_model_runner.py": HPU_MODEL_RUNNER,
     }

@@ -22,8 +22,9 @@ from hpu_fp8_loader.io.checkpoint import Checkpoint
 
 @pytest.fixture
 def standin(tmp_path, monkeypatch):
-    """The stand-in package on sys.path, our import hook removed afterwards."""
+    """The stand-in package on sys.path, our import hook and loader class removed afterwards."""
     monkeypatch.syspath_prepend(str(write_standin(tmp_path / "fd")))
+    monkeypatch.setattr(plugin, "_LOADER", None)  # derived from this stand-in's BaseModelLoader when first used
     forget_standin()
     finders = list(sys.meta_path)
     yield
@@ -31,14 +32,17 @@ def standin(tmp_path, monkeypatch):
     forget_standin()
 
 
-def fd_config(root, tp=1, rank=0, load_choices="hpu_fp8"):
+def fd_config(root, tp=1, rank=0, load_choices="hpu_fp8", moe_list_layout=False, lm_head_fp32=False):
     config = json.loads((root / "config.json").read_text())
     return SimpleNamespace(
         load_config=SimpleNamespace(load_choices=load_choices),
-        model_config=SimpleNamespace(model=str(root), architectures=config["architectures"], config=config),
+        model_config=SimpleNamespace(
+            model=str(root), architectures=config["architectures"], config=config, lm_head_fp32=lm_head_fp32
+        ),
         parallel_config=SimpleNamespace(
             tensor_parallel_size=tp, tensor_parallel_rank=rank, expert_parallel_size=1, expert_parallel_rank=0
         ),
+        moe_list_layout=moe_list_layout,
     )
 
 
@@ -47,37 +51,66 @@ def test_the_entry_point_is_declared_for_fastdeploys_plugin_group():
     assert point.load() is plugin.register
 
 
-def test_register_before_fastdeploy_imports_patches_both_lookups_lazily(standin, spec_factory):
-    plugin.register()  # FastDeploy runs plugins while its models package is still importing
+def test_register_before_fastdeploy_imports_routes_hpu_fp8_to_our_loader(standin, spec_factory, capfd):
+    plugin.register()
+    assert plugin.is_registered()
     runner_module = importlib.import_module("fastdeploy.worker.hpu_model_runner")
-    loader_module = importlib.import_module("fastdeploy.model_executor.model_loader")
-    for module in (runner_module, loader_module):
-        assert getattr(module.get_model_loader, "_hpu_fp8_wrapped", False)
     runner = runner_module.HPUModelRunner(fd_config(spec_factory()))
     model = runner.load_model()
     assert runner.converted  # convert_model still runs after our loader
-    assert isinstance(model, importlib.import_module("fastdeploy.model_executor.models").StandInModel)
+    assert isinstance(model, importlib.import_module("fastdeploy.model_executor.models.model_base").StandInModel)
+    assert not model.training  # FastDeploy's loaders call model.eval()
+    line = capfd.readouterr().err
+    assert "hpu_fp8: filled" in line and "Ernie4_5_MoeForCausalLM" in line and "PR 5855 layout" in line, line
 
 
-def test_register_after_import_patches_too_and_other_choices_are_untouched(standin, spec_factory):
+def test_the_plugin_fastdeploy_runs_mid_import_still_routes(standin, spec_factory, monkeypatch):
+    """FastDeploy runs plugins while model_loader is half-imported (default_loader imports the models
+    package): nothing is left to wrap there, and hpu_fp8 must still reach our loader."""
+    monkeypatch.setenv("FD_PLUGINS", "hpu_fp8")
+    runner_module = importlib.import_module("fastdeploy.worker.hpu_model_runner")
+    assert plugin.is_registered()
+    assert runner_module.HPUModelRunner(fd_config(spec_factory())).load_model() != "v0 loader"
+
+
+def test_without_fd_plugins_fastdeploy_never_runs_the_hook(standin, spec_factory, monkeypatch):
+    """FastDeploy loads no plugin unless FD_PLUGINS names it; hpu_fp8 then reaches its v0 loader.
+    `hpu-fp8 doctor` reports exactly this (FD_PLUGINS missing)."""
+    monkeypatch.delenv("FD_PLUGINS", raising=False)
+    runner_module = importlib.import_module("fastdeploy.worker.hpu_model_runner")
+    assert not plugin.is_registered()
+    assert runner_module.HPUModelRunner(fd_config(spec_factory())).load_model() == "v0 loader"
+
+
+def test_register_after_import_routes_too_and_other_choices_are_untouched(standin, spec_factory):
     runner_module = importlib.import_module("fastdeploy.worker.hpu_model_runner")
     plugin.register()
-    plugin.register()  # once per process in FastDeploy, but twice must not double-wrap
-    assert not getattr(runner_module.get_model_loader.__wrapped__, "_hpu_fp8_wrapped", False)
+    plugin.register()  # once per process in FastDeploy, but twice must not route twice
+    assert runner_module.HPUModelRunner(fd_config(spec_factory())).load_model() != "v0 loader"
     for choice in ("default", "default_v1"):
         assert runner_module.HPUModelRunner(fd_config(spec_factory(), load_choices=choice)).load_model() == "v0 loader"
 
 
+def test_a_half_imported_base_loader_is_a_loud_error(standin, monkeypatch):
+    half = type(sys)(plugin.BASE_LOADER_MODULE)
+    monkeypatch.setitem(sys.modules, plugin.BASE_LOADER_MODULE, half)
+    with pytest.raises(HpuFp8Error, match="half-imported.*cannot be routed"):
+        plugin.register()
+
+
 @pytest.mark.parametrize(
-    ("preset", "tp"), [("ernie-moe-tiny", 1), ("ernie-moe-tiny", 2), ("qwen2-tiny", 2), ("ernie-dense-tiny", 2)]
-)
-def test_every_parameter_is_filled_with_the_mapped_bits(standin, spec_factory, preset, tp):
+    ("preset", "tp", "moe_list_layout"),
+    [("ernie-moe-tiny", 1, False), ("ernie-moe-tiny", 2, False), ("ernie-moe-tiny", 2, True), ("qwen2-tiny", 2, False),
+     ("ernie-dense-tiny", 2, False)],
+)  # fmt: skip
+def test_every_parameter_is_filled_with_the_mapped_bits(standin, spec_factory, preset, tp, moe_list_layout):
     plugin.register()
     runner_module = importlib.import_module("fastdeploy.worker.hpu_model_runner")
     root = spec_factory(preset)
     for rank in range(tp):
-        model = runner_module.HPUModelRunner(fd_config(root, tp, rank)).load_model()
+        model = runner_module.HPUModelRunner(fd_config(root, tp, rank, moe_list_layout=moe_list_layout)).load_model()
         parameters = dict(model.named_parameters())
+        layers = dict(model.named_sublayers())
         checkpoint = Checkpoint.open(root)
         from hpu_fp8_loader.arch import describe
         from hpu_fp8_loader.spec.config import parse_quantization_config
@@ -85,7 +118,13 @@ def test_every_parameter_is_filled_with_the_mapped_bits(standin, spec_factory, p
         for piece in map_rank(
             checkpoint, parse_quantization_config(checkpoint.config), describe(checkpoint.config), Parallelism(tp, rank)
         ):
-            value = parameters[piece.name]
+            if piece.name.endswith("down_proj_in_scale") and moe_list_layout:
+                scales = layers[piece.name.removesuffix(".down_proj_in_scale")].down_proj_in_scale
+                assert isinstance(scales, list) and len(scales) == 4 and piece.name not in parameters
+                assert {tuple(t.shape) for t in scales} == {(1,)} and {t.dtype for t in scales} == {paddle.bfloat16}
+                value = paddle.stack(scales)
+            else:
+                value = parameters[piece.name]
             if piece.expert is not None:
                 value = value[piece.expert]
             width = {1: np.uint8, 2: np.uint16, 4: np.uint32}[piece.array.dtype.itemsize]
@@ -95,7 +134,7 @@ def test_every_parameter_is_filled_with_the_mapped_bits(standin, spec_factory, p
 
 
 def test_a_model_with_a_parameter_the_checkpoint_lacks_is_refused_by_name(standin, spec_factory):
-    models = importlib.import_module("fastdeploy.model_executor.models")
+    models = importlib.import_module("fastdeploy.model_executor.models.model_base")
     model = models.StandInModel(fd_config(spec_factory()))
     models._add(model, "ernie.layers.0.self_attn.attn.extra_scale", [1], "float32")
     with pytest.raises(HpuFp8Error, match="1 model parameter.*unfilled.*ernie.layers.0.self_attn.attn.extra_scale"):
@@ -103,7 +142,7 @@ def test_a_model_with_a_parameter_the_checkpoint_lacks_is_refused_by_name(standi
 
 
 def test_a_checkpoint_tensor_the_model_lacks_is_refused_by_name(standin, spec_factory):
-    models = importlib.import_module("fastdeploy.model_executor.models")
+    models = importlib.import_module("fastdeploy.model_executor.models.model_base")
     config = fd_config(spec_factory("qwen2-tiny", "none"))  # a model built without FP8 attention scales...
     model = models.StandInModel(config)
     with pytest.raises(HpuFp8Error, match="maps 20 tensor.*the model does not have.*self_attn.attn"):
@@ -117,3 +156,15 @@ def test_an_invalid_checkpoint_is_refused_before_the_model_is_built(standin, spe
     runner_module = importlib.import_module("fastdeploy.worker.hpu_model_runner")
     with pytest.raises(HpuFp8Error, match="never finished"):
         runner_module.HPUModelRunner(fd_config(root)).load_model()
+
+
+def test_a_float32_lm_head_gets_the_bf16_values_cast_exactly(standin, spec_factory):
+    """--lm_head-fp32 makes FastDeploy's lm_head float32; it casts the bf16 values, as the hook does."""
+    models = importlib.import_module("fastdeploy.model_executor.models.model_base")
+    root = spec_factory()
+    model = models.StandInModel(fd_config(root, lm_head_fp32=True))
+    plugin.fill_model(model, root, Parallelism())
+    lm_head = dict(model.named_parameters())["lm_head.linear.weight"]
+    embedding = dict(model.named_parameters())["ernie.embed_tokens.embeddings.weight"]
+    assert lm_head.dtype == paddle.float32
+    np.testing.assert_array_equal(lm_head.numpy(), embedding.astype(paddle.float32).numpy().T)

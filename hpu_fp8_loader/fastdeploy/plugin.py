@@ -1,27 +1,35 @@
 """``--load-choices hpu_fp8``: the only module that touches FastDeploy.
 
-FastDeploy has no loader registry and no quantization-method plugin group (contract section 13), so
-the hook rides on the ``fastdeploy.model_register_plugins`` entry-point group, which FastDeploy runs
-once per process when its models package is imported. ``register`` wraps ``get_model_loader`` in
-both places FastDeploy looks it up -- ``fastdeploy.model_executor.model_loader`` and
-``fastdeploy.worker.hpu_model_runner``, which imports it by name -- so that ``load_choices ==
-"hpu_fp8"`` gets :class:`HpuFp8ModelLoader`; every other choice goes to FastDeploy's own loaders.
-It patches lazily: a module not imported yet is patched right after its import, because the plugin
-runs in the middle of FastDeploy importing its model packages (an import here could be circular).
+FastDeploy has no loader registry: ``get_model_loader`` returns ``DefaultModelLoaderV1`` for
+``default_v1`` and ``DefaultModelLoader`` for anything else, so an unknown choice silently becomes
+the v0 loader (docs/fastdeploy.md, "Load dispatch"). The hook rides on the
+``fastdeploy.model_register_plugins`` entry-point group, which FastDeploy runs, when ``FD_PLUGINS``
+names it, the first time its models package is imported.
 
-The loader builds the model as FastDeploy's v0 loader does, then fills every parameter exactly once
-from :mod:`hpu_fp8_loader.fastdeploy.mapping` and fails naming every parameter left unfilled and
-every mapped tensor the model lacks. ``HPUModelRunner.load_model`` still calls ``convert_model``
-afterwards, which re-packs ``down_proj_in_scale`` and installs the fused HPU forwards.
+``register`` does not wrap ``get_model_loader``: the HPU runner imports that function by name, and
+the plugin may run while ``fastdeploy.model_executor.model_loader`` is still half-imported (its
+``default_loader`` imports the models package), so a wrapper can miss either copy. It gives
+``BaseModelLoader``, the class every FastDeploy loader derives from, a ``__new__`` that returns
+:class:`HpuFp8ModelLoader` whenever ``load_choices == "hpu_fp8"``. Whichever loader FastDeploy picks
+and however it was imported, ``hpu_fp8`` gets ours. ``base_loader`` has no FastDeploy model
+imports, so it is either absent (patched right after its import) or complete when the plugin runs;
+anything else is a loud error, never a silent fallback.
 
-[inferred] from the contract, not run against FastDeploy here: the FDConfig attribute names read in
-:func:`_parallelism` and ``fd_config.model_config.model`` / ``architectures``.
+The loader builds the model as FastDeploy's v0 loader does (``ModelRegistry.get_class``, then
+``model.eval()``), fills every parameter exactly once from :mod:`hpu_fp8_loader.fastdeploy.mapping`,
+and fails naming every parameter left unfilled and every mapped tensor the model lacks.
+``HPUModelRunner.load_model`` then runs ``convert_model`` as after its own loader.
+
+FastDeploy's MoE layer holds ``down_proj_in_scale`` in one of two ways, told apart on the model
+FastDeploy built (docs/fastdeploy.md, "Two MoE layouts"): a Python list of per-expert bf16 ``[1]``
+tensors set as an attribute (PR 5324 up to PR 5855), or an ``[E, 1]`` bf16 parameter that
+``convert_model`` pads afterwards (from PR 5855). Each is filled as FastDeploy's own v0 loading fills it.
 """
 
 from __future__ import annotations
 
 import importlib.abc
-import importlib.machinery
+import logging
 import sys
 from pathlib import Path
 
@@ -29,48 +37,63 @@ import numpy as np
 
 from ..errors import HpuFp8Error
 
-__all__ = ["LOAD_CHOICE", "fill_model", "register"]
+__all__ = ["LOAD_CHOICE", "MOE_LIST_LAYOUT", "MOE_PARAMETER_LAYOUT", "fill_model", "is_registered", "moe_layout", "register"]
 
 LOAD_CHOICE = "hpu_fp8"
-PATCHED_MODULES = ("fastdeploy.model_executor.model_loader", "fastdeploy.worker.hpu_model_runner")
-_MARK = "_hpu_fp8_wrapped"
+BASE_LOADER_MODULE = "fastdeploy.model_executor.model_loader.base_loader"
+MOE_LIST_LAYOUT = "down_proj_in_scale as a per-expert list (FastDeploy PR 5324 layout)"
+MOE_PARAMETER_LAYOUT = "down_proj_in_scale as an [E, 1] parameter (FastDeploy PR 5855 layout)"
+_DOWN_IN_SCALE = "down_proj_in_scale"
+_ROUTED = "_hpu_fp8_routed"
+
+log = logging.getLogger("hpu_fp8_loader.fastdeploy")
 
 
-def _wrap(get_model_loader):
-    if getattr(get_model_loader, _MARK, False):
-        return get_model_loader
+def _route(base_loader) -> None:
+    """Give FastDeploy's ``BaseModelLoader`` a ``__new__`` that hands ``hpu_fp8`` to our loader."""
+    if base_loader.__dict__.get(_ROUTED):
+        return
+    inherited_new = base_loader.__new__
 
-    def get_model_loader_with_hpu_fp8(load_config, *args, **kwargs):
+    def new_routing_hpu_fp8(cls, load_config=None, *args, **kwargs):
         if getattr(load_config, "load_choices", None) == LOAD_CHOICE:
-            return loader_class()(load_config)
-        return get_model_loader(load_config, *args, **kwargs)
+            ours = loader_class()
+            if not issubclass(cls, ours):
+                return ours(load_config)  # not an instance of cls: Python skips cls.__init__
+        if inherited_new is object.__new__:
+            return object.__new__(cls)
+        return inherited_new(cls, load_config, *args, **kwargs)
 
-    setattr(get_model_loader_with_hpu_fp8, _MARK, True)
-    get_model_loader_with_hpu_fp8.__wrapped__ = get_model_loader
-    return get_model_loader_with_hpu_fp8
-
-
-def _patch(module) -> None:
-    if hasattr(module, "get_model_loader"):
-        module.get_model_loader = _wrap(module.get_model_loader)
+    base_loader.__new__ = staticmethod(new_routing_hpu_fp8)
+    setattr(base_loader, _ROUTED, True)
 
 
-class _PatchAfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; wraps the real loader of the patched modules so they are patched once imported."""
+def _route_module(module) -> None:
+    base_loader = getattr(module, "BaseModelLoader", None)
+    if base_loader is None:
+        raise HpuFp8Error(
+            f"hpu_fp8: {BASE_LOADER_MODULE} is only half-imported while FastDeploy runs its plugins; "
+            "--load-choices hpu_fp8 cannot be routed to the hpu_fp8 loader (run `hpu-fp8 doctor`)"
+        )
+    _route(base_loader)
+
+
+class _RouteAfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; makes the real loader of ``base_loader`` route it once executed."""
 
     def find_spec(self, name, path, target=None):
-        if name not in PATCHED_MODULES:
+        if name != BASE_LOADER_MODULE:
             return None
         for finder in sys.meta_path:
-            if finder is self:
+            if finder is self or not hasattr(finder, "find_spec"):
                 continue
-            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
+            spec = finder.find_spec(name, path, target)
             if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
                 original = spec.loader.exec_module
 
                 def exec_module(module, _original=original):
                     _original(module)
-                    _patch(module)
+                    _route_module(module)
 
                 spec.loader.exec_module = exec_module
                 return spec
@@ -79,14 +102,28 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
 
 def register() -> None:
     """Entry point (``fastdeploy.model_register_plugins``): route ``--load-choices hpu_fp8`` to our loader."""
-    for name in PATCHED_MODULES:
-        if name in sys.modules:
-            _patch(sys.modules[name])
-    if not any(isinstance(finder, _PatchAfterImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _PatchAfterImport())
+    module = sys.modules.get(BASE_LOADER_MODULE)
+    if module is not None:
+        _route_module(module)
+    elif not any(isinstance(finder, _RouteAfterImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _RouteAfterImport())
 
 
-# ----------------------------------------------------------------------------- the loader
+def is_registered() -> bool:
+    """Whether ``hpu_fp8`` reaches our loader in this process (now, or once ``base_loader`` is imported)."""
+    module = sys.modules.get(BASE_LOADER_MODULE)
+    if module is not None:
+        return bool(getattr(getattr(module, "BaseModelLoader", None), _ROUTED, False))
+    return any(isinstance(finder, _RouteAfterImport) for finder in sys.meta_path)
+
+
+# ----------------------------------------------------------------------------- filling
+
+
+def _paddle_dtype(array: np.ndarray):
+    import paddle
+
+    return {"float8_e4m3fn": paddle.float8_e4m3fn, "bfloat16": paddle.bfloat16, "float32": paddle.float32}[array.dtype.name]
 
 
 def _to_paddle(array: np.ndarray):
@@ -98,6 +135,83 @@ def _to_paddle(array: np.ndarray):
     if array.dtype.name == "bfloat16":
         return paddle.to_tensor(np.ascontiguousarray(array).view(np.uint16)).view(paddle.bfloat16)
     return paddle.to_tensor(np.ascontiguousarray(array))
+
+
+def _for_parameter(name: str, parameter, value: np.ndarray) -> np.ndarray:
+    """The value in the parameter's dtype: only a bf16 lm_head into a float32 one (``--lm_head-fp32``) is cast, exactly."""
+    import paddle
+
+    from .mapping import LM_HEAD_PARAMETER
+
+    if parameter.dtype == _paddle_dtype(value):
+        return value
+    if name == LM_HEAD_PARAMETER and parameter.dtype == paddle.float32 and value.dtype.name == "bfloat16":
+        return value.astype(np.float32)  # FastDeploy casts the same way; bf16 -> float32 is exact
+    raise HpuFp8Error(f"parameter {name} is {parameter.dtype}, the checkpoint gives {value.dtype.name}")
+
+
+def moe_layout(model) -> str | None:
+    """Which way this FastDeploy model holds ``down_proj_in_scale``; None without MoE layers."""
+    parameters = dict(model.named_parameters())
+    layers = [name for name in parameters if name.endswith(".mlp.experts.up_gate_proj_weight")]
+    if not layers:
+        return None
+    has_parameter = [name.replace("up_gate_proj_weight", _DOWN_IN_SCALE) in parameters for name in layers]
+    if all(has_parameter):
+        return MOE_PARAMETER_LAYOUT
+    if not any(has_parameter):
+        return MOE_LIST_LAYOUT
+    raise HpuFp8Error(f"the model holds {_DOWN_IN_SCALE} as a parameter in some MoE layers and not in others")
+
+
+def fill_model(model, root: str | Path, par) -> int:
+    """Set every parameter of ``model`` from the hpu-fp8 checkpoint at ``root``; returns how many were set.
+
+    Raises :class:`HpuFp8Error` naming every parameter left unfilled and every mapped tensor the model
+    does not have, and any shape or dtype that disagrees.
+    """
+    from ..arch import describe
+    from ..io.checkpoint import Checkpoint
+    from ..spec.config import parse_quantization_config
+    from .mapping import map_rank, parameter_specs
+
+    checkpoint = Checkpoint.open(root)
+    qc = parse_quantization_config(checkpoint.config, f"{root}/config.json")
+    descriptor = describe(checkpoint.config)
+    specs = parameter_specs(descriptor, qc.kv_cache_scheme, par)
+    parameters = dict(model.named_parameters())
+    as_lists = moe_layout(model) == MOE_LIST_LAYOUT
+    sublayers = dict(model.named_sublayers()) if as_lists else {}
+    expected = {name for name in specs if not (as_lists and name.endswith(_DOWN_IN_SCALE))}
+    unused = sorted(expected - set(parameters))
+    if unused:
+        raise HpuFp8Error(f"the checkpoint maps {len(unused)} tensor(s) the model does not have: {', '.join(unused[:10])}")
+    stacked: dict[str, np.ndarray] = {}
+    filled = set()
+    for piece in map_rank(checkpoint, qc, descriptor, par):
+        if piece.expert is None:
+            value = piece.array
+        else:
+            value = stacked.setdefault(piece.name, np.empty(specs[piece.name].shape, piece.array.dtype))
+            value[piece.expert] = piece.array
+            if piece.expert != specs[piece.name].shape[0] - 1:
+                continue  # set once the last local expert has arrived
+        if as_lists and piece.name.endswith(_DOWN_IN_SCALE):
+            # FastDeploy's PR 5324 MoE method sets a list of the local experts' bf16 [1] scales on the layer
+            setattr(sublayers[piece.name.removesuffix("." + _DOWN_IN_SCALE)], _DOWN_IN_SCALE, [_to_paddle(v) for v in value])
+            continue
+        parameter = parameters[piece.name]
+        if list(parameter.shape) != list(value.shape):
+            raise HpuFp8Error(
+                f"parameter {piece.name} has shape {list(parameter.shape)}, the checkpoint gives {list(value.shape)}"
+            )
+        parameter.set_value(_to_paddle(_for_parameter(piece.name, parameter, value)))
+        stacked.pop(piece.name, None)
+        filled.add(piece.name)
+    unfilled = sorted(set(parameters) - filled)
+    if unfilled:
+        raise HpuFp8Error(f"{len(unfilled)} model parameter(s) left unfilled by the checkpoint: {', '.join(unfilled[:10])}")
+    return len(filled)
 
 
 def _parallelism(fd_config):
@@ -112,50 +226,18 @@ def _parallelism(fd_config):
     )
 
 
-def fill_model(model, root: str | Path, par) -> int:
-    """Set every parameter of ``model`` from the hpu-fp8 checkpoint at ``root``; returns how many were set.
-
-    Raises :class:`HpuFp8Error` naming every parameter left unfilled and every mapped tensor the model
-    does not have, and any shape that disagrees.
-    """
-    from ..arch import describe
-    from ..io.checkpoint import Checkpoint
-    from ..spec.config import parse_quantization_config
-    from .mapping import map_rank, parameter_specs
-
-    checkpoint = Checkpoint.open(root)
-    qc = parse_quantization_config(checkpoint.config, f"{root}/config.json")
-    descriptor = describe(checkpoint.config)
-    specs = parameter_specs(descriptor, qc.kv_cache_scheme, par)
-    parameters = dict(model.named_parameters())
-    unused = sorted(set(specs) - set(parameters))
-    if unused:
-        raise HpuFp8Error(f"the checkpoint maps {len(unused)} tensor(s) the model does not have: {', '.join(unused[:10])}")
-    stacked: dict[str, np.ndarray] = {}
-    filled = set()
-    for piece in map_rank(checkpoint, qc, descriptor, par):
-        if piece.expert is None:
-            value = piece.array
-        else:
-            value = stacked.setdefault(piece.name, np.empty(specs[piece.name].shape, piece.array.dtype))
-            value[piece.expert] = piece.array
-            if piece.expert != specs[piece.name].shape[0] - 1:
-                continue  # set once the last local expert has arrived
-        parameter = parameters[piece.name]
-        if list(parameter.shape) != list(value.shape):
-            raise HpuFp8Error(
-                f"parameter {piece.name} has shape {list(parameter.shape)}, the checkpoint gives {list(value.shape)}"
-            )
-        parameter.set_value(_to_paddle(value))
-        stacked.pop(piece.name, None)
-        filled.add(piece.name)
-    unfilled = sorted(set(parameters) - filled)
-    if unfilled:
-        raise HpuFp8Error(f"{len(unfilled)} model parameter(s) left unfilled by the checkpoint: {', '.join(unfilled[:10])}")
-    return len(filled)
-
-
 _LOADER = None
+
+
+def _announce(message: str, *args) -> None:
+    """One INFO line on the worker's stderr (FastDeploy keeps it in log/workerlog.N): proof the hook ran."""
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    log.info(message, *args)
 
 
 def loader_class():
@@ -163,8 +245,8 @@ def loader_class():
     global _LOADER
     if _LOADER is not None:
         return _LOADER
-    from fastdeploy.model_executor.model_loader import BaseModelLoader
-    from fastdeploy.model_executor.models import ModelRegistry
+    from fastdeploy.model_executor.model_loader.base_loader import BaseModelLoader
+    from fastdeploy.model_executor.models.model_base import ModelRegistry
 
     from ..hub import load
 
@@ -175,11 +257,21 @@ def loader_class():
             model_config.model = str(load(model_config.model, hashes=False).path)
 
         def load_model(self, fd_config):
+            if getattr(fd_config.load_config, "dynamic_load_weight", False):
+                raise HpuFp8Error("hpu_fp8: dynamic weight loading (RL) is not supported; serve without --dynamic_load_weight")
             # format_version, manifest sizes, headers, index, scales: validate --quick, not a weight scan
             checkpoint = load(fd_config.model_config.model, hashes=False)
             architecture = fd_config.model_config.architectures[0]
             model = ModelRegistry.get_class(architecture)(fd_config)
-            fill_model(model, checkpoint.path, _parallelism(fd_config))
+            model.eval()
+            par = _parallelism(fd_config)
+            count = fill_model(model, checkpoint.path, par)
+            layout = moe_layout(model)
+            _announce(
+                "hpu_fp8: filled %d parameters of %s from %s (tp rank %d of %d, ep rank %d of %d%s)",
+                count, architecture, checkpoint.path, par.tp_rank, par.tp_size, par.ep_rank, par.ep_size,
+                f"; MoE {layout}" if layout else "",
+            )  # fmt: skip
             return model
 
     _LOADER = HpuFp8ModelLoader
