@@ -490,6 +490,40 @@ def map_command(checkpoint: Path, tp: int, rank: int, ep: int, ep_rank: int, all
 
 
 @main.command()
+@click.argument("checkpoint", required=False)
+@tp_option
+@ep_option
+@click.option("--revision", default=None, help="Revision of CHECKPOINT when it is a Hub repo id.")
+@click.option("--json", "as_json", is_flag=True, help="Print every check as JSON.")
+def doctor(checkpoint: str | None, tp: int, ep: int, revision: str | None, as_json: bool) -> None:
+    """Check that `--load-choices hpu_fp8` will work here: run it in FastDeploy's environment on the Gaudi box.
+
+    Reports FastDeploy's version and commit and which MoE layout it builds, whether the hpu_fp8 entry
+    point is installed and FD_PLUGINS names it, FD_ATTENTION_BACKEND, whether paddle and its intel_hpu
+    device import, and whether FastDeploy's own get_model_loader hands hpu_fp8 to the hook. Given
+    CHECKPOINT (a directory or a Hub repo id), also its quick validation and whether TP x EP can serve
+    it. Every problem comes with its fix; exit 1 if any check fails.
+
+    \b
+    Examples:
+      FD_PLUGINS=hpu_fp8 hpu-fp8 doctor
+      hpu-fp8 doctor ./ERNIE-4.5-21B-A3B-hpu-fp8 --tp 2 --json
+    """
+    from .fastdeploy.doctor import doctor as run_doctor
+
+    report = run_doctor(checkpoint, tp, ep, revision)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        for check in report.checks:
+            click.echo(f"[{check.status:>4}] {check.name}: {check.detail}")
+            if check.fix:
+                click.echo(f"       fix: {check.fix}")
+        click.echo("ready for --load-choices hpu_fp8" if report.ok else "not ready: fix the failed checks above")
+    sys.exit(0 if report.ok else EXIT_INVALID)
+
+
+@main.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @tp_option
 @ep_option
