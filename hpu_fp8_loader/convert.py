@@ -406,6 +406,11 @@ def output_config(source_config: dict, descriptor: ModelDescriptor, qc: Quantiza
     config = {k: v for k, v in source_config.items() if k not in ("torch_dtype", "transformers_version", "quantization_config")}
     config["architectures"] = [descriptor.architecture]
     config["dtype"] = "bfloat16"
+    # keys whose absence FastDeploy reads with other defaults than the model's own (docs/fastdeploy.md section 3)
+    config["tie_word_embeddings"] = descriptor.tie_word_embeddings
+    if descriptor.moe is not None:
+        config["moe_layer_start_index"] = descriptor.moe.start
+        config["moe_use_aux_free"] = descriptor.moe.correction_bias
     config["quantization_config"] = qc.model_dump(mode="json", exclude_none=True)
     return config
 

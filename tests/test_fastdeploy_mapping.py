@@ -255,3 +255,21 @@ def test_a_tied_lm_head_is_each_ranks_embedding_rows_transposed(spec_factory):
     np.testing.assert_array_equal(
         params["lm_head.linear.weight"].view(np.uint16), spec.get("lm_head.weight")[:, spec.get("lm_head.weight").shape[1] // 2 :].view(np.uint16)
     )
+
+
+def test_moe_layers_fastdeploy_would_build_differently_are_refused():
+    """FastDeploy's ERNIE builds MoE at every layer >= moe_layer_start_index, ignoring the end index and interval."""
+    from real_configs import ERNIE_21B
+
+    check_parallelism(describe(ERNIE_21B), Parallelism())  # MoE from layer 1 to the last: served
+    for key, value, layers in (("moe_layer_interval", 2, r"\[1, 3, 5"), ("moe_layer_end_index", 20, "layers 1-20")):
+        with pytest.raises(ConfigError, match=f"every layer from moe_layer_start_index 1 on \\(layers 1-27\\).*{layers}"):
+            check_parallelism(describe({**ERNIE_21B, key: value}), Parallelism())
+
+
+def test_converted_configs_spell_out_the_keys_fastdeploy_defaults_differently(spec_factory):
+    """FastDeploy reads an absent tie_word_embeddings / moe_use_aux_free as false and moe_layer_start_index as 0."""
+    config = Checkpoint.open(spec_factory()).config
+    d = describe(config)
+    assert config["tie_word_embeddings"] is d.tie_word_embeddings is True
+    assert config["moe_layer_start_index"] == d.moe.start and config["moe_use_aux_free"] is d.moe.correction_bias

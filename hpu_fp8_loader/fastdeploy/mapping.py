@@ -112,11 +112,23 @@ def check_parallelism(descriptor: ModelDescriptor, par: Parallelism) -> None:
             f"tensor parallelism {par.tp_size} cannot serve this {descriptor.model_type} model: {why}; "
             f"valid: {', '.join(map(str, valid))}"
         )
+    if descriptor.moe is not None and descriptor.model_type == "ernie4_5_moe":
+        built = [i for i in range(descriptor.num_layers) if i >= descriptor.moe.start]
+        if built != descriptor.moe_layers():
+            raise ConfigError(
+                f"FastDeploy's ERNIE builds an MoE layer at every layer from moe_layer_start_index "
+                f"{descriptor.moe.start} on ({_ranges(built)}); this model's MoE layers are {_ranges(descriptor.moe_layers())} "
+                "(moe_layer_end_index / moe_layer_interval), which FastDeploy cannot serve"
+            )
     if par.ep_size > 1:
         if descriptor.moe is None:
             raise ConfigError("expert parallelism needs an MoE model")
         if descriptor.moe.num_experts % par.ep_size:
             raise ConfigError(f"expert parallelism {par.ep_size} does not divide {descriptor.moe.num_experts} experts")
+
+
+def _ranges(layers: list[int]) -> str:
+    return f"layers {layers[0]}-{layers[-1]}" if layers and layers == list(range(layers[0], layers[-1] + 1)) else f"layers {layers}"
 
 
 def local_experts(descriptor: ModelDescriptor, par: Parallelism) -> range:
