@@ -411,20 +411,18 @@ def import_command(
     show_default=True,
     help="Tensor parallelism it will be served at; >1 is refused where FastDeploy's v0 loader splits wrongly.",
 )
-@click.option("--ep", is_flag=True, help="It will be served with expert parallelism (safe for MoE at any --tp).")
 @shard_size_option
 @force_option
-def export_legacy(src: Path, out: Path, tp: int, ep: bool, max_shard_size: str, force: bool) -> None:
+def export_legacy(src: Path, out: Path, tp: int, max_shard_size: str, force: bool) -> None:
     """Write hpu-fp8 checkpoint SRC in the legacy layout stock FastDeploy reads without the hook.
 
-    Serve it with FastDeploy's v0 loader (--load-choices default). Only safe at TP 1 or with expert
-    parallelism: at TP > 1 the v0 loader splits expert up_gate weight scales wrongly and does not
-    split Qwen2 FP8 tensors at all (contract section 14).
+    Serve it with FastDeploy's v0 loader (--load-choices default), without expert parallelism.
+    Qwen2 only at TP 1: the v0 loader does not split its FP8 tensors (docs/fastdeploy.md section 5).
     """
     from .legacy import export_legacy as run_export
 
     with _errors():
-        report = run_export(src, out, tp, ep, _parse_size(max_shard_size), force)
+        report = run_export(src, out, tp, _parse_size(max_shard_size), force)
     for warning in report.warnings:
         click.echo(f"warning: {warning}", err=True)
     click.echo(

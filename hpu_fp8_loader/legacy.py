@@ -265,20 +265,17 @@ class ExportReport:
     warnings: list[str] = field(default_factory=list)
 
 
-def _check_servable(descriptor: ModelDescriptor, tp: int, ep: bool) -> None:
-    """Refuse what stock FastDeploy's v0 loader would load wrongly (contract section 14)."""
-    if tp <= 1:
-        return
-    if descriptor.model_type == "qwen2":
+def _check_servable(descriptor: ModelDescriptor, tp: int) -> None:
+    """Refuse what stock FastDeploy's v0 loader would load wrongly (docs/fastdeploy.md section 5, "Tensor-parallel splits").
+
+    Its ERNIE split rules cover every FP8 key, the expert up_gate weight scales gate|up-paired (since
+    FastDeploy 44a13e45); its Qwen2 rules list only ``.weight`` and ``.bias`` keys, so FP8 Qwen2
+    tensors would reach every rank whole.
+    """
+    if tp > 1 and descriptor.model_type == "qwen2":
         raise HpuFp8Error(
-            f"tensor parallelism {tp}: FastDeploy's v0 loader does not split Qwen2 FP8 tensors (contract section 14); "
+            f"tensor parallelism {tp}: FastDeploy's v0 loader does not split Qwen2 FP8 tensors; "
             "export for TP 1, or serve the hpu-fp8 checkpoint with the hpu_fp8 loader hook"
-        )
-    if descriptor.moe is not None and not ep:
-        raise HpuFp8Error(
-            f"tensor parallelism {tp} without expert parallelism: FastDeploy's v0 loader splits the channel-wise expert "
-            "up_gate weight scales without the gate|up pairing (contract section 14), so they would not line up with the "
-            "weights; export for TP 1, use expert parallelism (--ep), or serve with the hpu_fp8 loader hook"
         )
 
 
@@ -296,15 +293,17 @@ def export_legacy(
     src: str | Path,
     out: str | Path,
     tp: int = 1,
-    ep: bool = False,
     max_shard_bytes: int = 5 * 10**9,
     force: bool = False,
     rank: Parallelism | None = None,
 ) -> ExportReport:
     """hpu-fp8 v1 -> the legacy layout stock FastDeploy reads (v0 loader, ``--load-choices default``).
 
-    ``tp`` / ``ep`` say how it will be served (refused where the v0 loader splits wrongly). ``rank``
-    writes only that tensor-parallel rank's share, for FastDeploy's pre-sharded ``rank{N}/`` path.
+    ``tp`` says how it will be served (refused where the v0 loader splits wrongly). ``rank`` writes only
+    that tensor-parallel rank's share, for FastDeploy's pre-sharded ``rank{N}/`` path. Expert
+    parallelism is not offered: FastDeploy's HPU MoE method runs it only from PR 5855 on, and the v0
+    expert-parallel loader before it drops the MoE input scale this layout carries (docs/fastdeploy.md
+    section 5, "Expert parallelism").
     """
     checkpoint = Checkpoint.open(src)
     qc = parse_quantization_config(checkpoint.config, f"{src}/config.json")
@@ -314,7 +313,7 @@ def export_legacy(
         )
     descriptor = describe(checkpoint.config)
     if rank is None:
-        _check_servable(descriptor, tp, ep)
+        _check_servable(descriptor, tp)
         rank = Parallelism()
     check_parallelism(descriptor, rank)
     attention = qc.kv_cache_scheme is KvCacheScheme.FP8
