@@ -21,7 +21,7 @@ from hpu_fp8_loader.engine.model import forward
 from hpu_fp8_loader.engine.weights import open_weights
 from hpu_fp8_loader.synth import preset_config, synthesize
 
-SIZES = {  # hidden 512, 4 layers, vocab 32000: the size environment-facts.md section 8 timed transformers on
+SIZES = {  # hidden 512, 4 layers, vocab 32000 (45M parameters): transformers' float32 forward, batch 4 x 128, ~1.3 s on 2 cores
     "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 4, "num_attention_heads": 8,
     "num_key_value_heads": 2, "vocab_size": 32000, "head_dim": 64,
 }  # fmt: skip

@@ -1,8 +1,8 @@
 """hpu-fp8 convert vs llm-compressor's model-free PTQ on the same BF16 Qwen2 checkpoint, same run.
 
 Goal (issue 3): hpu-fp8 >= 2x faster and <= half the peak memory (whole process tree, sum of PSS).
-The peer runs in its own virtual environment: llm-compressor pins an older transformers
-(environment-facts.md section 8). ``--setup`` makes that environment (torch==2.13.0 CPU wheel,
+The peer runs in its own virtual environment: llm-compressor 0.14.0.1 pins transformers <= 5.17.
+``--setup`` makes that environment (torch==2.13.0 CPU wheel,
 llmcompressor 0.14.0.1, compressed-tensors 0.19.0, transformers<=5.17).
 
 Not the same job: the peer writes FP8_DYNAMIC (per-channel weight scales, no activation scales) in
@@ -28,7 +28,7 @@ from hpu_fp8_loader.arch import describe
 from hpu_fp8_loader.spec.measurements import write_measurements
 from hpu_fp8_loader.synth import preset_config, synthesize, synthetic_measurements
 
-QWEN2_1GB = {  # the shape environment-facts.md section 8 timed llm-compressor on (1.34 GB)
+QWEN2_1GB = {  # a 1.34 GB BF16 random Qwen2: model-free PTQ took 16-24 s per process on 2 cores
     "hidden_size": 2048,
     "intermediate_size": 5632,
     "num_hidden_layers": 12,

@@ -1,8 +1,8 @@
 """Quantize throughput (scale, clamp, cast) against ml_dtypes' astype alone, measured in the same run.
 
 Goal (issue 2): >= 1.0x single-threaded, and near-linear scaling to both cores.
-Prints ratios, never asserts: machines here are noisy (environment-facts.md section 1), so each
-figure is the best of several repetitions after a warm-up.
+Prints ratios, never asserts: machines here are noisy (on the 2-core development VM the first touch
+of fresh memory is several times slower than later ones), so each figure is the best of several repetitions after a warm-up.
 
     python bench/quantize.py [--elements 64000000] [--repeat 5]
 """

@@ -1,5 +1,6 @@
 """Activation statistics from the reference engine: what FastDeploy's measurement mode records,
-without an HPU (contract section 9.2), plus the Qwen2 MLP points FastDeploy forgets (section 15).
+without an HPU (docs/fastdeploy.md section 10, "Measurement mode"), plus the Qwen2 MLP points FastDeploy
+forgets (same section: ``convert_model`` never sets measurement mode on ``Qwen2MLP``).
 
 Each point's value is the whole-tensor max |x| over every batch; each expert's intermediate is taken
 over the tokens routed to it, as FastDeploy does. ``all_experts`` also runs every token through every

@@ -1,7 +1,8 @@
 """compressed-tensors FP8 checkpoints (llm-compressor's output, what vLLM reads) -> hpu-fp8 v1.
 
-Such a checkpoint (formats-and-anchors.md section A) stores each linear of the Hugging Face torch
-layout as an F8_E4M3 ``weight`` (OCP range ±448) with a ``weight_scale`` (``[1]`` tensor-wise or
+Such a checkpoint (compressed-tensors' ``float-quantized`` format, ``quant_method:
+compressed-tensors``, as documented by llm-compressor and compressed-tensors) stores each linear of
+the Hugging Face torch layout as an F8_E4M3 ``weight`` (OCP range ±448) with a ``weight_scale`` (``[1]`` tensor-wise or
 ``[out, 1]`` per channel, in bf16 or float32), a static ``input_scale`` when activations are static,
 and optional ``k_scale`` / ``v_scale``. Gaudi2 and the spec want q|k|v and gate|up fused under one
 tensor-wise scale in ``[in, out]`` at ±240, so every fused group is dequantized to float32 from the

@@ -137,7 +137,7 @@ def attention_warning(rows: list[EvalRow]) -> str | None:
     if full > 2 * linears and full - linears > 0.01:
         return (
             f"FP8 attention and KV cache cost far more than FP8 linears (KL {full:.4f} vs {linears:.4f}): "
-            "convert with --kv-cache none (gaudi-fp8-semantics.md section 6: Qwen2-7B-Instruct collapsed "
+            "convert with --kv-cache none (Qwen2-7B-Instruct collapsed "
             "from GSM8K 0.77 to 0.03 with FP8 attention and KV cache)"
         )
     return None

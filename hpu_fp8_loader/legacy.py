@@ -1,14 +1,14 @@
 """FastDeploy's legacy HPU FP8 layout (PaddleCustomDevice ``Model_convert.py``): import and export.
 
-The legacy layout (contract sections 7 and 10) stores each linear as ``P.quant_weight`` (the e4m3fn
+The legacy layout (docs/fastdeploy.md section 9, "The legacy layout") stores each linear as ``P.quant_weight`` (the e4m3fn
 bytes as int8, in the source's own layout), ``P.weight_scale`` (bf16, amax_W / 240, ``[1]``, or
 ``[out]`` for routed experts in the newer converter) and one ``P.activation_scale`` per measured
 point whose meaning depends on the key: the **raw amax** when the key contains ``self_attn``, and
-**amax / 240** otherwise (contract section 4.2). This module is the only place that rule lives.
+**amax / 240** otherwise (docs/fastdeploy.md section 5, "Linear layers"). This module is the only place that rule lives.
 
 Import resolves both meanings into the spec's act_amax; export writes them back, which stock
-FastDeploy's v0 loader reads without our hook (at tensor parallelism 1, or with expert parallelism:
-contract section 14).
+FastDeploy's v0 loader reads without our hook (ERNIE at any tensor parallelism, Qwen2 at tensor
+parallelism 1: docs/fastdeploy.md section 5, "Tensor-parallel splits").
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ __all__ = [
 FASTDEPLOY_FP8_MAX = 240.0
 QUANT_WEIGHT = "quant_weight"
 ACTIVATION_SCALE = "activation_scale"
-# What Model_convert.py writes into config.json (contract section 10.1).
+# What Model_convert.py writes into config.json (docs/fastdeploy.md section 9, "The legacy layout").
 LEGACY_QUANTIZATION_CONFIG = {
     "quantization": "mix_quant",
     "dense_quant_type": "tensor_wise_fp8",
@@ -202,7 +202,7 @@ def import_legacy(
     """A legacy FastDeploy FP8 checkpoint -> hpu-fp8 v1, one tensor at a time.
 
     ``measurements`` supply points the legacy checkpoint lacks (FastDeploy never measures Qwen2's
-    MLP, contract section 15); where both have a point, the larger amax wins.
+    MLP, docs/fastdeploy.md section 10); where both have a point, the larger amax wins.
     """
     checkpoint = Checkpoint.open(src)
     qc_raw = checkpoint.config.get("quantization_config")
@@ -353,7 +353,7 @@ def export_legacy(
     report = ExportReport(Path(out), len(planned))
     if descriptor.model_type == "qwen2":
         report.warnings.append(
-            "Qwen2 in the legacy layout is [inferred] from FastDeploy's code (contract section 15): no FP8 Qwen2 has been "
+            "Qwen2 in the legacy layout is [inferred] from FastDeploy's code: no FP8 Qwen2 has been "
             "seen served by stock FastDeploy"
         )
     return report

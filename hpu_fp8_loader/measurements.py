@@ -1,7 +1,7 @@
 """Activation statistics from files: our JSON format, and FastDeploy's measurement-mode text files.
 
 FastDeploy writes ``key<TAB>float`` lines of raw amax to ``model_measurement.txt``, or to
-``model_measurement_{rank}.txt`` per tensor-parallel rank (contract section 9.3). Each rank records
+``model_measurement_{rank}.txt`` per tensor-parallel rank (docs/fastdeploy.md section 10). Each rank records
 its own shard of the sharded activations, so rank files are merged by max, after checking that the
 rank set is complete. No real FastDeploy file has been seen: the format is read from the code
 ([inferred]), and the tests use synthetic files.

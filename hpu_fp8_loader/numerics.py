@@ -3,7 +3,8 @@
 Pure functions on numpy arrays; no I/O. Every scale here is a *dequantization* scale
 (``real ~= fp8 * scale``, ``scale = amax / fp8_max``), the one meaning the spec gives the word.
 
-The cast is clamp-then-round, as Gaudi does it (gaudi-fp8-semantics.md section 7.1): clamping first
+The cast is clamp-then-round, as Gaudi does it (Gaudi saturates out-of-range values at ±240 on Gaudi2,
+per the ``test_cast_to_fp8_v2_out_of_range`` test of Habana's ``gaudi-pytorch-bridge``): clamping first
 keeps 248 at 240 on Gaudi2, where round-then-clamp would produce 256. It is computed with a
 131072-entry lookup table indexed by the top 16 bits of the float32 value plus one "sticky" bit
 that records whether any of the low 16 bits is set. Every e4m3fn rounding boundary (including the

@@ -1,6 +1,6 @@
 """Move a checkpoint between the Gaudi3/OCP FP8 range (±448) and Gaudi2's (±240).
 
-448 -> 240 (the rule vllm-gaudi applies when loading, formats-and-anchors.md section B6): every fp8
+448 -> 240 (vllm-gaudi's 448->240 rule, its Gaudi2 weight-loading wrapper in ``extension/ops.py``): every fp8
 weight value x 0.5 and every weight scale x 2, so weight x scale is unchanged. Halving is exact
 except at the subnormal end, where x 0.5 falls between two codes and rounds to nearest even; those
 values are counted. Activation scales are derived again from the untouched act_amax.

@@ -1,15 +1,16 @@
-"""A minimal stand-in for FastDeploy's module surface, built from fastdeploy-hpu-contract.md.
+"""A minimal stand-in for FastDeploy's module surface, built from docs/fastdeploy.md.
 
-FastDeploy cannot be installed here (environment-facts.md section 2). This writes, as real files on
-an import path, just the pieces the hook touches, with the contract's names:
+FastDeploy cannot be installed here (PaddlePaddle FastDeploy is not on PyPI; the PyPI package named
+``fastdeploy`` is an unrelated project). This writes, as real files on an import path, just the
+pieces the hook touches, with FastDeploy's names:
 
 * ``fastdeploy.model_executor.model_loader``: ``BaseModelLoader`` and a ``get_model_loader`` that, like
-  FastDeploy's, is a hard-coded if/elif (section 12.1);
+  FastDeploy's, is a hard-coded if/else (docs/fastdeploy.md section 2, "Load dispatch");
 * ``fastdeploy.worker.hpu_model_runner``: imports ``get_model_loader`` *by name* at module top, and
-  ``HPUModelRunner.load_model`` calls it, then ``convert_model`` (sections 9.1, 12.1);
+  ``HPUModelRunner.load_model`` calls it, then ``convert_model`` (section 2, "Load dispatch"; section 10);
 * ``fastdeploy.model_executor.models``: ``ModelRegistry.get_class(architecture)`` returning a model whose
-  parameters are the HPU FP8 layers' (sections 4.1, 5.1, 6.2, 12.3), named and shaped here from the
-  contract, independently of hpu_fp8_loader's mapping, for tensor-parallel rank ``r`` of ``tp``.
+  parameters are the HPU FP8 layers' (sections 5, 6 and 11), named and shaped here from
+  docs/fastdeploy.md, independently of hpu_fp8_loader's mapping, for tensor-parallel rank ``r`` of ``tp``.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def _add(root, dotted, shape, dtype):
 
 
 def contract_parameters(c, tp, rank, moe_list_layout=False, lm_head_fp32=False):
-    """name -> (shape, dtype) of an HPU FP8 model's parameters on one TP rank, from the contract."""
+    """name -> (shape, dtype) of an HPU FP8 model's parameters on one TP rank, from docs/fastdeploy.md section 11."""
     prefix = {"ernie4_5_moe": "ernie", "ernie4_5": "ernie", "qwen2": "qwen2"}[c["model_type"]]
     h, heads, kv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
     hd = c.get("head_dim") or h // heads
@@ -115,7 +116,7 @@ def contract_parameters(c, tp, rank, moe_list_layout=False, lm_head_fp32=False):
     # FastDeploy builds it tied or not; float32 with --lm_head-fp32
     params["lm_head.linear.weight"] = ([h, c["vocab_size"] // tp], "float32" if lm_head_fp32 else "bfloat16")
 
-    def linear(name, shape):  # section 4.1
+    def linear(name, shape):  # docs/fastdeploy.md section 5, "Linear layers"
         params[f"{name}.weight"] = (shape, "float8_e4m3fn")
         for scale in ("weight_scale", "act_scale", "act_scale_inv"):
             params[f"{name}.{scale}"] = ([1], "bfloat16")
@@ -129,8 +130,8 @@ def contract_parameters(c, tp, rank, moe_list_layout=False, lm_head_fp32=False):
         if c["model_type"] == "qwen2":
             params[f"{p}.self_attn.qkv_proj.bias"] = ([qkv], "bfloat16")
         linear(f"{p}.self_attn.o_proj", [heads * hd // tp, h])
-        if c["quantization_config"].get("kv_cache_quant_type") == "float8_e4m3":  # section 6.1
-            for s in ("cache_k", "cache_v", "q", "q_scaling", "s"):  # section 6.2: float32 [1]
+        if c["quantization_config"].get("kv_cache_quant_type") == "float8_e4m3":  # docs/fastdeploy.md sections 3 and 6
+            for s in ("cache_k", "cache_v", "q", "q_scaling", "s"):  # section 6, "Attention scales": float32 [1]
                 params[f"{p}.self_attn.attn.{s}_scale"] = ([1], "float32")
                 params[f"{p}.self_attn.attn.{s}_out_scale"] = ([1], "float32")
         moe = c.get("moe_num_experts") and c["moe_layer_start_index"] <= i <= c["moe_layer_end_index"]
@@ -142,7 +143,7 @@ def contract_parameters(c, tp, rank, moe_list_layout=False, lm_head_fp32=False):
         e, inter = c["moe_num_experts"], c["moe_intermediate_size"] // tp
         params[f"{p}.mlp.gate.weight"] = ([h, e], "float32")
         params[f"{p}.mlp.experts.gate_correction_bias"] = ([1, e], "float32")
-        params[f"{p}.mlp.experts.up_gate_proj_weight"] = ([e, h, 2 * inter], "float8_e4m3fn")  # section 5.1
+        params[f"{p}.mlp.experts.up_gate_proj_weight"] = ([e, h, 2 * inter], "float8_e4m3fn")  # section 5, "MoE"
         params[f"{p}.mlp.experts.down_proj_weight"] = ([e, inter, h], "float8_e4m3fn")
         params[f"{p}.mlp.experts.up_gate_proj_weight_scale"] = ([e, 2 * inter], "bfloat16")
         params[f"{p}.mlp.experts.down_proj_weight_scale"] = ([e, h], "bfloat16")

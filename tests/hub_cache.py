@@ -1,7 +1,8 @@
 """A Hugging Face Hub cache laid out on disk the way huggingface_hub lays it out, for offline tests.
 
 blobs/<sha256> hold the bytes; snapshots/<commit>/<file> link to them; refs/main names the commit
-(environment-facts.md section 7 records that huggingface_hub resolves such a cache offline).
+(huggingface_hub 1.33 and 2.4 resolve such a cache offline: ``snapshot_download(...,
+local_files_only=True)``, ``hf_hub_download``, ``try_to_load_from_cache``).
 """
 
 from __future__ import annotations

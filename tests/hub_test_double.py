@@ -1,9 +1,10 @@
 """A test double of the Hugging Face Hub: a loopback HTTP server speaking the parts of the Hub's API
 that huggingface_hub uses to create a repo, upload (pre-upload check, the LFS batch API with basic
 transfer, commit), list files and download them. It is not the Hub; it is what the real client is
-pointed at (HF_ENDPOINT) in tests, since the Hub cannot be reached here. Endpoints and fields follow
-environment-facts.md section 7 (checked against huggingface_hub 2.4), plus the LFS path real weight
-files take (with HF_HUB_DISABLE_XET=1 the client uses LFS rather than Xet).
+pointed at (HF_ENDPOINT) in tests, since the Hub cannot be reached here. Endpoints and fields are
+those huggingface_hub's client (``hf_api.py``) sends and expects (checked against huggingface_hub 2.4):
+repo creation, pre-upload check, commit, revision info, tree listing and file download, plus the LFS
+path real weight files take (with HF_HUB_DISABLE_XET=1 the client uses LFS rather than Xet).
 
 Knobs for tests: ``valid_tokens`` (others get 401), ``fail_lfs_after`` (LFS uploads after the Nth get a
 507: an interrupted upload), ``corrupt_on_commit`` (the next commit stores that file altered: a remote

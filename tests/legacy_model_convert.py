@@ -1,8 +1,9 @@
 """A test double of PaddleCustomDevice's Model_convert.py, FastDeploy's legacy offline converter.
 
 The real script needs an HPU (it pins ``intel_hpu:5`` at import) and cannot run here, so this
-reimplements what contract sections 7 and 10 record of it, defects included, to make the legacy
-checkpoints that ``import-legacy`` must read:
+reimplements it, defects included, as docs/fastdeploy.md section 9 ("The legacy layout") records it
+from PaddleCustomDevice's ``backends/intel_hpu/custom_ops/python/paddlenlp_ops/Model_convert.py`` at
+``20c9eae8`` and ``1dd4eef8``, to make the legacy checkpoints that ``import-legacy`` must read:
 
 * every BF16 key containing ``_proj.weight`` becomes ``quant_weight`` (int8 bytes of e4m3fn, no
   transpose, no split) plus ``weight_scale`` (bf16, rounded to nearest *after* quantizing with the
@@ -63,7 +64,7 @@ def model_convert(
             q, scale = _quantize(array, channel_wise, 1e-8 if version == "20c9eae8" else 1e-4)
             tensors[name.replace(".weight", ".quant_weight")] = q
             tensors[name.replace(".weight", ".weight_scale")] = scale
-        # other dtypes: "warning" and continue -- dropped from the output (contract section 10.2)
+        # other dtypes: "warning" and continue -- dropped from the output
     activations = {
         key: np.array([value if "self_attn" in key else value / 240.0], np.float32).astype(ml_dtypes.bfloat16)
         for key, value in measurement.items()

@@ -1,4 +1,8 @@
-"""The target models' real configurations, transcribed from ../shared/reference/models.md."""
+"""The target models' real configurations.
+
+Transcribed from the models' published config.json files on the Hugging Face Hub: ERNIE-4.5-21B-A3B-PT,
+ERNIE-4.5-300B-A47B-PT and ERNIE-4.5-0.3B-PT (baidu/), Qwen2-0.5B, Qwen2-1.5B, Qwen2-7B and Qwen2-72B (Qwen/).
+"""
 
 ERNIE_21B = {
     "model_type": "ernie4_5_moe",

@@ -1,4 +1,4 @@
-"""Architecture descriptors on the real configurations of models.md."""
+"""Architecture descriptors on the models' published configurations (real_configs.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def test_qwen2_7b_has_7_6b_parameters():
     assert describe(QWEN2["7B"]).parameter_count() == pytest.approx(7.6e9, abs=0.1e9)
 
 
-def test_ernie_300b_parameter_count_matches_models_md():
+def test_ernie_300b_parameter_count_matches_the_published_config():
     assert describe(ERNIE_300B).parameter_count() == pytest.approx(298.6e9, abs=0.1e9)
 
 
@@ -27,7 +27,7 @@ def test_ernie_21b_layer_zero_dense_then_moe_to_the_last_layer():
     assert describe(ERNIE_300B).moe_layers() == list(range(3, 54))
 
 
-def test_ernie_21b_shapes_match_models_md():
+def test_ernie_21b_shapes_match_the_published_config():
     shapes = {w.name: w.shape for w in describe(ERNIE_21B).weights()}
     assert shapes["ernie.layers.0.self_attn.qkv_proj.weight"] == (2560, 3584)
     assert shapes["ernie.layers.0.self_attn.o_proj.weight"] == (2560, 2560)

@@ -1,6 +1,7 @@
-"""The FastDeploy mapping against fastdeploy-hpu-contract.md: names (section 12.3), shapes and dtypes
-(4.1, 5.1, 6.2), formulas, and the tensor/expert-parallel splits of section 14 -- checked by
-reassembling every rank's share and comparing with the spec checkpoint."""
+"""The FastDeploy mapping against docs/fastdeploy.md: names (section 11), shapes and dtypes (section 5
+"Linear layers" and "MoE", section 6 "Attention scales"), formulas, and the tensor/expert-parallel
+splits (section 5, "Tensor-parallel splits") -- checked by reassembling every rank's share and
+comparing with the spec checkpoint."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def test_linear_values_follow_the_contract_formulas(spec_factory):
         amax = spec.get(f"{module}.act_amax")[0]
         np.testing.assert_array_equal(params[f"{module}.weight"].view(np.uint8), spec.get(f"{module}.weight").view(np.uint8))
         assert f32(params[f"{module}.weight_scale"])[0] == spec.get(f"{module}.weight_scale")[0]  # bf16-exact: no loss
-        assert params[f"{module}.act_scale"][0] == bf16(np.float32(240) / amax)[0]  # a multiplier (section 4.1)
+        assert params[f"{module}.act_scale"][0] == bf16(np.float32(240) / amax)[0]  # a multiplier (docs/fastdeploy.md section 5)
         assert params[f"{module}.act_scale_inv"][0] == bf16(amax / np.float32(240))[0]  # a descale
 
 
@@ -80,7 +81,7 @@ def test_moe_values_follow_the_contract_formulas(spec_factory):
     np.testing.assert_array_equal(
         params[f"{base}.down_proj_in_scale"], bf16(np.array(experts, np.float32)[:, None] / np.float32(240))
     )
-    assert params[f"{base}.down_proj_in_scale"].shape == (4, 1)  # [E, 1], not pre-packed to [E, 1, 64] (section 5.1)
+    assert params[f"{base}.down_proj_in_scale"].shape == (4, 1)  # [E, 1], not pre-packed to [E, 1, 64] (docs/fastdeploy.md section 5)
     for e in range(4):
         np.testing.assert_array_equal(
             params[f"{base}.up_gate_proj_weight"][e].view(np.uint8), spec.get(f"{base}.{e}.up_gate_proj.weight").view(np.uint8)
@@ -161,7 +162,7 @@ def test_tensor_parallel_shares_reassemble_the_checkpoint(spec_factory):
     up_scales = [f32(r[f"{base}.up_gate_proj_weight_scale"][3])[inter // tp :] for r in ranks]
     np.testing.assert_array_equal(np.concatenate(gate_scales), scale[:inter])
     np.testing.assert_array_equal(np.concatenate(up_scales), scale[inter:])
-    contiguous = scale[: 2 * inter // tp]  # the fork's rule (section 14): would pair rank 0's weights with gate-only scales
+    contiguous = scale[: 2 * inter // tp]  # 404cf0ec's rule (docs/fastdeploy.md section 5): would pair rank 0's weights with gate-only scales
     assert not np.array_equal(f32(ranks[0][f"{base}.up_gate_proj_weight_scale"][3]), contiguous)
     np.testing.assert_array_equal(
         np.concatenate([u8(r[f"{base}.down_proj_weight"][3]) for r in ranks]), u8(spec.get(f"{base}.3.down_proj.weight"))

@@ -1,4 +1,4 @@
-"""FastDeploy measurement-mode files (contract section 9.3). No real file has been seen: these are
+"""FastDeploy measurement-mode files (docs/fastdeploy.md section 10). No real file has been seen: these are
 synthetic files written the way PaddleCustomDevice's reference ops write them ([inferred])."""
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def test_qwen2_fastdeploy_file_lacks_the_mlp_and_is_combined_with_our_own(tmp_pa
     config = preset_config("qwen2-tiny")
     ours = synthetic_measurements(config)
     fastdeploy = {m: v * 1.5 for m, v in ours.amax.items()}
-    write_fastdeploy(tmp_path / "model_measurement.txt", fastdeploy, skip=lambda m: ".mlp." in m)  # contract section 15
+    write_fastdeploy(tmp_path / "model_measurement.txt", fastdeploy, skip=lambda m: ".mlp." in m)  # Qwen2's MLP is never measured
     loaded = load_measurements(tmp_path / "model_measurement.txt").measurements
     with pytest.raises(MeasurementError, match="lack .*qwen2.layers.0.mlp.up_gate_proj"):
         convert(source_factory("qwen2-tiny", "torch"), tmp_path / "out", [loaded])

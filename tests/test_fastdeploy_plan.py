@@ -1,4 +1,4 @@
-"""`plan` on the real configurations of models.md, against byte counts worked out here by hand."""
+"""`plan` on the models' published configurations (real_configs.py), against byte counts worked out here by hand."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hpu_fp8_loader.errors import ConfigError
 from hpu_fp8_loader.fastdeploy.plan import plan_deployment
 
 LINEAR_SCALES = 3 * 2  # weight_scale, act_scale, act_scale_inv: bf16 [1] each
-ATTENTION_SCALARS = 10 * 4  # ten float32 [1] (contract section 6.2)
+ATTENTION_SCALARS = 10 * 4  # ten float32 [1] (docs/fastdeploy.md section 6, "Attention scales")
 
 
 def expected(c: dict, tp: int, moe_layers: int, dense_layers: int, kv_fp8: bool = True) -> dict:

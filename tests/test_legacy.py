@@ -1,5 +1,5 @@
-"""import-legacy and export-legacy against checkpoints laid out exactly as contract sections 7 and 10
-describe FastDeploy's legacy converter output (tests/legacy_model_convert.py)."""
+"""import-legacy and export-legacy against checkpoints laid out exactly as docs/fastdeploy.md section 9
+("The legacy layout") describes FastDeploy's legacy converter output (tests/legacy_model_convert.py)."""
 
 from __future__ import annotations
 
@@ -221,7 +221,7 @@ def test_export_writes_exactly_the_contract_key_set(tmp_path, spec_factory):
     legacy = Checkpoint.open(out)
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"] == LEGACY_CONFIG
-    # contract section 7 for this model: 3 layers, layer 0 dense, layers 1-2 MoE with 4 experts and 1 shared expert
+    # the v0 key set (docs/fastdeploy.md section 9) for this model: 3 layers, layer 0 dense, layers 1-2 MoE with 4 experts and 1 shared expert
     expected = {"ernie.embed_tokens.weight", "ernie.norm.weight"}
     for i in range(3):
         p = f"ernie.layers.{i}"

@@ -1,4 +1,4 @@
-"""retarget: ±448 -> ±240 by x0.5 / x2 (formats-and-anchors.md section B6), ±240 -> gaudi3 by relabelling."""
+"""retarget: ±448 -> ±240 by x0.5 / x2 (vllm-gaudi's 448->240 rule), ±240 -> gaudi3 by relabelling."""
 
 from __future__ import annotations
 

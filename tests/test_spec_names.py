@@ -1,4 +1,4 @@
-"""Spec names and FastDeploy measurement keys (contract section 9.2)."""
+"""Spec names and FastDeploy measurement keys (docs/fastdeploy.md section 10, "Measurement mode")."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ config keys into it. The descriptor knows three views of each weight:
 * the Hugging Face torch layout (``[out, in]``, separate projections, ``model.`` prefix),
 
 and how the spec tensor is assembled from source parts (transpose, then concatenate along the
-output axis). No column permutation is ever applied (contract section 19).
+output axis). No column permutation is ever applied (docs/spec.md section 4.4).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """A compact float32 reference engine for Ernie4.5 (MoE and dense) and Qwen2 on CPU.
 
-Paddle has no bf16 compute on CPU and paddleformers' Ernie4.5-MoE does not run on CPU
-(environment-facts.md sections 3.3 and 5), so calibration without an HPU needs its own forward.
+Paddle's CPU build has no bf16 matmul kernel, and paddleformers' Ernie4.5-MoE forward fails on CPU
+(its MoE layer needs the GPU kernel ``expand_modality_expert_id``), so calibration without an HPU needs
+its own forward.
 """

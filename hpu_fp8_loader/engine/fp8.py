@@ -2,19 +2,24 @@
 
 One mapping, two users: this runs on exactly the arrays the plugin hands FastDeploy
 (:func:`hpu_fp8_loader.fastdeploy.mapping.map_rank`), rank by rank, so a wrong mapping shows up as
-wrong logits here. Arithmetic follows gaudi-fp8-semantics.md section 7 and the contract:
+wrong logits here. Parameters and their meanings are those of docs/fastdeploy.md sections 4-6; the
+arithmetic follows Habana's and PaddleCustomDevice's (PCD) public code, cited per rule:
 
 - cast of a bf16 tensor with multiplier m: ``sat_fp8(bf16(x * bf16(m)))``, clamp then round to
-  nearest even at ±240 (semantics 1.3, 1.4, 7.2);
-- fp8 GEMM: float32 accumulation, times the operands' descales, output rounded to bf16 (7.3);
-  a bf16 input cast with multiplier ``s`` contributes the descale ``1/s`` (contract section 3), except
-  o_proj inside the fused SDPA op, which takes ``act_scale_inv`` (contract 6.5);
-- Qwen2's q|k|v bias is added in bf16 after the GEMM (semantics 8, PCD QKV path);
+  nearest even at ±240 (the cast tests of Habana's ``gaudi-pytorch-bridge``,
+  ``test_hpu_fp8_ops_any_mode.py``: product in the input dtype, round-half-even, saturation at ±240 on Gaudi2);
+- fp8 GEMM: float32 accumulation, times the operands' descales, output rounded to bf16 (``fp8_gemm_v2``);
+  a bf16 input cast with multiplier ``s`` contributes the descale ``1/s`` (PCD ``kernels/hpu_funcs.h``,
+  ``AddNodeFusedFP8Gemm``), except o_proj inside the fused SDPA op, which takes ``act_scale_inv``
+  (docs/fastdeploy.md section 5, "Linear layers");
+- Qwen2's q|k|v bias is added in bf16 after the GEMM (PCD ``custom_ops/llama_infer/fused_qkv_rope.cc``);
 - attention ``cache_fp8_sdpa_fp8``: Q, K and V cast with their multipliers, Q.K^T and P.V in fp8 with
   the q/k and s/v descales; prefill quantizes the normalised probabilities, decode the unnormalised
-  exp(score - row max) and normalises after P.V (contract 6.5, semantics 3.3, 7.4-7.5);
+  exp(score - row max) and normalises after P.V (PCD ``custom_ops/llama_infer/fused_block_attention.cc``;
+  docs/fastdeploy.md sections 6 and 10);
 - MoE: one input multiplier for all experts, per-expert channel-wise weight descales, the SwiGLU output
-  cast with 1/down_proj_in_scale[e], router weights applied and accumulated in bf16 (semantics 7.6).
+  cast with 1/down_proj_in_scale[e], router weights applied and accumulated in bf16 (the eager
+  decomposition of Habana's ``mixture_of_experts`` op; docs/fastdeploy.md section 5, "MoE").
 
 [inferred], as the sources mark it: the accumulator precision (float32), bf16 rounding after each
 node, the softmax precision (float32 here), and the bias placement in the newest PCD op.
@@ -90,7 +95,7 @@ class Fp8Emulator:
     # ------------------------------------------------------------------ ops
 
     def _linear(self, p: dict, module: str, x: np.ndarray, descale_name: str | None = None) -> np.ndarray:
-        """An FP8 linear: cast x with act_scale, fp8 GEMM, descales, bf16 out (contract 4.1, 4.4)."""
+        """An FP8 linear: cast x with act_scale, fp8 GEMM, descales, bf16 out (docs/fastdeploy.md section 5, "Linear layers")."""
         weight, weight_scale = p[f"{module}.weight"], p[f"{module}.weight_scale"][0]
         if self.options.weights_only:
             return x @ (weight * weight_scale)
@@ -149,7 +154,7 @@ class Fp8Emulator:
         return self._linear(p, f"{module}.down_proj", self.round(hidden))
 
     def _experts(self, p: dict, base: str, flat: np.ndarray, chosen: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        """This rank's share of the routed experts (contract 5.4; semantics 7.6)."""
+        """This rank's share of the routed experts (docs/fastdeploy.md section 5, "MoE")."""
         experts = f"{base}.mlp.experts"
         up, down = p[f"{experts}.up_gate_proj_weight"], p[f"{experts}.down_proj_weight"]
         up_scale, down_scale = p[f"{experts}.up_gate_proj_weight_scale"], p[f"{experts}.down_proj_weight_scale"]

@@ -3,14 +3,16 @@
 Conventions (and where they come from):
 - RMSNorm with config ``rms_norm_eps``; SwiGLU ``silu(gate) * up`` with gate first.
 - Rotary: ERNIE interleaved (pairs 2i, 2i+1; FastDeploy's ``use_neox_rotary_style=False`` and
-  transformers' Ernie4.5), Qwen2 rotate-half (NeoX) (contract section 19); ``rope_theta`` from config.
+  transformers' Ernie4.5), Qwen2 rotate-half (NeoX) (docs/spec.md section 4.4); ``rope_theta`` from config.
 - GQA: each KV head serves ``num_heads / num_kv_heads`` query heads; causal softmax attention.
-- MoE (contract section 5.4): float32 router logits, softmax over all experts, top-k chosen on
-  probabilities plus the correction bias, the chosen *unbiased* probabilities renormalised (sum
-  clamped below at 1e-12); shared experts always added; MoE layers by FastDeploy's rule.
+- MoE (FastDeploy's HPU op ``fused_gate_moe_fp8``, PaddleCustomDevice
+  ``backends/intel_hpu/custom_ops/llama_infer/fused_gate_moe.cc``): float32 router logits, softmax
+  over all experts, top-k chosen on probabilities plus the correction bias, the chosen *unbiased*
+  probabilities renormalised (sum clamped below at 1e-12); shared experts always added; MoE layers
+  by FastDeploy's rule.
 
-An observer, when given, sees the tensors FastDeploy's measurement mode measures (contract section
-9.2), keyed by spec module names: that is all calibration needs.
+An observer, when given, sees the tensors FastDeploy's measurement mode measures (docs/fastdeploy.md
+section 10, "Measurement mode"), keyed by spec module names: that is all calibration needs.
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ def _attention(d: ModelDescriptor, cfg: EngineConfig, w: dict, base: str, x: np.
     scores -= scores.max(axis=-1, keepdims=True)
     probabilities = np.exp(scores)
     probabilities /= probabilities.sum(axis=-1, keepdims=True)
-    # FastDeploy's decode path quantizes unnormalised exp scores peaking at exactly 1 (contract 9.2).
+    # FastDeploy's decode path quantizes unnormalised exp scores peaking at exactly 1 (docs/fastdeploy.md section 10).
     observer.record(f"{base}.self_attn.s", np.ones(1, np.float32))
     out = (probabilities @ v).transpose(0, 2, 1, 3).reshape(b, t, d.q_width)
     observer.record(f"{base}.self_attn.o_proj", out)
@@ -127,7 +129,7 @@ def _mlp(module: str, w: dict, x: np.ndarray, observer: Observer, record_input: 
 
 
 def route(x: np.ndarray, gate: np.ndarray, bias: np.ndarray | None, top_k: int, norm_min: float):
-    """(chosen experts [N, k], their weights [N, k]): FastDeploy's routing in float32 (contract section 5.4)."""
+    """(chosen experts [N, k], their weights [N, k]): FastDeploy's routing (``fused_gate_moe_fp8``) in float32."""
     logits = x.astype(np.float32) @ gate
     logits = logits - logits.max(axis=-1, keepdims=True)
     probabilities = np.exp(logits)

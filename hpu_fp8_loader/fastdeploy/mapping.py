@@ -4,9 +4,10 @@ Pure: no FastDeploy, no Paddle, no HPU. The plugin hands these arrays to FastDep
 emulation runs on the same arrays; ``hpu-fp8 map`` writes them to a file for review. This module is
 the only place FastDeploy's *multipliers* (240 / amax) are made: the spec stores descales only.
 
-Parameter names, shapes, dtypes and formulas follow fastdeploy-hpu-contract.md: linear layers
-section 4.1, MoE section 5.1, attention section 6.2, tensor/expert-parallel splits section 14,
-parameter paths section 12.3.
+Parameter names, shapes, dtypes and formulas follow docs/fastdeploy.md: linear layers section 5
+("Linear layers"), MoE section 5 ("MoE", "Two MoE layouts"), attention section 6 ("Attention scales"),
+tensor/expert-parallel splits section 5 ("Tensor-parallel splits", "MoE"), every parameter path
+section 11 ("What the hook fills, parameter by parameter").
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def local_experts(descriptor: ModelDescriptor, par: Parallelism) -> range:
 
 
 def _expert_tp(par: Parallelism) -> int:
-    """Experts are split by tensor parallelism only without expert parallelism (contract section 14)."""
+    """Experts are split by tensor parallelism only without expert parallelism (docs/fastdeploy.md section 5, "MoE")."""
     return par.tp_size if par.ep_size == 1 else 1
 
 
@@ -208,7 +209,7 @@ def share_shape(d: ModelDescriptor, w: WeightTensor, par: Parallelism) -> tuple[
 
 
 def fastdeploy_name(w: WeightTensor) -> str:
-    """FastDeploy's parameter path of an unquantized weight (contract section 12.3)."""
+    """FastDeploy's parameter path of an unquantized weight (docs/fastdeploy.md section 11)."""
     if w.role is Role.EMBEDDING:
         return w.name.replace(".embed_tokens.weight", ".embed_tokens.embeddings.weight")
     if w.role is Role.LM_HEAD:
@@ -297,7 +298,10 @@ def _expert_rank(par: Parallelism) -> int:
 
 
 def rank_share(checkpoint: Checkpoint, d: ModelDescriptor, w: WeightTensor, par: Parallelism) -> np.ndarray:
-    """This rank's share of a spec weight (contract section 14), in the spec's dtype and layout."""
+    """This rank's share of a spec weight, in the spec's dtype and layout.
+
+    Split as docs/fastdeploy.md section 5 ("Tensor-parallel splits") describes.
+    """
     tp, r = par.tp_size, par.tp_rank
     if w.role is Role.EXPERT_UP_GATE:
         return _read(checkpoint, w.name, columns=_paired_columns(w.shape[1], _expert_tp(par), _expert_rank(par)))
@@ -318,7 +322,8 @@ def rank_share(checkpoint: Checkpoint, d: ModelDescriptor, w: WeightTensor, par:
 def scale_share(checkpoint: Checkpoint, d: ModelDescriptor, w: WeightTensor, par: Parallelism) -> np.ndarray:
     """This rank's share of a linear's weight_scale: an expert up_gate's channels split gate|up-paired."""
     name = names.tensor(w.module, names.WEIGHT_SCALE)
-    if w.role is Role.EXPERT_UP_GATE:  # paired, unlike the fork's contiguous rule (contract section 14)
+    # paired, unlike the contiguous rule of 404cf0ec (docs/fastdeploy.md section 5, "Tensor-parallel splits")
+    if w.role is Role.EXPERT_UP_GATE:
         return _read(checkpoint, name, columns=_paired_columns(w.shape[1], _expert_tp(par), _expert_rank(par)))
     return _read(checkpoint, name)
 
@@ -341,14 +346,14 @@ def _moe_pieces(
         yield MappedPiece(f"{base}.down_proj_weight", rank_share(checkpoint, d, down, par), i)
         yield MappedPiece(f"{base}.up_gate_proj_weight_scale", _bf16(scale_share(checkpoint, d, up, par)), i)
         yield MappedPiece(f"{base}.down_proj_weight_scale", _bf16(scale_share(checkpoint, d, down, par)), i)
-        down_in[i, 0] = _act_pair(checkpoint, down.module, qc)[1]  # a descale, not inverted (contract section 5.3)
+        down_in[i, 0] = _act_pair(checkpoint, down.module, qc)[1]  # a descale, not inverted (docs/fastdeploy.md section 5, "MoE")
     multiplier, _ = _act_pair(checkpoint, names.shared_expert_input(d.prefix, layer), qc)
     yield MappedPiece(f"{base}.up_gate_proj_in_scale", _bf16([multiplier]))
     yield MappedPiece(f"{base}.down_proj_in_scale", _bf16(down_in))
 
 
 def _attention_pieces(checkpoint: Checkpoint, d: ModelDescriptor, qc: QuantizationConfig, layer: int):
-    """The ten float32 scalars of contract section 6.2."""
+    """The ten float32 scalars of docs/fastdeploy.md section 6 ("Attention scales")."""
     prefix = f"{names.layer(d.prefix, layer)}.self_attn.attn"
     b = np.float32(FASTDEPLOY_FP8_MAX)
     values = {}
@@ -367,7 +372,7 @@ def map_rank(checkpoint: Checkpoint, qc: QuantizationConfig, d: ModelDescriptor,
     """Every parameter value of one rank, in model order; stacked MoE parameters come one expert at a time."""
     if qc.fp8_max != FASTDEPLOY_FP8_MAX:
         raise HpuFp8Error(
-            f"fp8_max is {qc.fp8_max:g}, but FastDeploy's HPU path assumes 240 in every formula (contract section 2); "
+            f"fp8_max is {qc.fp8_max:g}, but FastDeploy's HPU path assumes 240 in every formula; "
             "make a 240 checkpoint with `hpu-fp8 retarget --target gaudi2`"
         )
     if qc.ignore:

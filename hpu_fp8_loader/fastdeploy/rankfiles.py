@@ -2,7 +2,7 @@
 
 ``hpu-fp8 map`` writes exactly the tensors the plugin would set on a rank, under FastDeploy's
 parameter paths and with their final dtypes, so anyone with FastDeploy at hand can check the mapping
-without an HPU. ``--all-ranks`` writes FastDeploy's pre-sharded layout (contract section 12.2): one
+without an HPU. ``--all-ranks`` writes FastDeploy's pre-sharded layout (docs/fastdeploy.md section 2, "Load dispatch"): one
 ``rank{r}/`` folder per tensor-parallel rank in the legacy key layout, which FastDeploy loads
 without splitting anything itself.
 """

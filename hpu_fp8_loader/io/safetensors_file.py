@@ -1,7 +1,7 @@
 """The safetensors container, parsed by us so that every defect gets a precise message.
 
 The library's own reader reports a corrupt header or a truncated file with a generic error and its
-numpy path cannot return F8 tensors (safetensors issue 682, environment-facts.md section 4); this
+numpy path cannot return F8 tensors (safetensors issue 682: ``numpy`` has no ``float8_e4m3fn``); this
 module checks the header against the file size first and then hands out zero-copy, read-only views
 of a memory map, so opening a checkpoint never modifies it and costs no RAM.
 """

@@ -61,7 +61,8 @@ class DeadExpertPolicy(str, Enum):
 
 
 FP8_MAX_BY_TARGET = {Target.GAUDI2: 240.0, Target.GAUDI3: 448.0}
-# Architectures FastDeploy registers, by model_type (contract section 11; models.md).
+# Architectures FastDeploy registers, by model_type (docs/spec.md section 2; FastDeploy builds the class
+# named by architectures[0], docs/fastdeploy.md section 2 ("Load dispatch")).
 FASTDEPLOY_ARCHITECTURES = {
     "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
     "ernie4_5": "Ernie4_5ForCausalLM",
@@ -198,7 +199,7 @@ class QuantizationConfig(_Strict):
 
     @property
     def servable_by_fastdeploy(self) -> bool:
-        """FastDeploy's HPU path assumes 240 everywhere (contract section 2)."""
+        """FastDeploy's HPU path assumes 240 everywhere (docs/fastdeploy.md section 4, "FP8 storage and the 240 bound")."""
         return self.fp8_max == 240.0
 
 
@@ -250,7 +251,7 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 
 
 def fastdeploy_config_problems(config: dict) -> list[str]:
-    """Why FastDeploy's Paddle-format path would not accept this config.json (contract section 11.1)."""
+    """Why FastDeploy's Paddle-format path would not accept this config.json (docs/fastdeploy.md section 3, "config.json")."""
     problems = []
     if "dtype" not in config:
         problems.append("config.json has no 'dtype': FastDeploy needs it to treat the checkpoint as Paddle format")

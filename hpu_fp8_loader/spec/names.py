@@ -33,7 +33,7 @@ ACT_SCALE = "act_scale"
 ACT_AMAX = "act_amax"
 BIAS = "bias"
 
-# Spec point name -> FastDeploy measurement-mode module name (contract section 9.2).
+# Spec point name -> FastDeploy measurement-mode module name (docs/fastdeploy.md section 10, "Measurement mode").
 ATTENTION_POINTS = {"cache_k": "cachek_matmul", "cache_v": "cachev_matmul", "q": "q_matmul", "s": "s_matmul"}
 _FASTDEPLOY_POINTS = {fd: spec for spec, fd in ATTENTION_POINTS.items()}
 _FASTDEPLOY_SUFFIX = ".activation_scale"
@@ -82,7 +82,7 @@ def is_act_module(name: str) -> bool:
 
 
 def module_from_fastdeploy_key(key: str) -> str:
-    """Spec module for a FastDeploy measurement-mode key (contract section 9.2).
+    """Spec module for a FastDeploy measurement-mode key (docs/fastdeploy.md section 10, "Measurement mode").
 
     ``P.self_attn.cachek_matmul.activation_scale`` -> ``P.self_attn.cache_k``; linears keep their
     module name. The optional per-expert up_gate keys (``P.mlp.experts.{e}.up_gate_proj``, written
