@@ -360,10 +360,14 @@ def _attention_pieces(checkpoint: Checkpoint, d: ModelDescriptor, qc: Quantizati
     for point, stem in (("cache_k", "cache_k"), ("cache_v", "cache_v"), ("q", "q"), ("s", "s")):
         multiplier, descale = _act_pair(checkpoint, names.attention_point(d.prefix, layer, point), qc)
         values[f"{stem}_scale"], values[f"{stem}_out_scale"] = multiplier, descale
-    softmax_scale = np.float32(d.head_dim) ** np.float32(-0.5)
-    amax_q = values["q_out_scale"] * b
-    values["q_scaling_scale"] = b / (amax_q * softmax_scale)
-    values["q_scaling_out_scale"] = (amax_q * softmax_scale) / b
+    # FastDeploy's order: head_dim ** -0.5 in Python floats, then amax_q * it and 240 / that in float32
+    if qc.scale_rounding is ScaleRounding.POW2:
+        amax_q = values["q_out_scale"] * b
+    else:
+        amax_q = _scalar(checkpoint, names.tensor(names.attention_point(d.prefix, layer, "q"), names.ACT_AMAX))
+    scaled_amax_q = amax_q * np.float32(d.head_dim**-0.5)
+    values["q_scaling_scale"] = b / scaled_amax_q
+    values["q_scaling_out_scale"] = scaled_amax_q / b
     for scale in ATTENTION_SCALES:
         yield MappedPiece(f"{prefix}.{scale}", np.array([values[scale]], np.float32))
 
