@@ -24,7 +24,16 @@ from .activations import merge_measurements, resolve_act_amax
 from .arch import Layout, ModelDescriptor, Role, WeightTensor, describe
 from .convert import ConvertOptions, output_config, plan_tensors, quantization_config_for
 from .errors import ConfigError, HpuFp8Error, MeasurementError, NotHpuFp8CheckpointError
-from .fastdeploy.mapping import Parallelism, check_parallelism, rank_share, scale_share, share_shape
+from .fastdeploy.mapping import (
+    FASTDEPLOY_FP8_MAX,
+    Parallelism,
+    activation_scale_value,
+    check_parallelism,
+    holds_raw_amax,
+    rank_share,
+    scale_share,
+    share_shape,
+)
 from .fusion import fuse_columns
 from .io.checkpoint import Checkpoint
 from .io.writer import CheckpointWriter, PlannedTensor
@@ -42,7 +51,6 @@ __all__ = [
     "import_legacy",
 ]
 
-FASTDEPLOY_FP8_MAX = 240.0
 QUANT_WEIGHT = "quant_weight"
 ACTIVATION_SCALE = "activation_scale"
 # What Model_convert.py writes into config.json (docs/fastdeploy.md section 9, "The legacy layout").
@@ -55,20 +63,14 @@ LEGACY_QUANTIZATION_CONFIG = {
 }
 
 
-def _raw_amax_key(key: str) -> bool:
-    """The legacy rule: ``self_attn`` keys hold the raw amax, every other key amax / 240."""
-    return "self_attn" in key
-
-
 def amax_from_legacy(key: str, value: float) -> float:
     """The amax a legacy ``activation_scale`` value stands for."""
-    return float(value) if _raw_amax_key(key) else float(np.float32(value) * np.float32(FASTDEPLOY_FP8_MAX))
+    return float(value) if holds_raw_amax(key) else float(np.float32(value) * np.float32(FASTDEPLOY_FP8_MAX))
 
 
 def amax_to_legacy(key: str, amax: float) -> np.ndarray:
     """The bf16 ``[1]`` value the legacy layout stores for an amax (bf16 storage moves it by up to 2^-8 relative)."""
-    value = np.float32(amax) if _raw_amax_key(key) else np.float32(amax) / np.float32(FASTDEPLOY_FP8_MAX)
-    return np.array([value], np.float32).astype(numerics.BF16_DTYPE)
+    return np.array([activation_scale_value(key, amax)], np.float32).astype(numerics.BF16_DTYPE)
 
 
 def _legacy_key(part_name: str, suffix: str) -> str:

@@ -12,8 +12,9 @@ section 11 ("What the hook fills, parameter by parameter").
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -28,11 +29,15 @@ from ..spec.config import KvCacheScheme, QuantizationConfig, ScaleRounding
 __all__ = [
     "FASTDEPLOY_FP8_MAX",
     "LM_HEAD_PARAMETER",
+    "NUMPY",
+    "Arithmetic",
     "MappedPiece",
     "Parallelism",
     "ParameterSpec",
+    "activation_scale_value",
     "check_parallelism",
     "fastdeploy_name",
+    "holds_raw_amax",
     "local_experts",
     "map_rank",
     "parameter_specs",
@@ -42,7 +47,7 @@ __all__ = [
     "valid_tp_sizes",
 ]
 
-FASTDEPLOY_FP8_MAX = 240.0
+FASTDEPLOY_FP8_MAX = 240.0  # a Python float, as FastDeploy writes it: see Arithmetic
 ATTENTION_SCALES = (
     "cache_k_scale", "cache_k_out_scale", "cache_v_scale", "cache_v_out_scale", "q_scale", "q_out_scale",
     "q_scaling_scale", "q_scaling_out_scale", "s_scale", "s_out_scale",
@@ -284,13 +289,69 @@ def _scalar(checkpoint: Checkpoint, name: str) -> np.float32:
     return np.float32(checkpoint.get(name).reshape(-1)[0])
 
 
-def _act_pair(checkpoint: Checkpoint, module: str, qc: QuantizationConfig) -> tuple[np.float32, np.float32]:
-    """(multiplier, descale) of an activation: 240 / amax and amax / 240, or 1/s and s under pow2 scales."""
+# ----------------------------------------------------------------------------- FastDeploy's scale arithmetic
+
+
+@dataclass(frozen=True)
+class Arithmetic:
+    """Where FastDeploy's scale formulas are evaluated.
+
+    FastDeploy derives its activation and attention scales from the legacy ``activation_scale``
+    values with paddle in float32, then casts (docs/fastdeploy.md section 5, "Linear layers"; section
+    6, "Attention scales"). The formulas below are written once, with Python operators and float
+    constants as FastDeploy writes them, so they evaluate alike on numpy float32 scalars
+    (:data:`NUMPY`: true division) and on tensors of FastDeploy's own paddle (the hook), whose
+    ``tensor / 240.0`` multiplies by float32(1/240) in the paddle versions FastDeploy runs (3.1.1,
+    3.3.0): the hook's values then match FastDeploy's own loading to the bit, whatever its paddle.
+    """
+
+    operand: Callable[[np.float32], Any]  # a float32 value -> an operand of the formulas
+    array: Callable[[Any, str], np.ndarray]  # a result -> a [1] array of safetensors dtype "BF16" or "F32"
+
+
+def _numpy_array(value, dtype: str) -> np.ndarray:
+    return np.array([value], np.float32).astype(numerics.BF16_DTYPE if dtype == "BF16" else np.float32)
+
+
+NUMPY = Arithmetic(np.float32, _numpy_array)
+
+
+def holds_raw_amax(key: str) -> bool:
+    """FastDeploy's rule for a legacy ``activation_scale``: the raw amax for ``self_attn`` keys, amax / 240 elsewhere."""
+    return "self_attn" in key
+
+
+def _legacy_form(amax: float, raw: bool) -> np.float32:
+    return np.float32(amax) if raw else np.float32(amax) / np.float32(FASTDEPLOY_FP8_MAX)
+
+
+def activation_scale_value(key: str, amax: float) -> np.float32:
+    """The float32 value FastDeploy's legacy ``activation_scale`` under ``key`` stands for, before bf16 storage."""
+    return _legacy_form(amax, holds_raw_amax(key))
+
+
+def _activation_scale(checkpoint: Checkpoint, module: str, qc: QuantizationConfig) -> tuple[np.float32, bool]:
+    """(legacy-form value, holds the raw amax) of an act module, at full float32 precision."""
+    raw = holds_raw_amax(names.fastdeploy_key_from_module(module))
     if qc.scale_rounding is ScaleRounding.POW2:
         scale = _scalar(checkpoint, names.tensor(module, names.ACT_SCALE))
-        return np.float32(1) / scale, scale
-    amax = _scalar(checkpoint, names.tensor(module, names.ACT_AMAX))
-    return np.float32(FASTDEPLOY_FP8_MAX) / amax, amax / np.float32(FASTDEPLOY_FP8_MAX)
+        return (scale * np.float32(FASTDEPLOY_FP8_MAX) if raw else scale), raw
+    return _legacy_form(_scalar(checkpoint, names.tensor(module, names.ACT_AMAX)), raw), raw
+
+
+def _linear_act_scales(s, raw: bool):
+    """(act_scale, act_scale_inv): HpuTensorWiseFP8LinearMethod.process_prequanted_weights' operations."""
+    return (FASTDEPLOY_FP8_MAX / s, s / FASTDEPLOY_FP8_MAX) if raw else (1.0 / s, s)
+
+
+def _attention_scales(k, v, q, s, head_dim: int) -> dict:
+    """The ten scalars from the raw amax of K, V, Q and S: HPUKVCacheMethodBase.load_scale's operations."""
+    b, softmax_scale = FASTDEPLOY_FP8_MAX, head_dim**-0.5
+    return {
+        "cache_k_scale": b / k, "cache_k_out_scale": k / b, "cache_v_scale": b / v, "cache_v_out_scale": v / b,
+        "q_scale": b / q, "q_out_scale": q / b, "s_scale": b / s, "s_out_scale": s / b,
+        "q_scaling_scale": b / (q * softmax_scale), "q_scaling_out_scale": (q * softmax_scale) / b,
+    }  # fmt: skip
 
 
 def _expert_rank(par: Parallelism) -> int:
@@ -335,45 +396,44 @@ def _moe_pieces(
     layer: int,
     experts: dict[tuple[int, Role], WeightTensor],
     par: Parallelism,
+    arithmetic: Arithmetic,
 ):
     """The stacked expert parameters of one MoE layer, from its experts' weights keyed by (expert, role)."""
     base = f"{names.layer(d.prefix, layer)}.mlp.experts"
     local = local_experts(d, par)
-    down_in = np.empty((len(local), 1), np.float32)
+    down_in = []
     for i, e in enumerate(local):
         up, down = experts[(e, Role.EXPERT_UP_GATE)], experts[(e, Role.EXPERT_DOWN)]
         yield MappedPiece(f"{base}.up_gate_proj_weight", rank_share(checkpoint, d, up, par), i)
         yield MappedPiece(f"{base}.down_proj_weight", rank_share(checkpoint, d, down, par), i)
         yield MappedPiece(f"{base}.up_gate_proj_weight_scale", _bf16(scale_share(checkpoint, d, up, par)), i)
         yield MappedPiece(f"{base}.down_proj_weight_scale", _bf16(scale_share(checkpoint, d, down, par)), i)
-        down_in[i, 0] = _act_pair(checkpoint, down.module, qc)[1]  # a descale, not inverted (docs/fastdeploy.md section 5, "MoE")
-    multiplier, _ = _act_pair(checkpoint, names.shared_expert_input(d.prefix, layer), qc)
-    yield MappedPiece(f"{base}.up_gate_proj_in_scale", _bf16([multiplier]))
-    yield MappedPiece(f"{base}.down_proj_in_scale", _bf16(down_in))
+        # the stored amax / 240 as it is, a descale (docs/fastdeploy.md section 5, "MoE")
+        down_in.append(arithmetic.array(arithmetic.operand(_activation_scale(checkpoint, down.module, qc)[0]), "BF16"))
+    s, _ = _activation_scale(checkpoint, names.shared_expert_input(d.prefix, layer), qc)
+    yield MappedPiece(f"{base}.up_gate_proj_in_scale", arithmetic.array(1.0 / arithmetic.operand(s), "BF16"))
+    yield MappedPiece(f"{base}.down_proj_in_scale", np.stack(down_in))
 
 
-def _attention_pieces(checkpoint: Checkpoint, d: ModelDescriptor, qc: QuantizationConfig, layer: int):
+def _attention_pieces(checkpoint: Checkpoint, d: ModelDescriptor, qc: QuantizationConfig, layer: int, arithmetic: Arithmetic):
     """The ten float32 scalars of docs/fastdeploy.md section 6 ("Attention scales")."""
     prefix = f"{names.layer(d.prefix, layer)}.self_attn.attn"
-    b = np.float32(FASTDEPLOY_FP8_MAX)
-    values = {}
-    for point, stem in (("cache_k", "cache_k"), ("cache_v", "cache_v"), ("q", "q"), ("s", "s")):
-        multiplier, descale = _act_pair(checkpoint, names.attention_point(d.prefix, layer, point), qc)
-        values[f"{stem}_scale"], values[f"{stem}_out_scale"] = multiplier, descale
-    # FastDeploy's order: head_dim ** -0.5 in Python floats, then amax_q * it and 240 / that in float32
-    if qc.scale_rounding is ScaleRounding.POW2:
-        amax_q = values["q_out_scale"] * b
-    else:
-        amax_q = _scalar(checkpoint, names.tensor(names.attention_point(d.prefix, layer, "q"), names.ACT_AMAX))
-    scaled_amax_q = amax_q * np.float32(d.head_dim**-0.5)
-    values["q_scaling_scale"] = b / scaled_amax_q
-    values["q_scaling_out_scale"] = scaled_amax_q / b
+    raw = {
+        point: arithmetic.operand(_activation_scale(checkpoint, names.attention_point(d.prefix, layer, point), qc)[0])
+        for point in ("cache_k", "cache_v", "q", "s")
+    }
+    values = _attention_scales(raw["cache_k"], raw["cache_v"], raw["q"], raw["s"], d.head_dim)
     for scale in ATTENTION_SCALES:
-        yield MappedPiece(f"{prefix}.{scale}", np.array([values[scale]], np.float32))
+        yield MappedPiece(f"{prefix}.{scale}", arithmetic.array(values[scale], "F32"))
 
 
-def map_rank(checkpoint: Checkpoint, qc: QuantizationConfig, d: ModelDescriptor, par: Parallelism) -> Iterator[MappedPiece]:
-    """Every parameter value of one rank, in model order; stacked MoE parameters come one expert at a time."""
+def map_rank(
+    checkpoint: Checkpoint, qc: QuantizationConfig, d: ModelDescriptor, par: Parallelism, arithmetic: Arithmetic = NUMPY
+) -> Iterator[MappedPiece]:
+    """Every parameter value of one rank, in model order; stacked MoE parameters come one expert at a time.
+
+    ``arithmetic`` evaluates FastDeploy's scale formulas (numpy here; the hook passes FastDeploy's paddle).
+    """
     if qc.fp8_max != FASTDEPLOY_FP8_MAX:
         raise HpuFp8Error(
             f"fp8_max is {qc.fp8_max:g}, but FastDeploy's HPU path assumes 240 in every formula; "
@@ -392,7 +452,7 @@ def map_rank(checkpoint: Checkpoint, qc: QuantizationConfig, d: ModelDescriptor,
     for w in weights:
         if w.expert is not None:
             if w.layer in experts:
-                yield from _moe_pieces(checkpoint, d, qc, w.layer, experts.pop(w.layer), par)
+                yield from _moe_pieces(checkpoint, d, qc, w.layer, experts.pop(w.layer), par, arithmetic)
             continue
         if not w.is_linear:
             value = rank_share(checkpoint, d, w, par)
@@ -403,8 +463,9 @@ def map_rank(checkpoint: Checkpoint, qc: QuantizationConfig, d: ModelDescriptor,
             continue
         yield MappedPiece(w.name, rank_share(checkpoint, d, w, par))
         yield MappedPiece(names.tensor(w.module, "weight_scale"), _bf16(scale_share(checkpoint, d, w, par)))
-        multiplier, descale = _act_pair(checkpoint, w.module, qc)
-        yield MappedPiece(names.tensor(w.module, "act_scale"), _bf16([multiplier]))
-        yield MappedPiece(names.tensor(w.module, "act_scale_inv"), _bf16([descale]))
+        s, raw = _activation_scale(checkpoint, w.module, qc)
+        multiplier, descale = _linear_act_scales(arithmetic.operand(s), raw)
+        yield MappedPiece(names.tensor(w.module, "act_scale"), arithmetic.array(multiplier, "BF16"))
+        yield MappedPiece(names.tensor(w.module, "act_scale_inv"), arithmetic.array(descale, "BF16"))
         if w.role is Role.ATTN_QKV and qc.kv_cache_scheme is KvCacheScheme.FP8:
-            yield from _attention_pieces(checkpoint, d, qc, w.layer)
+            yield from _attention_pieces(checkpoint, d, qc, w.layer, arithmetic)

@@ -150,6 +150,30 @@ def _for_parameter(name: str, parameter, value: np.ndarray) -> np.ndarray:
     raise HpuFp8Error(f"parameter {name} is {parameter.dtype}, the checkpoint gives {value.dtype.name}")
 
 
+def _paddle_operand(value: np.float32):
+    import paddle
+
+    return paddle.to_tensor(np.array([value], np.float32))
+
+
+def _paddle_result(value, dtype: str) -> np.ndarray:
+    """A float32 paddle result cast as FastDeploy casts it, back as the exact numpy bits."""
+    import paddle
+
+    from .. import numerics
+
+    if dtype == "BF16":
+        return value.astype(paddle.bfloat16).view(paddle.uint16).numpy().astype(np.uint16).view(numerics.BF16_DTYPE)
+    return value.astype(paddle.float32).numpy().astype(np.float32)
+
+
+def paddle_arithmetic():
+    """FastDeploy's scale formulas evaluated by this process's paddle, as FastDeploy's own loading evaluates them."""
+    from .mapping import Arithmetic
+
+    return Arithmetic(_paddle_operand, _paddle_result)
+
+
 def moe_layout(model) -> str | None:
     """Which way this FastDeploy model holds ``down_proj_in_scale``; None without MoE layers."""
     parameters = dict(model.named_parameters())
@@ -188,7 +212,7 @@ def fill_model(model, root: str | Path, par) -> int:
         raise HpuFp8Error(f"the checkpoint maps {len(unused)} tensor(s) the model does not have: {', '.join(unused[:10])}")
     stacked: dict[str, np.ndarray] = {}
     filled = set()
-    for piece in map_rank(checkpoint, qc, descriptor, par):
+    for piece in map_rank(checkpoint, qc, descriptor, par, paddle_arithmetic()):
         if piece.expert is None:
             value = piece.array
         else:

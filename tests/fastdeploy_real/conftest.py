@@ -1,0 +1,43 @@
+"""The suite's FastDeploy environment, built once per session, or a skip that says why there is none."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from environment import RUNTIME, FastDeployEnvironment, FastDeployUnavailableError, prepare
+
+
+@pytest.fixture(scope="session")
+def fastdeploy_env() -> dict:
+    """The environment, and the package versions before and after this package was installed into it."""
+    try:
+        environment, before, after = prepare()
+    except FastDeployUnavailableError as reason:
+        print(f"\n[fastdeploy_real] skipped: {reason}", file=sys.stderr)
+        pytest.skip(f"FastDeploy conformance suite: {reason}")
+    return {"environment": environment, "before": before, "after": after}
+
+
+@pytest.fixture
+def run_case(fastdeploy_env, tmp_path):
+    """Run one conformance case (runtime/conformance.py) in FastDeploy's environment; its JSON report."""
+    environment: FastDeployEnvironment = fastdeploy_env["environment"]
+
+    def run(case: dict, plugins: str = "hpu_fp8") -> dict:
+        work = tmp_path / f"run-{len(list(tmp_path.glob('run-*')))}"
+        (work / "prometheus").mkdir(parents=True)
+        (work / "case.json").write_text(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in case.items()}))
+        done = environment.run(
+            [str(RUNTIME / "conformance.py"), "case.json"], cwd=work,
+            FD_PLUGINS=plugins, FD_ATTENTION_BACKEND="HPU_ATTN", PROMETHEUS_MULTIPROC_DIR=str(work / "prometheus"),
+        )  # fmt: skip
+        lines = done.stdout.strip().splitlines()
+        assert done.returncode == 0 and lines, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+        report = json.loads(lines[-1])
+        report["stderr"] = done.stderr
+        return report
+
+    return run

@@ -1,0 +1,147 @@
+"""Where the conformance suite finds FastDeploy's source and the Python environment it runs it in.
+
+FastDeploy is not on PyPI and its setup builds CUDA ops, so the suite never installs it: its source
+goes on ``PYTHONPATH`` of a Python 3.10 virtual environment (FastDeploy's Gaudi image runs 3.10)
+holding what FastDeploy imports (``requirements.txt``) plus this package, installed the way a user
+installs it into FastDeploy's environment. Nothing of FastDeploy is copied into this repository.
+
+Where the source comes from (the first that is set):
+
+* ``HPU_FP8_FASTDEPLOY_SRC``: a FastDeploy checkout (a directory holding ``fastdeploy/``), or a git
+  directory (bare or not) whose ``HPU_FP8_FASTDEPLOY_REF`` (default ``develop``) is extracted;
+* nothing: the suite is skipped, saying so.
+
+The environment is built once and kept under ``HPU_FP8_FASTDEPLOY_CACHE`` (default
+``~/.cache/hpu-fp8-loader/fastdeploy``), keyed by a hash of ``requirements.txt`` and the Python
+version; the extracted source is keyed by its commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+REQUIREMENTS = HERE / "requirements.txt"
+RUNTIME = HERE / "runtime"
+
+
+class FastDeployUnavailableError(Exception):
+    """FastDeploy's source or a Python 3.10 is not on this machine: the suite is skipped with this reason."""
+
+
+@dataclass(frozen=True)
+class FastDeployEnvironment:
+    python: Path  # the environment's interpreter
+    source: Path  # the directory holding fastdeploy/
+    commit: str  # 8 hex digits, or "checkout" for a directory given as is
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """Environment variables for a run: FastDeploy's source and the runtime helpers first on the path."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("FD_", "PYTHON"))}
+        env["PYTHONPATH"] = os.pathsep.join([str(self.source), str(RUNTIME)])
+        env["PYTHONNOUSERSITE"] = "1"
+        env.update(extra)
+        return env
+
+    def run(self, args: list[str], cwd: Path, timeout: float = 600, **extra_env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(self.python), *args], cwd=cwd, env=self.env(**extra_env), capture_output=True, text=True, timeout=timeout
+        )
+
+
+def _cache() -> Path:
+    return Path(os.environ.get("HPU_FP8_FASTDEPLOY_CACHE", Path.home() / ".cache/hpu-fp8-loader/fastdeploy"))
+
+
+def _python310() -> Path:
+    candidates = [os.environ.get("HPU_FP8_FASTDEPLOY_PYTHON"), shutil.which("python3.10")]
+    candidates += sorted(str(p) for p in Path.home().glob(".pyenv/versions/3.10*/bin/python3.10"))
+    for candidate in candidates:
+        if candidate and Path(candidate).exists():
+            found = subprocess.run([candidate, "-c", "import sys; print(sys.version_info[:2] == (3, 10))"],
+                                   capture_output=True, text=True)  # fmt: skip
+            if found.stdout.strip() == "True":
+                return Path(candidate)
+    raise FastDeployUnavailableError(
+        "no Python 3.10 found (FastDeploy's Gaudi image runs 3.10 and its v0 TP split keys misformat on 3.11+); "
+        "set HPU_FP8_FASTDEPLOY_PYTHON"
+    )
+
+
+def _git(git_dir: Path, *args: str) -> str:
+    return subprocess.run(["git", "--git-dir", str(git_dir), *args], capture_output=True, text=True, check=True).stdout
+
+
+def _source() -> tuple[Path, str]:
+    given = os.environ.get("HPU_FP8_FASTDEPLOY_SRC")
+    if not given:
+        raise FastDeployUnavailableError("no FastDeploy source: set HPU_FP8_FASTDEPLOY_SRC to a FastDeploy checkout or git directory")
+    path = Path(given)
+    if (path / "fastdeploy" / "__init__.py").is_file():
+        return path, "checkout"
+    git_dir = path / ".git" if (path / ".git").is_dir() else path
+    if not (git_dir / "HEAD").is_file():
+        raise FastDeployUnavailableError(f"HPU_FP8_FASTDEPLOY_SRC={given} is neither a FastDeploy checkout nor a git directory")
+    ref = os.environ.get("HPU_FP8_FASTDEPLOY_REF", "develop")
+    commit = _git(git_dir, "rev-parse", f"{ref}^{{commit}}").strip()
+    target = _cache() / f"src-{commit[:12]}"
+    if not (target / ".complete").is_file():
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", commit, "fastdeploy"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
+        # what FastDeploy's build.sh writes, so that `hpu-fp8 doctor` can name the commit
+        (target / "fastdeploy" / "version.txt").write_text(f"fastdeploy GIT COMMIT ID: {commit}\nfastdeploy version: develop\n")
+        (target / ".complete").write_text(commit)
+    return target, commit[:8]
+
+
+def _venv(python: Path) -> Path:
+    key = hashlib.sha256(REQUIREMENTS.read_bytes() + str(python.resolve()).encode()).hexdigest()[:16]
+    venv = _cache() / f"venv-{key}"
+    interpreter = venv / "bin" / "python"
+    if (venv / ".complete").is_file():
+        return interpreter
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([str(python), "-m", "venv", str(venv)], check=True)
+    print(f"[fastdeploy_real] building {venv} from {REQUIREMENTS.name} (once; a few minutes)", file=sys.stderr)
+    install = subprocess.run(
+        [str(interpreter), "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)], capture_output=True, text=True
+    )
+    if install.returncode:
+        raise RuntimeError(f"pip install -r {REQUIREMENTS} failed:\n{install.stdout[-4000:]}\n{install.stderr[-4000:]}")
+    (venv / ".complete").write_text("ok")
+    return interpreter
+
+
+def freeze(python: Path) -> dict[str, str]:
+    listed = subprocess.run([str(python), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True, check=True)
+    return dict(line.split("==", 1) for line in listed.stdout.splitlines() if "==" in line)
+
+
+def install_this_package(python: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """``pip install`` this repository as a user would into FastDeploy's environment; (before, after) versions."""
+    before = freeze(python)
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", str(REPO)], capture_output=True, text=True
+    )
+    if install.returncode == 0:  # with its dependencies too: pip must find every one already satisfied
+        install = subprocess.run([str(python), "-m", "pip", "install", "-q", str(REPO)], capture_output=True, text=True)
+    if install.returncode:
+        raise RuntimeError(f"pip install {REPO} failed:\n{install.stdout[-4000:]}\n{install.stderr[-4000:]}")
+    return before, freeze(python)
+
+
+def prepare() -> tuple[FastDeployEnvironment, dict[str, str], dict[str, str]]:
+    """The environment with this package installed, and the package versions before and after installing it."""
+    source, commit = _source()
+    python = _venv(_python310())
+    before, after = install_this_package(python)
+    return FastDeployEnvironment(python, source, commit), before, after

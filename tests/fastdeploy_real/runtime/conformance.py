@@ -1,0 +1,199 @@
+"""One conformance case, run inside FastDeploy's environment: FastDeploy's own loading is the oracle.
+
+    python conformance.py CASE.json
+
+CASE: ``oracle`` (a checkpoint FastDeploy's own ``--load-choices default`` loader reads: our
+``export-legacy`` copy), ``hook`` (the hpu-fp8 checkpoint), ``tp``, ``rank``, ``moe_layout``
+(``develop`` as the source has it, or ``pr5855``) and ``inject`` (a fault put into the hook's
+output, for the negative control). Both models are built and loaded by ``HPUModelRunner.load_model``
+with the same FastDeploy config but for the checkpoint and ``load_choices``; every parameter (and
+every per-expert ``down_proj_in_scale`` list) is compared by name, shape, dtype and bits, then every
+MLP and MoE layer is driven to its first HPU op and the arguments each model hands it are compared.
+Prints one JSON report on the last line of stdout.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import fd_bootstrap  # noqa: F401  (before fastdeploy)
+import numpy as np
+import paddle
+from fd_harness import bits, fd_config, load, state
+from paddle_custom_device import intel_hpu as hpu_ops
+
+
+def _describe(value) -> dict:
+    if isinstance(value, paddle.Tensor):
+        return {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("paddle.")}
+    return {"type": type(value).__name__}
+
+
+def _difference(name: str, a, b) -> str | None:
+    """None when ``a`` (FastDeploy's) and ``b`` (the hook's) are the same to the bit, else what differs."""
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        if not isinstance(a, (list, tuple)) or not isinstance(b, (list, tuple)):
+            return f"{name}: FastDeploy {type(a).__name__}, hook {type(b).__name__}"
+        if len(a) != len(b):
+            return f"{name}: FastDeploy {len(a)} items, hook {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            found = _difference(f"{name}[{i}]", x, y)
+            if found:
+                return found
+        return None
+    if isinstance(a, paddle.Tensor) or isinstance(b, paddle.Tensor):
+        if not isinstance(a, paddle.Tensor) or not isinstance(b, paddle.Tensor):
+            return f"{name}: FastDeploy {_describe(a)}, hook {_describe(b)}"
+        if a.dtype != b.dtype or list(a.shape) != list(b.shape):
+            return f"{name}: FastDeploy {_describe(a)}, hook {_describe(b)}"
+        x, y = bits(a), bits(b)
+        if not np.array_equal(x, y):
+            where = np.argwhere(x != y)
+            return f"{name}: {len(where)} of {x.size} values differ, first at {where[0].tolist()}"
+        return None
+    if hasattr(a, "named_parameters") or hasattr(b, "named_parameters"):  # a layer handed over: same kind
+        return None if type(a).__name__ == type(b).__name__ else f"{name}: {type(a).__name__} vs {type(b).__name__}"
+    return None if a == b else f"{name}: FastDeploy {a!r}, hook {b!r}"
+
+
+def compare_states(oracle: dict, hook: dict) -> list[str]:
+    problems = [f"{name}: only FastDeploy's loading fills it" for name in sorted(set(oracle) - set(hook))]
+    problems += [f"{name}: only the hook fills it" for name in sorted(set(hook) - set(oracle))]
+    for name in sorted(set(oracle) & set(hook)):
+        a, b = oracle[name], hook[name]
+        found = _difference(name, a.get("tensor", a.get("list")), b.get("tensor", b.get("list")))
+        if found:
+            problems.append(found)
+    return problems
+
+
+def _first_hpu_op(call) -> tuple[str, tuple, dict] | None:
+    before = len(hpu_ops.CALLS)
+    try:
+        call()
+    except hpu_ops.ReachedHpuOpError:
+        return hpu_ops.CALLS[before]
+    return None
+
+
+def kernel_arguments(model, hidden: int) -> dict[str, tuple]:
+    """The first HPU op each MLP and MoE layer reaches, with its arguments, on the same bf16 input."""
+    from fastdeploy.model_executor.layers.moe.moe import FusedMoE
+
+    x = paddle.to_tensor(np.random.default_rng(0).standard_normal((3, hidden)).astype(np.float32)).astype(paddle.bfloat16)
+    reached = {}
+    layers = dict(model.named_sublayers())
+    for name, layer in layers.items():
+        if type(layer).__name__ in ("Ernie4_5_MLP", "Qwen2MLP"):
+            reached[name] = _first_hpu_op(lambda layer=layer: layer.forward(x))
+        elif isinstance(layer, FusedMoE):
+            gate = layers[name.rsplit(".", 1)[0]].gate
+            reached[name] = _first_hpu_op(lambda layer=layer, gate=gate: layer.quant_method.apply_tp(layer, x, gate))
+    return reached
+
+
+def compare_kernel_arguments(oracle: dict, hook: dict) -> list[str]:
+    problems = []
+    for name in sorted(oracle):
+        a, b = oracle[name], hook.get(name)
+        if a is None or b is None:
+            problems.append(f"{name}: reached no HPU op (FastDeploy: {a and a[0]}, hook: {b and b[0]})")
+            continue
+        if a[0] != b[0]:
+            problems.append(f"{name}: FastDeploy calls {a[0]}, the hook's model {b[0]}")
+            continue
+        if len(a[1]) != len(b[1]):
+            problems.append(f"{name} -> {a[0]}: FastDeploy passes {len(a[1])} arguments, the hook's model {len(b[1])}")
+            continue
+        for i, (x, y) in enumerate(zip(a[1], b[1], strict=True)):
+            found = _difference(f"{name} -> {a[0]} argument {i}", x, y)
+            if found:
+                problems.append(found)
+        for key in sorted(set(a[2]) | set(b[2])):
+            found = _difference(f"{name} -> {a[0]} {key}=", a[2].get(key), b[2].get(key))
+            if found:
+                problems.append(found)
+    return problems
+
+
+def inject(kind: str) -> str:
+    """Put one fault into what the hook hands FastDeploy; returns the parameter it lands in."""
+    from hpu_fp8_loader.fastdeploy import mapping
+
+    real = mapping.map_rank
+    target: list[str] = []
+
+    def faulty(*args, **kwargs):
+        for piece in real(*args, **kwargs):
+            if not target and kind == "flip-weight-bit" and piece.array.dtype.name == "float8_e4m3fn":
+                array = piece.array.copy()
+                array.view(np.uint8).reshape(-1)[0] ^= 1
+                piece = mapping.MappedPiece(piece.name, array, piece.expert)
+                target.append(piece.name)
+            elif not target and kind == "act-scale-as-descale" and piece.name.endswith(".mlp.up_gate_proj.act_scale"):
+                piece = mapping.MappedPiece(piece.name, (np.float32(1) / piece.array.astype(np.float32)).astype(piece.array.dtype))
+                target.append(piece.name)
+            elif not target and kind == "expert-scales-swapped" and piece.name.endswith(".down_proj_in_scale"):
+                piece = mapping.MappedPiece(piece.name, piece.array[::-1].copy())
+                target.append(piece.name)
+            yield piece
+
+    mapping.map_rank = faulty
+    return kind
+
+
+def _all_zero(entries: dict) -> list[str]:
+    """Parameters FastDeploy's own loading left at their zero initialisation: the oracle must fill everything."""
+    out = []
+    for name, entry in entries.items():
+        values = entry.get("list", [entry.get("tensor")])
+        if all(not bits(v).any() for v in values):
+            out.append(name)
+    return out
+
+
+def run(case: dict) -> dict:
+    if case.get("import_first"):  # e.g. FastDeploy's loader package before its models package ran the plugins
+        importlib.import_module(case["import_first"])
+    if case.get("moe_layout") == "pr5855":
+        import pr5855_moe
+
+        pr5855_moe.apply()
+    tp, rank = case["tp"], case["rank"]
+    oracle_model = load(fd_config(case["oracle"], tp, rank, "default"))
+    if case.get("inject"):
+        inject(case["inject"])
+    hook_config = fd_config(case["hook"], tp, rank, "hpu_fp8")
+    from fastdeploy.model_executor.model_loader import get_model_loader
+
+    loader = type(get_model_loader(hook_config.load_config)).__name__
+    try:
+        hook_model = load(hook_config)
+    except Exception as exc:  # without the plugin FastDeploy's own loader meets the hpu-fp8 checkpoint
+        return {"loader": loader, "hook_error": f"{type(exc).__name__}: {exc}"}
+    oracle, hook = state(oracle_model), state(hook_model)
+    hidden = hook_config.model_config.hidden_size
+    oracle_calls, hook_calls = kernel_arguments(oracle_model, hidden), kernel_arguments(hook_model, hidden)
+    from hpu_fp8_loader.fastdeploy.plugin import MOE_LIST_LAYOUT, MOE_PARAMETER_LAYOUT, moe_layout
+
+    return {
+        "parameters": len(oracle),
+        "oracle_zero": _all_zero(oracle),
+        "loader": loader,
+        "moe_layout": {MOE_LIST_LAYOUT: "list", MOE_PARAMETER_LAYOUT: "parameter", None: None}[moe_layout(hook_model)],
+        "differences": compare_states(oracle, hook),
+        "kernel_calls": len(oracle_calls),
+        "kernel_differences": compare_kernel_arguments(oracle_calls, hook_calls),
+    }
+
+if __name__ == "__main__":
+    try:
+        report = run(json.loads(Path(sys.argv[1]).read_text()))
+    except Exception as exc:  # the report names the failure; the test prints the traceback
+        traceback.print_exc()
+        report = {"error": f"{type(exc).__name__}: {exc}"}
+    print(json.dumps(report))

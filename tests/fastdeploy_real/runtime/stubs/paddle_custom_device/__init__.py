@@ -1,0 +1,1 @@
+"""Stand-in for PaddleCustomDevice's package: only its compiled Intel HPU ops (``intel_hpu``) are needed."""
