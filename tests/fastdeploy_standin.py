@@ -1,16 +1,13 @@
-"""A minimal stand-in for FastDeploy's module surface, built from docs/fastdeploy.md.
+"""A stand-in for FastDeploy's module chain, for the plugin's mechanics where FastDeploy's source is absent.
 
-FastDeploy cannot be installed here (PaddlePaddle FastDeploy is not on PyPI; the PyPI package named
-``fastdeploy`` is an unrelated project). This writes, as real files on an import path, just the
-pieces the hook touches, with FastDeploy's names:
-
-* ``fastdeploy.model_executor.model_loader``: ``BaseModelLoader`` and a ``get_model_loader`` that, like
-  FastDeploy's, is a hard-coded if/else (docs/fastdeploy.md section 2, "Load dispatch");
-* ``fastdeploy.worker.hpu_model_runner``: imports ``get_model_loader`` *by name* at module top, and
-  ``HPUModelRunner.load_model`` calls it, then ``convert_model`` (section 2, "Load dispatch"; section 10);
-* ``fastdeploy.model_executor.models``: ``ModelRegistry.get_class(architecture)`` returning a model whose
-  parameters are the HPU FP8 layers' (sections 5, 6 and 11), named and shaped here from
-  docs/fastdeploy.md, independently of hpu_fp8_loader's mapping, for tensor-parallel rank ``r`` of ``tp``.
+What FastDeploy itself builds and fills is checked against its real source by the conformance suite
+(tests/fastdeploy_real); this stand-in covers only what that suite cannot where it is skipped: that
+the plugin routes ``hpu_fp8`` through FastDeploy's module chain (``base_loader``, ``default_loader``
+importing the models package, which runs the plugins named by ``FD_PLUGINS``, ``get_model_loader``,
+``HPUModelRunner.load_model`` importing it by name), stacks experts, sets the per-expert list of the
+PR 5324 MoE layout, casts a float32 lm_head, calls ``model.eval()``, and names what is missing or extra.
+Its model holds exactly the parameters the hook's own mapping expects, so it says nothing about
+FastDeploy's shapes or values.
 """
 
 from __future__ import annotations
@@ -105,67 +102,27 @@ def _add(root, dotted, shape, dtype):
     node.add_parameter(leaf, node.create_parameter(shape, dtype=dtype, default_initializer=paddle.nn.initializer.Constant(0)))
 
 
-def contract_parameters(c, tp, rank, moe_list_layout=False, lm_head_fp32=False):
-    """name -> (shape, dtype) of an HPU FP8 model's parameters on one TP rank, from docs/fastdeploy.md section 11."""
-    prefix = {"ernie4_5_moe": "ernie", "ernie4_5": "ernie", "qwen2": "qwen2"}[c["model_type"]]
-    h, heads, kv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
-    hd = c.get("head_dim") or h // heads
-    kv_rank = kv // tp
-    params = {f"{prefix}.embed_tokens.embeddings.weight": ([c["vocab_size"] // tp, h], "bfloat16"),
-              f"{prefix}.norm.weight": ([h], "bfloat16")}
-    # FastDeploy builds it tied or not; float32 with --lm_head-fp32
-    params["lm_head.linear.weight"] = ([h, c["vocab_size"] // tp], "float32" if lm_head_fp32 else "bfloat16")
-
-    def linear(name, shape):  # docs/fastdeploy.md section 5, "Linear layers"
-        params[f"{name}.weight"] = (shape, "float8_e4m3fn")
-        for scale in ("weight_scale", "act_scale", "act_scale_inv"):
-            params[f"{name}.{scale}"] = ([1], "bfloat16")
-
-    for i in range(c["num_hidden_layers"]):
-        p = f"{prefix}.layers.{i}"
-        params[f"{p}.input_layernorm.weight"] = ([h], "bfloat16")
-        params[f"{p}.post_attention_layernorm.weight"] = ([h], "bfloat16")
-        qkv = (heads // tp + 2 * kv_rank) * hd
-        linear(f"{p}.self_attn.qkv_proj", [h, qkv])
-        if c["model_type"] == "qwen2":
-            params[f"{p}.self_attn.qkv_proj.bias"] = ([qkv], "bfloat16")
-        linear(f"{p}.self_attn.o_proj", [heads * hd // tp, h])
-        if c["quantization_config"].get("kv_cache_quant_type") == "float8_e4m3":  # docs/fastdeploy.md sections 3 and 6
-            for s in ("cache_k", "cache_v", "q", "q_scaling", "s"):  # section 6, "Attention scales": float32 [1]
-                params[f"{p}.self_attn.attn.{s}_scale"] = ([1], "float32")
-                params[f"{p}.self_attn.attn.{s}_out_scale"] = ([1], "float32")
-        moe = c.get("moe_num_experts") and c["moe_layer_start_index"] <= i <= c["moe_layer_end_index"]
-        if not moe:
-            inter = c["intermediate_size"] // tp
-            linear(f"{p}.mlp.up_gate_proj", [h, 2 * inter])
-            linear(f"{p}.mlp.down_proj", [inter, h])
-            continue
-        e, inter = c["moe_num_experts"], c["moe_intermediate_size"] // tp
-        params[f"{p}.mlp.gate.weight"] = ([h, e], "float32")
-        params[f"{p}.mlp.experts.gate_correction_bias"] = ([1, e], "float32")
-        params[f"{p}.mlp.experts.up_gate_proj_weight"] = ([e, h, 2 * inter], "float8_e4m3fn")  # section 5, "MoE"
-        params[f"{p}.mlp.experts.down_proj_weight"] = ([e, inter, h], "float8_e4m3fn")
-        params[f"{p}.mlp.experts.up_gate_proj_weight_scale"] = ([e, 2 * inter], "bfloat16")
-        params[f"{p}.mlp.experts.down_proj_weight_scale"] = ([e, h], "bfloat16")
-        params[f"{p}.mlp.experts.up_gate_proj_in_scale"] = ([1], "bfloat16")
-        if not moe_list_layout:  # PR 5855; before it, FastDeploy sets a per-expert list instead
-            params[f"{p}.mlp.experts.down_proj_in_scale"] = ([e, 1], "bfloat16")
-        if c.get("moe_num_shared_experts"):
-            width = c["moe_num_shared_experts"] * c["moe_intermediate_size"] // tp
-            linear(f"{p}.mlp.shared_experts.up_gate_proj", [h, 2 * width])
-            linear(f"{p}.mlp.shared_experts.down_proj", [width, h])
-    return params
+DTYPES = {"F8_E4M3": "float8_e4m3fn", "BF16": "bfloat16", "F32": "float32"}
 
 
 class StandInModel(paddle.nn.Layer):
+    """The parameters the hook's own mapping expects (parameter_specs), not a reading of FastDeploy:
+    whether FastDeploy builds the same is the conformance suite's question (tests/fastdeploy_real)."""
+
     def __init__(self, fd_config):
         super().__init__()
-        parallel = fd_config.parallel_config
-        for name, (shape, dtype) in contract_parameters(fd_config.model_config.config, parallel.tensor_parallel_size,
-                                                       parallel.tensor_parallel_rank,
-                                                       getattr(fd_config, "moe_list_layout", False),
-                                                       fd_config.model_config.lm_head_fp32).items():
-            _add(self, name, shape, dtype)
+        from hpu_fp8_loader.arch import describe
+        from hpu_fp8_loader.fastdeploy.mapping import LM_HEAD_PARAMETER, Parallelism, parameter_specs
+        from hpu_fp8_loader.spec.config import parse_quantization_config
+
+        config, parallel = fd_config.model_config.config, fd_config.parallel_config
+        specs = parameter_specs(describe(config), parse_quantization_config(config).kv_cache_scheme,
+                                Parallelism(parallel.tensor_parallel_size, parallel.tensor_parallel_rank))
+        for name, spec in specs.items():
+            if getattr(fd_config, "moe_list_layout", False) and name.endswith(".down_proj_in_scale"):
+                continue  # FastDeploy before PR 5855 sets a per-expert list instead
+            lm_head_fp32 = name == LM_HEAD_PARAMETER and fd_config.model_config.lm_head_fp32
+            _add(self, name, list(spec.shape), "float32" if lm_head_fp32 else DTYPES[spec.dtype])
 
 
 class ModelRegistry:

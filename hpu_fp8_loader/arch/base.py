@@ -126,9 +126,11 @@ class MoeConfig:
     correction_bias: bool
 
     def is_moe_layer(self, index: int) -> bool:
-        """FastDeploy's rule: start <= L <= end and (L - start) % interval == 0.
+        """The checkpoint's MoE layers: start <= L <= end and (L - start) % interval == 0.
 
-        transformers writes (L + 1) % interval == 0; the two agree for interval 1 only.
+        transformers writes (L + 1) % interval == 0; the two agree for interval 1 only. FastDeploy's
+        ERNIE builds MoE at every L >= start instead; the FastDeploy mapping refuses models where that
+        differs (docs/fastdeploy.md section 12).
         """
         return self.start <= index <= self.end and (index - self.start) % self.interval == 0
 
