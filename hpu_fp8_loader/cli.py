@@ -492,15 +492,19 @@ def map_command(checkpoint: Path, tp: int, rank: int, ep: int, ep_rank: int, all
 @tp_option
 @ep_option
 @click.option("--revision", default=None, help="Revision of CHECKPOINT when it is a Hub repo id.")
+@click.option(
+    "--no-build", is_flag=True, help="Skip having FastDeploy build CHECKPOINT's model (at meta shapes, no weight memory)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print every check as JSON.")
-def doctor(checkpoint: str | None, tp: int, ep: int, revision: str | None, as_json: bool) -> None:
+def doctor(checkpoint: str | None, tp: int, ep: int, revision: str | None, no_build: bool, as_json: bool) -> None:
     """Check that `--load-choices hpu_fp8` will work here: run it in FastDeploy's environment on the Gaudi box.
 
     Reports FastDeploy's version and commit and which MoE layout it builds, whether the hpu_fp8 entry
     point is installed and FD_PLUGINS names it, FD_ATTENTION_BACKEND, whether paddle and its intel_hpu
     device import, and whether FastDeploy's own get_model_loader hands hpu_fp8 to the hook. Given
-    CHECKPOINT (a directory or a Hub repo id), also its quick validation and whether TP x EP can serve
-    it. Every problem comes with its fix; exit 1 if any check fails.
+    CHECKPOINT (a directory or a Hub repo id), also its quick validation, whether TP x EP can serve
+    it, and FastDeploy building its model at meta shapes (no weight memory) with every parameter
+    compared with what the hook fills. Every problem comes with its fix; exit 1 if any check fails.
 
     \b
     Examples:
@@ -509,7 +513,7 @@ def doctor(checkpoint: str | None, tp: int, ep: int, revision: str | None, as_js
     """
     from .fastdeploy.doctor import doctor as run_doctor
 
-    report = run_doctor(checkpoint, tp, ep, revision)
+    report = run_doctor(checkpoint, tp, ep, revision, build=not no_build)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:

@@ -208,7 +208,7 @@ def _check_routing(report: DoctorReport) -> None:
         )  # fmt: skip
 
 
-def _check_checkpoint(report: DoctorReport, checkpoint: str, tp: int, ep: int, revision: str | None) -> None:
+def _check_checkpoint(report: DoctorReport, checkpoint: str, tp: int, ep: int, revision: str | None) -> bool:
     from ..arch import describe
     from ..hub import load
     from ..io.checkpoint import read_config
@@ -222,7 +222,7 @@ def _check_checkpoint(report: DoctorReport, checkpoint: str, tp: int, ep: int, r
         check_parallelism(descriptor, Parallelism(tp, 0, ep, 0))
     except HpuFp8Error as exc:
         report.add("checkpoint", FAIL, str(exc))
-        return
+        return False
     report.add("checkpoint", OK, f"{loaded.path}: hpu-fp8 v1, {descriptor.model_type}, quick validation passed")
     if qc.fp8_max != 240.0:
         report.add(
@@ -232,9 +232,35 @@ def _check_checkpoint(report: DoctorReport, checkpoint: str, tp: int, ep: int, r
     plan = plan_deployment(descriptor, tp, ep, qc.kv_cache_scheme)
     report.add(
         "plan", INFO,
-        f"TP {tp} x EP {ep}: {plan.total_bytes_per_rank / 2**30:.2f} GiB of parameters per rank, "
+        f"TP {tp} x EP {ep}: {plan.total_bytes_per_rank / 2**20:,.1f} MiB of parameters per rank, "
         f"KV cache {plan.kv_bytes_per_token_per_rank} bytes per token per rank ({qc.kv_cache_scheme.value})",
     )  # fmt: skip
+    return qc.fp8_max == 240.0
+
+
+def _check_model(report: DoctorReport, checkpoint: str, tp: int) -> None:
+    """FastDeploy builds the model at meta shapes here; every parameter must be one the hook fills, alike."""
+    from ..hub import load
+    from .probe import mismatches
+
+    path = load(checkpoint, hashes=False).path
+    try:
+        problems, layout, built = mismatches(path, tp, 0)
+    except Exception as exc:  # FastDeploy's own config or model code failed: report it, do not hide it
+        report.add(
+            "model", FAIL, f"FastDeploy could not build the model: {type(exc).__name__}: {exc}",
+            "run doctor where FastDeploy's worker runs (its environment and device settings)",
+        )  # fmt: skip
+        return
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        report.add(
+            "model", FAIL, f"FastDeploy's model and the hook disagree on {len(problems)} parameter(s): {shown}",
+            "report it with `hpu-fp8 doctor --json`: this FastDeploy builds what the hook does not know",
+        )  # fmt: skip
+    else:
+        moe = f"; MoE {layout}" if layout else ""
+        report.add("model", OK, f"FastDeploy builds {built} parameters at TP {tp} rank 0; the hook fills each of them{moe}")
 
 
 def doctor(
@@ -243,8 +269,13 @@ def doctor(
     ep: int = 1,
     revision: str | None = None,
     environ: Mapping[str, str] | None = None,
+    build: bool = True,
 ) -> DoctorReport:
-    """Check this environment (and optionally a checkpoint at TP x EP) for serving with ``--load-choices hpu_fp8``."""
+    """Check this environment (and optionally a checkpoint at TP x EP) for serving with ``--load-choices hpu_fp8``.
+
+    With a checkpoint and FastDeploy importable, ``build`` has FastDeploy build the model at meta shapes
+    (no weight memory) and compares every parameter with what the hook fills (:mod:`.probe`).
+    """
     environ = os.environ if environ is None else environ
     report = DoctorReport()
     _check_python(report)
@@ -254,5 +285,7 @@ def doctor(
     if root is not None:
         _check_routing(report)
     if checkpoint is not None:
-        _check_checkpoint(report, str(checkpoint), tp, ep, revision)
+        servable = _check_checkpoint(report, str(checkpoint), tp, ep, revision)
+        if servable and root is not None and build:
+            _check_model(report, str(checkpoint), tp)
     return report

@@ -188,7 +188,31 @@ def test_doctor_in_fastdeploys_environment(fastdeploy_env, checkpoints, tmp_path
         assert f"commit {environment.commit}" in checks["fastdeploy"]["detail"]
     assert checks["moe layout"]["detail"].startswith("down_proj_in_scale as a per-expert list")
     assert checks["checkpoint"]["status"] == "ok" and checks["hpu device"]["status"] == "warn"  # no HPU here
+    assert checks["model"]["status"] == "ok" and "the hook fills each of them" in checks["model"]["detail"], checks["model"]
     not_ready = environment.run(command, cwd=tmp_path, FD_ATTENTION_BACKEND="HPU_ATTN")
     checks = {c["name"]: c for c in json.loads(not_ready.stdout)["checks"]}
     assert not_ready.returncode == 1 and checks["FD_PLUGINS"]["status"] == "fail"
     print("doctor in FastDeploy's environment:", ready.stdout)
+
+
+def test_the_model_check_names_what_fastdeploy_builds_differently(fastdeploy_env, checkpoints, tmp_path):
+    """A config.json without moe_use_aux_free: FastDeploy reads it as false and builds no correction bias,
+    while the hook would fill one; the probe doctor uses names exactly those parameters."""
+    import json
+    import shutil
+
+    spec, _ = checkpoints("ernie-moe-tiny", True)
+    damaged = tmp_path / "spec"
+    shutil.copytree(spec, damaged)
+    config = json.loads((damaged / "config.json").read_text())
+    del config["moe_use_aux_free"]
+    (damaged / "config.json").write_text(json.dumps(config))
+    probe = ("import fd_bootstrap, json, sys; from hpu_fp8_loader.fastdeploy.probe import mismatches; "
+             "print(json.dumps(mismatches(sys.argv[1])))")  # fmt: skip
+    done = fastdeploy_env["environment"].run(["-c", probe, str(damaged)], cwd=tmp_path, FD_PLUGINS="hpu_fp8")
+    assert done.returncode == 0, done.stderr[-3000:]
+    problems, layout, _ = json.loads(done.stdout.strip().splitlines()[-1])
+    assert problems == [
+        f"ernie.layers.{i}.mlp.experts.gate_correction_bias: the hook fills it, FastDeploy does not build it" for i in (1, 2)
+    ]
+    assert layout.startswith("down_proj_in_scale as a per-expert list")

@@ -1,0 +1,112 @@
+"""FastDeploy's model for a checkpoint, built in this process at meta shapes, beside what the hook would fill.
+
+``hpu-fp8 doctor CKPT`` uses it on the Gaudi box: the FastDeploy installed there builds the model
+from the checkpoint's config.json with its own worker code (``worker_process.parse_args`` and
+``initialize_fd_config`` on the arguments its engine passes a worker), under ``paddle.LazyGuard`` so
+no weight memory is allocated whatever the model's size; every parameter's name, shape and dtype is
+then compared with what the hook's mapping fills on that rank, and the MoE layout is read off the
+model. The conformance suite builds its configs the same way.
+
+One process plays one rank: the communication group FastDeploy creates is replaced, while the config
+is built, by an object holding the rank and the size, which is all building the model reads of it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["OneProcessGroup", "fastdeploy_config", "mismatches"]
+
+
+class OneProcessGroup:
+    """The tensor-parallel group of one rank played in this process: its rank and size, nothing to communicate over."""
+
+    def __init__(self, ranks, rank: int):
+        self.ranks = list(ranks)
+        self.nranks = len(self.ranks)
+        self.world_size = self.nranks
+        self.rank = rank
+        self.id = 1000
+        self.name = f"one_process_tp{self.nranks}_rank{rank}"
+        self.process_group = None
+
+    def is_member(self) -> bool:
+        return True
+
+    def get_group_rank(self, rank: int) -> int:
+        return self.ranks.index(rank) if rank in self.ranks else -1
+
+
+def _worker_arguments(model_dir: str, tp: int, load_choices: str) -> list[str]:
+    argv = [
+        "worker_process", "--model", model_dir, "--tensor_parallel_size", str(tp), "--load_choices", load_choices,
+        "--max_model_len", "256", "--max_num_seqs", "4", "--max_num_batched_tokens", "1024", "--block_size", "128",
+        "--graph_optimization_config", json.dumps({"use_cudagraph": False}),
+    ]  # fmt: skip
+    for option in ("--speculative_config", "--plas_attention_config", "--early_stop_config", "--eplb_config",
+                   "--routing_replay_config"):  # fmt: skip
+        argv += [option, "{}"]  # FastDeploy's engine always passes these to its workers
+    return argv
+
+
+_FLEET_READY = False
+
+
+def fastdeploy_config(model_dir: str | Path, tp: int = 1, rank: int = 0, load_choices: str = "hpu_fp8"):
+    """FastDeploy's FDConfig for one rank of ``model_dir``, built by its worker's own argument parsing and config code."""
+    global _FLEET_READY
+    import paddle.distributed as dist
+    from fastdeploy.worker import worker_process
+
+    if not _FLEET_READY:
+        worker_process.init_distributed_environment()  # FastDeploy's own; a world of one process here
+        _FLEET_READY = True
+    if tp > 1:
+        from paddle.distributed.fleet.meta_parallel import get_rng_state_tracker
+
+        tracker = get_rng_state_tracker()
+        if "model_parallel_rng" not in tracker.states_:  # what fleet.init registers when mp_degree > 1
+            tracker.add("model_parallel_rng", 20 + rank)
+    saved_argv, saved_new_group = sys.argv, dist.new_group
+    sys.argv = _worker_arguments(str(model_dir), tp, load_choices)
+    dist.new_group = lambda ranks=None, *args, **kwargs: OneProcessGroup(range(tp) if ranks is None else ranks, rank % tp)
+    try:
+        return worker_process.initialize_fd_config(worker_process.parse_args(), ranks=tp, local_rank=rank)
+    finally:
+        sys.argv, dist.new_group = saved_argv, saved_new_group
+
+
+def mismatches(checkpoint: str | Path, tp: int = 1, rank: int = 0) -> tuple[list[str], str | None, int]:
+    """(every parameter on which FastDeploy's model and the hook's mapping disagree, the MoE layout, parameters built)."""
+    import paddle
+    from fastdeploy.model_executor.models.model_base import ModelRegistry
+
+    from ..arch import describe
+    from ..io.checkpoint import Checkpoint
+    from ..spec.config import parse_quantization_config
+    from .mapping import LM_HEAD_PARAMETER, Parallelism, parameter_specs
+    from .plugin import MOE_LIST_LAYOUT, moe_layout
+
+    config = fastdeploy_config(checkpoint, tp, rank)
+    with paddle.LazyGuard():
+        model = ModelRegistry.get_class(config.model_config.architectures[0])(config)
+    built = {name: (tuple(p.shape), str(p.dtype).removeprefix("paddle.")) for name, p in model.named_parameters()}
+    layout = moe_layout(model)
+    opened = Checkpoint.open(checkpoint)
+    specs = parameter_specs(describe(opened.config), parse_quantization_config(opened.config).kv_cache_scheme, Parallelism(tp, rank))
+    dtypes = {"F8_E4M3": "float8_e4m3fn", "BF16": "bfloat16", "F32": "float32"}
+    expected = {
+        name: (spec.shape, dtypes[spec.dtype])
+        for name, spec in specs.items()
+        if not (layout == MOE_LIST_LAYOUT and name.endswith(".down_proj_in_scale"))
+    }
+    problems = [f"{name}: FastDeploy builds it, the hook does not fill it" for name in sorted(set(built) - set(expected))]
+    problems += [f"{name}: the hook fills it, FastDeploy does not build it" for name in sorted(set(expected) - set(built))]
+    for name in sorted(set(built) & set(expected)):
+        (shape, dtype), (want_shape, want_dtype) = built[name], expected[name]
+        float32_lm_head = name == LM_HEAD_PARAMETER and dtype == "float32"  # --lm_head-fp32: the hook casts
+        if shape != want_shape or (dtype != want_dtype and not float32_lm_head):
+            problems.append(f"{name}: FastDeploy builds {list(shape)} {dtype}, the hook fills {list(want_shape)} {want_dtype}")
+    return problems, layout, len(built)
