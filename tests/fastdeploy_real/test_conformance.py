@@ -68,12 +68,14 @@ CASES = [
     ("ernie-moe-tiny", True, "fp8", 2, "develop"),
     ("ernie-moe-tiny", False, "fp8", 1, "develop"),
     ("ernie-moe-tiny", True, "none", 1, "develop"),
+    ("ernie-moe-tiny", False, "none", 2, "develop"),
     ("ernie-moe-tiny", True, "fp8", 1, "pr5855"),
     ("ernie-moe-tiny", True, "fp8", 2, "pr5855"),
     ("ernie-dense-tiny", True, "fp8", 2, "develop"),
     ("qwen2-tiny", False, "fp8", 1, "develop"),
     ("qwen2-tiny", True, "fp8", 1, "develop"),
     ("qwen2-tiny", True, "none", 1, "develop"),
+    ("qwen2-tiny", False, "none", 1, "develop"),
 ]
 
 
