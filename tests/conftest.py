@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from hpu_fp8_loader.convert import ConvertOptions, convert
-from hpu_fp8_loader.io.safetensors_file import read_header
 from hpu_fp8_loader.synth import preset_config, synthesize, synthetic_measurements
 
 PRESETS = ("ernie-moe-tiny", "ernie-dense-tiny", "qwen2-tiny")
@@ -57,17 +56,3 @@ def spec_copy(tmp_path, spec_factory):
         return target
 
     return make
-
-
-def overwrite_tensor_bytes(root: Path, name: str, data: bytes) -> Path:
-    """Replace the bytes of one tensor in place (same length); returns the shard path."""
-    for shard in sorted(root.glob("*.safetensors")):
-        tensors, _ = read_header(shard)
-        if name in tensors:
-            info = tensors[name]
-            assert len(data) == info.nbytes
-            with open(shard, "r+b") as f:
-                f.seek(info.begin)
-                f.write(data)
-            return shard
-    raise KeyError(name)

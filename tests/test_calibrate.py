@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from checkpoint_damage import overwrite_tensor_bytes
 from click.testing import CliRunner
-from conftest import overwrite_tensor_bytes
 
 from hpu_fp8_loader.calibrate import calibrate
 from hpu_fp8_loader.cli import main

@@ -8,7 +8,7 @@ import shutil
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import overwrite_tensor_bytes
+from checkpoint_damage import overwrite_tensor_bytes
 
 from hpu_fp8_loader.arch import Layout, describe
 from hpu_fp8_loader.convert import ConvertOptions, convert

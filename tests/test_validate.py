@@ -8,8 +8,8 @@ import struct
 
 import numpy as np
 import pytest
+from checkpoint_damage import overwrite_tensor_bytes
 from click.testing import CliRunner
-from conftest import overwrite_tensor_bytes
 
 from hpu_fp8_loader.cli import main
 from hpu_fp8_loader.errors import ConfigError, NotHpuFp8CheckpointError, UnsupportedFormatVersionError

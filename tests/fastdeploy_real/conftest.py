@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from environment import RUNTIME, FastDeployEnvironment, FastDeployUnavailableError, prepare
+from fd_environment import RUNTIME, FastDeployEnvironment, FastDeployUnavailableError, prepare
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ found by FastDeploy through ``FD_PLUGINS``. Every parameter must agree to the bi
 arguments every MLP and MoE layer hands its first HPU kernel. Checkpoints whose activation amax the
 legacy layout stores exactly (bf16) make exact bits possible everywhere; ordinary calibrated amax is
 a separate case with the legacy layout's own rounding stated. Skipped, saying why, without
-FastDeploy's source (``HPU_FP8_FASTDEPLOY_SRC``; see environment.py).
+FastDeploy's source (``HPU_FP8_FASTDEPLOY_SRC``; see fd_environment.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """FastDeploy's own config building and loading, as its worker process does them, inside one process.
 
-Runs in the suite's FastDeploy environment (``environment.py``), after ``fd_bootstrap``. The config
+Runs in the suite's FastDeploy environment (``fd_environment.py``), after ``fd_bootstrap``. The config
 comes from ``worker_process.parse_args`` and ``initialize_fd_config`` on the arguments FastDeploy's
 engine passes its workers (``hpu_fp8_loader.fastdeploy.probe``, which ``hpu-fp8 doctor`` uses too);
 loading is ``HPUModelRunner.load_model`` (``get_model_loader`` -> the loader -> ``convert_model``).
