@@ -60,6 +60,24 @@ def safe_member(root: Path, relative: str) -> Path:
     return Path(root).absolute() / relative
 
 
+def source_file(root: Path, name: str) -> Path | None:
+    """The file ``name`` of a source checkpoint, resolved, or None when absent.
+
+    Refused, naming it: a link that leaves the source (a Hugging Face snapshot's links into its blob
+    store excepted), or anything but a regular file, so that e.g. ``tokenizer_config.json ->
+    /proc/self/environ`` never carries a token into a published checkpoint.
+    """
+    path = Path(root) / name
+    if not path.is_symlink() and not path.exists():
+        return None
+    resolved = path.resolve()
+    if not any(resolved.is_relative_to(allowed) for allowed in _allowed_roots(root)):
+        raise UnsafePathError(f"{path}: a link to {resolved}, outside the source checkpoint; refusing to copy it")
+    if not resolved.is_file():
+        raise UnsafePathError(f"{path}: not a regular file; refusing to copy it")
+    return resolved
+
+
 def read_index(root: Path) -> tuple[dict[str, str], dict]:
     """(weight_map, metadata) of model.safetensors.index.json, shape-checked."""
     path = Path(root) / INDEX_FILE

@@ -23,8 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import HpuFp8Error, OutputExistsError
-from .checkpoint import CONFIG_FILE, INDEX_FILE
-from .manifest import MANIFEST_FILE, write_manifest
+from ..spec.names import COPIED_SOURCE_FILES
+from .checkpoint import CONFIG_FILE, INDEX_FILE, source_file
+from .manifest import write_manifest
 from .safetensors_file import ITEMSIZES, dtype_name
 
 __all__ = [
@@ -227,20 +228,16 @@ def finish_output(
 ) -> Path:
     """Index, config.json, the source's other files, the manifest (last), then publish ``OUT``.
 
-    ``copy_from``'s tokenizer, generation and other plain files are copied unchanged; its weights,
-    index, config and manifest are not. ``digests`` are shard sha256s already computed.
+    ``copy_from``'s tokenizer and generation files (``spec.names.COPIED_SOURCE_FILES``, by name) are
+    copied unchanged, never through a link out of the source. ``digests`` are shard sha256s already computed.
     """
     write_index(staging, shards)
     (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     if copy_from is not None:
-        for extra in sorted(Path(copy_from).iterdir()):
-            if (
-                extra.is_file()
-                and extra.suffix != ".safetensors"
-                and extra.name not in (CONFIG_FILE, INDEX_FILE, MANIFEST_FILE)
-                and not extra.name.startswith(".")
-            ):
-                shutil.copyfile(extra, staging / extra.name)
+        for name in COPIED_SOURCE_FILES:
+            source = source_file(Path(copy_from), name)
+            if source is not None:
+                shutil.copyfile(source, staging / name)
     write_manifest(staging, digests)
     return publish_output_dir(staging, out)
 

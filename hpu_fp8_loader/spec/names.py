@@ -13,6 +13,7 @@ __all__ = [
     "ACT_SCALE",
     "ATTENTION_POINTS",
     "BIAS",
+    "COPIED_SOURCE_FILES",
     "MODULE_PATTERN",
     "WEIGHT",
     "WEIGHT_SCALE",
@@ -34,6 +35,13 @@ ACT_AMAX = "act_amax"
 BIAS = "bias"
 
 # Spec point name -> FastDeploy measurement-mode module name (docs/fastdeploy.md section 10, "Measurement mode").
+# The source files a checkpoint carries over unchanged (docs/spec.md section 1): tokenizer and generation
+# files, by name. Nothing else is copied: no pickle (pytorch_model.bin, training_args.bin, optimizer.pt),
+# no notes or scripts, nothing that only a link from the source reaches.
+COPIED_SOURCE_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "vocab.txt", "merges.txt", "generation_config.json", "chat_template.jinja", "chat_template.json",
+)  # fmt: skip
 ATTENTION_POINTS = {"cache_k": "cachek_matmul", "cache_v": "cachev_matmul", "q": "q_matmul", "s": "s_matmul"}
 _FASTDEPLOY_POINTS = {fd: spec for spec, fd in ATTENTION_POINTS.items()}
 _FASTDEPLOY_SUFFIX = ".activation_scale"
