@@ -31,7 +31,7 @@ from .fusion import fuse_columns, transposed
 from .io.checkpoint import Checkpoint
 from .io.manifest import file_digest
 from .io.safetensors_file import row_blocks
-from .io.writer import PlannedTensor, Shard, ShardFile, finish_output, plan_shards, prepare_output_dir
+from .io.writer import PlannedTensor, Shard, ShardFile, check_apart, finish_output, plan_shards, prepare_output_dir
 from .requantize import requantize_rows, row_amax
 from .source_tensors import source_problem, source_rows, source_scale
 from .spec import names
@@ -469,8 +469,7 @@ def convert(
     """
     started = time.perf_counter()
     src, out = Path(src), Path(out)
-    if src.resolve() == out.resolve():
-        raise HpuFp8Error(f"{out}: output and source are the same directory; the source is never modified")
+    check_apart(out, [src])
     checkpoint = Checkpoint.open(src)
     descriptor = describe(checkpoint.config)
     layout = detect_layout(checkpoint, descriptor)
@@ -481,7 +480,7 @@ def convert(
     act, filled = resolve_act_amax(modules, amax, options.dead_experts)
     qc = quantization_config_for(descriptor, options, act, origin, sources, filled)
     shards = plan_shards(plan_tensors(descriptor, list(act)), options.max_shard_bytes)
-    staging = prepare_output_dir(out, force=options.force)
+    staging = prepare_output_dir(out, options.force, [src])
     fingerprint = _fingerprint(checkpoint, shards, qc, act)
     done = _reusable_shards(staging, fingerprint)
     metadata = {"format": "pd", "producer": f"hpu-fp8-loader {__version__}"}

@@ -242,7 +242,7 @@ def import_legacy(
         )
     options = ConvertOptions(kv_cache=kv, dead_experts=dead_experts, max_shard_bytes=max_shard_bytes)
     qc = quantization_config_for(descriptor, options, act, origin, sources, filled)
-    writer = CheckpointWriter(out, plan_tensors(descriptor, list(act)), max_shard_bytes, force, {"format": "pd"})
+    writer = CheckpointWriter(out, plan_tensors(descriptor, list(act)), max_shard_bytes, force, {"format": "pd"}, [src])
     for w in descriptor.weights():
         if w.is_linear:
             weight, scale = _import_linear(checkpoint, w, layout, descriptor.prefix, report)
@@ -332,7 +332,7 @@ def export_legacy(
             if tied_key and w.role is Role.EMBEDDING:
                 planned.append(PlannedTensor(tied_key, checkpoint.tensors[w.name].dtype, shape))
     planned += [PlannedTensor(names.fastdeploy_key_from_module(m), "BF16", (1,)) for m in modules]
-    writer = CheckpointWriter(out, planned, max_shard_bytes, force, {"format": "pd"})
+    writer = CheckpointWriter(out, planned, max_shard_bytes, force, {"format": "pd"}, [src])
     for w in descriptor.weights():
         share = rank_share(checkpoint, descriptor, w, rank)
         if w.is_linear and w.module not in qc.ignore:

@@ -69,7 +69,7 @@ def retarget(
         rescale = False
         message = "relabelled for gaudi2: the checkpoint already uses ±240"
     planned = [PlannedTensor(name, info.dtype, info.shape) for name, info in checkpoint.tensors.items()]
-    writer = CheckpointWriter(out, planned, max_shard_bytes, force, {"format": "pd"})
+    writer = CheckpointWriter(out, planned, max_shard_bytes, force, {"format": "pd"}, [src])
     report = RetargetReport(Path(out), "rescaled" if rescale else "relabelled", message)
     for name, info in checkpoint.tensors.items():
         shard = checkpoint.files[info.file]

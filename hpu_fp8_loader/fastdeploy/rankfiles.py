@@ -71,7 +71,7 @@ def write_rank_file(src: str | Path, out: str | Path, par: Parallelism, force: b
 
 def write_presharded(src: str | Path, out: str | Path, tp: int, force: bool = False) -> list[Path]:
     """``out/rank{r}/`` for every tensor-parallel rank, in the legacy key layout, plus ``out/config.json``."""
-    staging = prepare_output_dir(out, force)
+    staging = prepare_output_dir(out, force, [src])
     for child in staging.iterdir():
         shutil.rmtree(child) if child.is_dir() else child.unlink()
     ranks = []

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import HpuFp8Error, OutputExistsError
+from ..errors import HpuFp8Error, OutputExistsError, UnsafePathError
 from ..spec.names import COPIED_SOURCE_FILES
 from .checkpoint import CONFIG_FILE, INDEX_FILE, source_file
 from .manifest import write_manifest
@@ -34,6 +34,7 @@ __all__ = [
     "Shard",
     "ShardFile",
     "WriteFailedError",
+    "check_apart",
     "plan_shards",
     "prepare_output_dir",
     "publish_output_dir",
@@ -191,12 +192,30 @@ def write_index(directory: Path, shards: list[Shard]) -> None:
     (Path(directory) / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
 
 
-def prepare_output_dir(out: str | Path, force: bool = False) -> Path:
-    """``OUT.partial`` (kept if present, for resuming); refuses an existing ``OUT`` unless ``force``."""
+def check_apart(out: str | Path, sources: Iterable[str | Path]) -> None:
+    """Refuse an ``OUT`` equal to, inside, or containing a source: writing there, or replacing it with
+    ``--force``, would destroy the input, which is never modified."""
+    target = Path(out).resolve()
+    for source in sources:
+        src = Path(source).resolve()
+        if target == src:
+            raise UnsafePathError(f"{out}: it is the source {source}; the source is never modified, choose another OUT")
+        if target.is_relative_to(src):
+            raise UnsafePathError(f"{out}: it lies inside the source {source}; the source is never modified, choose another OUT")
+        if src.is_relative_to(target):
+            raise UnsafePathError(f"{out}: it contains the source {source}; replacing it would delete the source")
+
+
+def prepare_output_dir(out: str | Path, force: bool = False, sources: Iterable[str | Path] = ()) -> Path:
+    """``OUT.partial`` (kept if present, for resuming); refuses an existing ``OUT`` unless ``force``, an
+    ``OUT`` overlapping a source, and a staging path that is not a plain directory (a planted link)."""
     out = Path(out)
+    check_apart(out, sources)
     if out.exists() and not force:
         raise OutputExistsError(f"{out}: already exists; pass --force to replace it")
     partial = out.with_name(out.name + PARTIAL_SUFFIX)
+    if partial.is_symlink() or (partial.exists() and not partial.is_dir()):
+        raise UnsafePathError(f"{partial}: the staging path is a link or a file, not a directory this tool made; remove it")
     try:
         partial.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -256,9 +275,10 @@ class CheckpointWriter:
         max_shard_bytes: int,
         force: bool = False,
         metadata: dict[str, str] | None = None,
+        sources: Iterable[str | Path] = (),
     ):
         self.out = Path(out)
-        self.staging = prepare_output_dir(self.out, force)
+        self.staging = prepare_output_dir(self.out, force, sources)
         for child in self.staging.iterdir():
             shutil.rmtree(child) if child.is_dir() else child.unlink()
         self.shards = plan_shards(planned, max_shard_bytes)
