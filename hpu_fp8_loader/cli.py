@@ -6,6 +6,7 @@ Every :class:`~hpu_fp8_loader.errors.HpuFp8Error` becomes one line on stderr and
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from .errors import HpuFp8Error
 
 EXIT_INVALID = 1
 EXIT_UNREADABLE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
 def _fail(message: str, code: int = EXIT_INVALID) -> None:
@@ -34,7 +36,9 @@ def _errors(code: int = EXIT_INVALID):
     except HpuFp8Error as exc:
         _fail(str(exc), code)
     except OSError as exc:  # permissions, a full disk: the file and the reason, not a traceback
-        _fail(f"{exc.filename or ''}: {exc.strerror or exc}", code)
+        _fail(f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc.strerror or exc), code)
+    except KeyboardInterrupt:
+        _fail("interrupted; nothing was published (run the same command again: a conversion resumes)", EXIT_INTERRUPTED)
 
 
 def _bar(total: int, desc: str, quiet: bool) -> tqdm:
@@ -55,6 +59,7 @@ def _parse_overrides(pairs: tuple[str, ...]) -> dict:
 
 
 def _parse_size(text: str) -> int:
+    """``5GB``, ``500MiB``, ``64000``: a positive whole number of bytes, or a usage error naming the option."""
     units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
     for suffix in sorted(units, key=len, reverse=True):
         if suffix and text.upper().endswith(suffix):
@@ -63,9 +68,12 @@ def _parse_size(text: str) -> int:
     else:
         number, factor = text, 1
     try:
-        return int(float(number) * factor)
+        size = float(number) * factor
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not a size like 5GB or 500MiB") from None
+        size = math.nan
+    if not (1 <= size < 2**63):  # also refuses nan, inf and a fraction of a byte
+        raise click.BadParameter(f"{text!r} is not a positive size like 5GB or 500MiB", param_hint="'--max-shard-size'")
+    return int(size)
 
 
 # Options several commands share, declared once.
@@ -122,18 +130,20 @@ def validate(directory: Path, quick: bool, hashes: bool, as_json: bool, quiet: b
     """Check DIRECTORY against every rule of the hpu-fp8 v1 spec.
 
     Exit status: 0 valid, 1 invalid (every violation is listed), 2 unreadable (no directory,
-    config.json missing or not JSON, not an hpu-fp8 checkpoint, unknown format_version).
+    config.json missing or not JSON, not an hpu-fp8 checkpoint, unknown format_version, a file
+    the system cannot read).
     """
     from .validate import validate as run_validation
 
     try:
         with _bar(0, "scanning weights", quiet or quick or as_json) as bar:
             report = run_validation(directory, full=not quick, hashes=hashes, progress=bar.update)
-    except HpuFp8Error as exc:
+    except (HpuFp8Error, OSError) as exc:  # OSError: permissions, I/O errors; named like _errors() names them
+        message = str(exc) if isinstance(exc, HpuFp8Error) else f"{exc.filename or directory}: {exc.strerror or exc}"
         if as_json:
-            click.echo(json.dumps({"root": str(directory), "valid": False, "unreadable": str(exc)}, indent=2))
+            click.echo(json.dumps({"root": str(directory), "valid": False, "unreadable": message}, indent=2))
             sys.exit(EXIT_UNREADABLE)
-        _fail(str(exc), EXIT_UNREADABLE)
+        _fail(message, EXIT_UNREADABLE)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
@@ -216,7 +226,7 @@ def synth(
 
     with _errors():
         config = preset_config(preset, _parse_overrides(overrides))
-        descriptor = describe(config)
+        descriptor = describe(config, f"synth --preset {preset}")
         with _bar(2 * descriptor.parameter_count(), "synth", quiet) as bar:
             synthesize(out, config, Layout(layout), seed, _parse_size(max_shard_size), force, progress=bar.update)
     click.echo(f"{out}: {descriptor.model_type} ({descriptor.parameter_count():,} parameters) in {layout} layout, seed {seed}")
@@ -244,7 +254,9 @@ def synth(
     help="pow2 rounds every scale up to a power of two.",
 )
 @dead_experts_option
-@click.option("--workers", default=min(2, os.cpu_count() or 1), show_default=True, help="Worker processes.")
+@click.option(
+    "--workers", type=click.IntRange(min=1), default=min(2, os.cpu_count() or 1), show_default=True, help="Worker processes."
+)
 @shard_size_option
 @click.option("--revision", default=None, help="Revision of SRC when it is a Hub repo id.")
 @force_option
@@ -534,16 +546,24 @@ def doctor(checkpoint: str | None, tp: int, ep: int, revision: str | None, no_bu
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(model: Path, tp: int, ep: int, kv_cache: str, as_json: bool) -> None:
-    """Size a deployment from MODEL's config.json alone (a directory or the file): bytes per rank, KV per token."""
+    """Size a deployment from MODEL's config.json (a directory or the file): bytes per rank, KV per token.
+
+    When the directory also holds the weights, the config's layer and expert counts are checked against them.
+    """
     from .arch import describe
     from .errors import ConfigError
     from .fastdeploy.plan import plan_deployment
-    from .io.checkpoint import read_config
+    from .io.checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, Checkpoint, read_config
     from .io.jsonfile import read_json_object
 
     with _errors():
-        config = read_config(model) if model.is_dir() else read_json_object(model, ConfigError)
-        result = plan_deployment(describe(config), tp, ep, kv_cache)
+        if model.is_dir():
+            config, source = read_config(model), str(model / CONFIG_FILE)
+            has_weights = (model / INDEX_FILE).is_file() or (model / SINGLE_FILE).is_file()
+            tensors = Checkpoint.open(model).tensors if has_weights else None
+        else:
+            config, source, tensors = read_json_object(model, ConfigError), str(model), None
+        result = plan_deployment(describe(config, source, tensors), tp, ep, kv_cache)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
         return
@@ -591,9 +611,15 @@ def pull(repo_id: str, revision: str | None) -> None:
     show_default=True,
     help="builtin (Python's own documentation, offline; its last 10% is held out for eval), FILE.txt, or FILE.jsonl with a 'text' field.",
 )
-@click.option("--samples", default=32, show_default=True, help="Windows of --seq-len tokens to run.")
-@click.option("--seq-len", default=256, show_default=True, help="Tokens per window (at most max_position_embeddings).")
-@click.option("--batch-size", default=4, show_default=True, help="Windows per forward.")
+@click.option("--samples", default=32, type=click.IntRange(min=1), show_default=True, help="Windows of --seq-len tokens to run.")
+@click.option(
+    "--seq-len",
+    default=256,
+    type=click.IntRange(min=1),
+    show_default=True,
+    help="Tokens per window (at most max_position_embeddings).",
+)
+@click.option("--batch-size", default=4, type=click.IntRange(min=1), show_default=True, help="Windows per forward.")
 @click.option(
     "--all-experts",
     is_flag=True,
@@ -606,6 +632,7 @@ def pull(repo_id: str, revision: str | None) -> None:
     type=click.Path(path_type=Path),
     help="Also write the amax in FastDeploy's measurement-mode text format to this file.",
 )
+@click.option("--force", is_flag=True, help="Replace the -o (and --fastdeploy-format) file if it exists.")
 @quiet_option
 def calibrate(
     model: Path,
@@ -616,23 +643,29 @@ def calibrate(
     batch_size: int,
     all_experts: bool,
     fastdeploy_file: Path | None,
+    force: bool,
     quiet: bool,
 ) -> None:
     """Record activation amax at FastDeploy's measurement points with the float32 reference engine.
 
     MODEL is a BF16 checkpoint (Paddle or torch layout) or an hpu-fp8 one. Tokens come from its
     tokenizer.json when present (and the tokenizers library), else one token per UTF-8 byte.
+    The output files are checked before any work and written atomically; an existing one is
+    replaced only with --force, and never one inside MODEL.
     """
     from .calibrate import calibrate as run_calibration
-    from .calibrate import write_fastdeploy_file
+    from .calibrate import check_outputs, write_fastdeploy_file
     from .spec.measurements import write_measurements
 
+    if fastdeploy_file and fastdeploy_file.resolve() == out.resolve():
+        raise click.BadParameter(f"{fastdeploy_file} is also the -o file; name another", param_hint="--fastdeploy-format")
     with _errors():
+        check_outputs(model, dataset, [out, *([fastdeploy_file] if fastdeploy_file else [])], force)
         with tqdm(desc="calibrate", unit="tok", unit_scale=True, disable=quiet, file=sys.stderr, leave=False) as bar:
             result = run_calibration(model, dataset, samples, seq_len, batch_size, all_experts, progress=bar.update)
-        write_measurements(out, result.measurements)
+        write_measurements(out, result.measurements, replace=force)
         if fastdeploy_file:
-            write_fastdeploy_file(fastdeploy_file, result.measurements)
+            write_fastdeploy_file(fastdeploy_file, result.measurements, replace=force)
     click.echo(
         f"{out}: {len(result.measurements.amax)} points from {result.tokens:,} tokens ({result.tokenizer} tokens), "
         f"{result.tokens / max(result.seconds, 1e-9):,.0f} tokens/s"
@@ -775,15 +808,6 @@ def push(
     from .publish import PushOptions
     from .publish import push as run_push
 
-    command = f"hpu-fp8 push {src} --repo-id {repo_id} " + " ".join(
-        [
-            *(f"--measurements {p}" for p in measurement_paths),
-            *(["--calibrate"] if run_calibration else []),
-            f"--target {target}",
-            f"--kv-cache {kv_cache}",
-            f"--dead-experts {dead_experts}",
-        ]
-    )
     options = PushOptions(
         repo_id=repo_id,
         measurements=measurement_paths,
@@ -798,7 +822,6 @@ def push(
         dry_run=dry_run,
         evaluation="skip" if skip_eval else ("always" if force_eval else "auto"),
         convert=ConvertOptions(target=target, kv_cache=kv_cache, dead_experts=dead_experts, workers=1),
-        command=command,
     )
     with _errors():
         result = run_push(src, options, say=click.echo)
@@ -811,7 +834,10 @@ def push(
         for f in result.files:
             click.echo(f"  {f.name:<42}{f.size:>14,}  {f.sha256}")
         return
-    click.echo(f"{repo_id}: published and verified ({len(result.files)} files): {result.pull_request_url or result.commit_url}")
+    if result.pull_request_url:
+        click.echo(f"{repo_id}: pull request opened and verified ({len(result.files)} files): {result.pull_request_url}")
+    else:
+        click.echo(f"{repo_id}: published and verified ({len(result.files)} files): {result.commit_url}")
 
 
 @main.command()
@@ -821,7 +847,7 @@ def push(
     default="hpu-fp8-demo",
     show_default=True,
     type=click.Path(path_type=Path),
-    help="Working directory (replaced on each run).",
+    help="Working directory (replaced on each run; a directory the demo did not make needs --force).",
 )
 @click.option(
     "--model",
@@ -831,12 +857,13 @@ def push(
     help="Which shipped tiny trained model to use.",
 )
 @click.option("--kv-cache", type=click.Choice(["fp8", "none"]), default="fp8", show_default=True)
-def demo(work_dir: Path, model: str, kv_cache: str) -> None:
+@click.option("--force", is_flag=True, help="Replace --out even if the demo did not make it.")
+def demo(work_dir: Path, model: str, kv_cache: str, force: bool) -> None:
     """Run the main job on the embedded default: calibrate, convert, validate and evaluate a tiny trained model."""
     from .demo import run_demo
 
     with _errors():
-        result = run_demo(work_dir, model, kv_cache, say=click.echo)
+        result = run_demo(work_dir, model, kv_cache, say=click.echo, force=force)
     print_eval(result.evaluation)
     for warning in result.evaluation.warnings:
         click.echo(f"warning: {warning}", err=True)

@@ -14,10 +14,13 @@ import hashlib
 import json
 import math
 import multiprocessing
-import shutil
+import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,12 +29,22 @@ import numpy as np
 from . import __version__, numerics, scales
 from .activations import merge_measurements, resolve_act_amax
 from .arch import Layout, ModelDescriptor, WeightTensor, describe
-from .errors import ConfigError, HpuFp8Error, NonFiniteError
+from .errors import ConfigError, HpuFp8Error, NonFiniteError, WorkerDiedError
 from .fusion import fuse_columns, transposed
 from .io.checkpoint import Checkpoint
+from .io.fingerprint import file_fingerprint
 from .io.manifest import file_digest
 from .io.safetensors_file import row_blocks
-from .io.writer import PlannedTensor, Shard, ShardFile, check_apart, finish_output, plan_shards, prepare_output_dir
+from .io.writer import (
+    PlannedTensor,
+    Shard,
+    ShardFile,
+    check_apart,
+    clear_staging,
+    finish_output,
+    plan_shards,
+    prepare_output_dir,
+)
 from .requantize import requantize_rows, row_amax
 from .source_tensors import source_problem, source_rows, source_scale
 from .spec import names
@@ -135,6 +148,16 @@ def detect_layout(checkpoint: Checkpoint, descriptor: ModelDescriptor) -> Layout
     )
 
 
+def _refuse_hpu_fp8_source(checkpoint: Checkpoint) -> None:
+    """An hpu-fp8 checkpoint is an output, not a source: say so once, instead of one complaint per scale tensor."""
+    quantization = checkpoint.config.get("quantization_config")
+    if isinstance(quantization, dict) and quantization.get("quant_method") == "hpu_fp8":
+        raise ConfigError(
+            f"{checkpoint.root}: already an hpu-fp8 checkpoint; convert reads the BF16 (or compressed-tensors) model, "
+            "and `hpu-fp8 retarget` changes an hpu-fp8 checkpoint's target"
+        )
+
+
 def _check_sources(checkpoint: Checkpoint, descriptor: ModelDescriptor, layout: Layout) -> None:
     """Every source part exists with the shape config.json implies and a float dtype; list what does not."""
     problems = []
@@ -175,6 +198,7 @@ def plan_tensors(descriptor: ModelDescriptor, act_modules: Sequence[str]) -> lis
 class _Context:
     """What every worker needs; sent once per worker process."""
 
+    main_pid: int
     src: Path
     staging: Path
     layout: Layout
@@ -188,10 +212,37 @@ class _Context:
 _worker: dict = {}
 
 
+def _watch_main_process(main_pid: int) -> None:
+    """Exit when the converting process is gone (``kill -9``, SIGTERM): an orphan worker would keep running,
+    holding memory and the caller's stdout/stderr, so a caller waiting for end-of-file would hang."""
+    while _alive(main_pid):
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not merely a zombie: a killed process stays one while its caller reads its pipes to the end."""
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] != b"Z"
+    except ProcessLookupError:
+        return False
+    except OSError:  # no /proc (not Linux): signal 0 is all there is
+        return True
+
+
 def _init_worker(context: _Context) -> None:
+    # Ctrl-C reaches the whole process group: the main process reports it once; workers just stop with it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_watch_main_process, args=(context.main_pid,), daemon=True).start()
     _worker.clear()
     _worker["context"] = context
-    _worker["source"] = Checkpoint.open(context.src)
+    try:
+        _worker["source"] = Checkpoint.open(context.src)
+    except HpuFp8Error as exc:  # raised by the first task instead: an initializer's error breaks the whole pool
+        _worker["failure"] = exc
+        return
     location = {}
     files = {}
     for shard in context.shards:
@@ -254,6 +305,8 @@ class _ErrorSum:
 def _convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
     """Convert and write one spec tensor; returns the source bytes read, and for a linear from an FP8
     (compressed-tensors) source the relative RMSE its requantization added."""
+    if "failure" in _worker:
+        raise _worker["failure"]
     context: _Context = _worker["context"]
     source: Checkpoint = _worker["source"]
     options = context.options
@@ -416,8 +469,9 @@ def output_config(source_config: dict, descriptor: ModelDescriptor, qc: Quantiza
 
 
 def _fingerprint(checkpoint: Checkpoint, shards: list[Shard], qc: QuantizationConfig, act: dict[str, float]) -> str:
-    """Identity of a conversion: the source files, the plan, the config and every amax. Resume requires equality."""
-    source = sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in checkpoint.files)
+    """Identity of a conversion: the source files' content (io/fingerprint.py), the plan, the config and every
+    amax. Resume requires equality."""
+    source = sorted((str(p), file_fingerprint(p)) for p in checkpoint.files)
     plan = [(s.file_name, [(t.name, t.dtype, list(t.shape)) for t in s.tensors]) for s in shards]
     identity = {
         "source": source,
@@ -437,8 +491,7 @@ def _reusable_shards(staging: Path, fingerprint: str) -> dict[str, dict]:
     except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
         recorded = {}
     if recorded.get("fingerprint") != fingerprint:
-        for child in staging.iterdir():
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        clear_staging(staging)
         return {}
     reusable = {}
     for name, entry in recorded.get("shards", {}).items():
@@ -471,6 +524,7 @@ def convert(
     src, out = Path(src), Path(out)
     check_apart(out, [src])
     checkpoint = Checkpoint.open(src)
+    _refuse_hpu_fp8_source(checkpoint)
     descriptor = describe(checkpoint.config)
     layout = detect_layout(checkpoint, descriptor)
     _check_sources(checkpoint, descriptor, layout)
@@ -484,7 +538,7 @@ def convert(
     fingerprint = _fingerprint(checkpoint, shards, qc, act)
     done = _reusable_shards(staging, fingerprint)
     metadata = {"format": "pd", "producer": f"hpu-fp8-loader {__version__}"}
-    context = _Context(src, staging, layout, descriptor.prefix, options, tuple(shards), frozenset(done), metadata)
+    context = _Context(os.getpid(), src, staging, layout, descriptor.prefix, options, tuple(shards), frozenset(done), metadata)
     files = {s.file_name: ShardFile(staging, s, metadata) for s in shards if s.file_name not in done}
     for shard_file in files.values():
         shard_file.create()
@@ -564,7 +618,8 @@ def _run_jobs(
             finished(w, _convert_tensor(w))
     else:
         mp = multiprocessing.get_context("forkserver")
-        with ProcessPoolExecutor(context.options.workers, mp_context=mp, initializer=_init_worker, initargs=(context,)) as pool:
+        pool = ProcessPoolExecutor(context.options.workers, mp_context=mp, initializer=_init_worker, initargs=(context,))
+        try:
             queue = list(reversed(_largest_first(weights)))
             running: dict[Future, WeightTensor] = {}
             while queue or running:
@@ -574,12 +629,35 @@ def _run_jobs(
                 finished_now, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in finished_now:
                     w = running.pop(future)
-                    finished(w, future.result())  # result() re-raises a worker's HpuFp8Error with its message
+                    finished(w, _worker_result(future, w))
+        except BaseException:
+            _stop_workers(pool)
+            raise
+        pool.shutdown()
     for shard, remaining in pending_in_shard.items():
         if remaining:
             raise HpuFp8Error(f"internal error: shard {shard} still misses {sorted(remaining)[:3]}")
     _save_journal(context.staging, fingerprint, done)
     return requantized
+
+
+def _worker_result(future: Future, weight: WeightTensor) -> tuple[int, float | None]:
+    """A worker's outcome; its HpuFp8Error comes back with its message, a dead worker as one line."""
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        raise WorkerDiedError(
+            f"a worker process died while converting {weight.name} (killed by a signal; out of memory?). "
+            "Nothing was published; run the same command again to resume, perhaps with fewer --workers"
+        ) from None
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """On failure or Ctrl-C, kill the workers instead of letting each finish its tensor first (what
+    ``shutdown`` and the interpreter's exit would wait for)."""
+    for process in list((pool._processes or {}).values()):  # no public way before Python 3.14's kill_workers
+        process.kill()
+    pool.shutdown(wait=True, cancel_futures=True)  # returns at once with the workers gone; joins the pool's thread
 
 
 def _largest_first(weights: list[WeightTensor]) -> list[WeightTensor]:

@@ -13,12 +13,14 @@ from pathlib import Path
 
 from .calibrate import calibrate
 from .convert import ConvertOptions, convert
+from .errors import OutputExistsError
 from .evaluate import EvalReport, evaluate
 from .spec.measurements import write_measurements
 from .validate import ValidationReport, validate
 
 __all__ = ["TINY_MODELS", "DemoResult", "run_demo"]
 
+_MARKER = ".hpu-fp8-demo"
 TINY_MODELS = {name: Path(__file__).parent / "tiny_models" / name for name in ("ernie-moe-bytes", "qwen2-bytes")}
 
 
@@ -31,11 +33,24 @@ class DemoResult:
     evaluation: EvalReport
 
 
-def run_demo(work_dir: str | Path, model: str = "ernie-moe-bytes", kv_cache: str = "fp8", say=print) -> DemoResult:
-    """Run the default pipeline in ``work_dir`` (replaced if it exists; it belongs to the demo)."""
-    work_dir = Path(work_dir)
+def _replace_work_dir(work_dir: Path, force: bool) -> None:
+    """A fresh ``work_dir``: one the demo made before (it carries the marker) is replaced, anything else that
+    holds files only with ``force``, so a mistyped ``--out`` never deletes a user's directory."""
+    if work_dir.is_symlink() or (work_dir.exists() and not work_dir.is_dir()):
+        raise OutputExistsError(f"{work_dir}: exists and is not a directory; choose another --out")
+    if work_dir.exists() and any(work_dir.iterdir()) and not (work_dir / _MARKER).is_file() and not force:
+        raise OutputExistsError(f"{work_dir}: exists and was not made by the demo; pass --force to replace it, or choose another --out")
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
+    (work_dir / _MARKER).write_text("made by hpu-fp8 demo; replaced on each run\n", encoding="utf-8")
+
+
+def run_demo(
+    work_dir: str | Path, model: str = "ernie-moe-bytes", kv_cache: str = "fp8", say=print, force: bool = False
+) -> DemoResult:
+    """Run the default pipeline in ``work_dir`` (replaced if the demo made it; anything else needs ``force``)."""
+    work_dir = Path(work_dir)
+    _replace_work_dir(work_dir, force)
     source = TINY_MODELS[model]
     say(f"1/4 model: {source} (trained here on Python's documentation; BF16, Hugging Face torch layout)")
     calibration = calibrate(source, samples=32, seq_len=128)

@@ -19,6 +19,7 @@ __all__ = [
     "UnknownArchitectureError",
     "UnsafePathError",
     "UnsupportedFormatVersionError",
+    "WorkerDiedError",
 ]
 
 
@@ -68,3 +69,7 @@ class MeasurementError(HpuFp8Error):
 
 class OutputExistsError(HpuFp8Error):
     """The output path exists and overwriting it was not asked for."""
+
+
+class WorkerDiedError(HpuFp8Error):
+    """A worker process was killed (the out-of-memory killer, a signal) in the middle of its work."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import filecmp
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -175,6 +177,31 @@ def test_a_partial_of_another_conversion_is_not_reused(tmp_path, medium):
     assert validate(out).valid and not filecmp.cmp(
         out / "hpu_fp8_manifest.json", medium / "reference" / "hpu_fp8_manifest.json", shallow=False
     )
+
+
+def test_a_source_rewritten_in_place_with_the_same_size_and_mtime_is_not_reused(tmp_path, medium):
+    """Resume trusts the content's fingerprint (io/fingerprint.py), not a file's size and mtime."""
+    config = preset_config("ernie-moe-tiny", MEDIUM)
+    source = tmp_path / "src"
+    shutil.copytree(medium / "src", source)
+    out, partial = tmp_path / "out", tmp_path / "out.partial"
+    process = subprocess.Popen(
+        [str(Path(sys.executable).with_name("hpu-fp8")), "convert", str(source), str(out), "--measurements",
+         str(medium / "m.json"), "--max-shard-size", "500kB", "--workers", "1", "-q"]
+    )  # fmt: skip
+    _kill_after_first_shard(process, partial)
+    other = tmp_path / "other"
+    synthesize(other, config, "torch", seed=6, max_shard_bytes=2_000_000)  # same shapes, other weights
+    for shard in sorted(source.glob("*.safetensors")):
+        stat = shard.stat()
+        shard.write_bytes((other / shard.name).read_bytes())
+        os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        assert shard.stat().st_size == stat.st_size
+    result = convert(source, out, [synthetic_measurements(config)], ConvertOptions(max_shard_bytes=500_000))
+    assert result.reused_shards == 0
+    fresh = tmp_path / "fresh"
+    convert(other, fresh, [synthetic_measurements(config)], ConvertOptions(max_shard_bytes=500_000))
+    same_files(out, fresh)
 
 
 def _limited_conversion(medium: Path, out: Path, limit: int) -> subprocess.CompletedProcess:

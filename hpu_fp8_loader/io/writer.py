@@ -11,11 +11,14 @@ finished, and a ``.partial`` directory is never mistaken for output.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import math
 import os
 import shutil
 import struct
+import sys
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,16 +28,18 @@ import numpy as np
 from ..errors import HpuFp8Error, OutputExistsError, UnsafePathError
 from ..spec.names import COPIED_SOURCE_FILES
 from .checkpoint import CONFIG_FILE, INDEX_FILE, source_file
-from .manifest import write_manifest
+from .manifest import MANIFEST_FILE, write_manifest
 from .safetensors_file import ITEMSIZES, dtype_name
 
 __all__ = [
     "PARTIAL_SUFFIX",
+    "OutputLockedError",
     "PlannedTensor",
     "Shard",
     "ShardFile",
     "WriteFailedError",
     "check_apart",
+    "clear_staging",
     "plan_shards",
     "prepare_output_dir",
     "publish_output_dir",
@@ -42,10 +47,16 @@ __all__ = [
 ]
 
 PARTIAL_SUFFIX = ".partial"
+# Inside OUT.partial: who holds the staging lock (pid and command line), for the message a second run gets.
+_HOLDER_FILE = ".hpu_fp8_lock"
 
 
 class WriteFailedError(HpuFp8Error):
     """Writing output failed (no space left, a file-size limit, an I/O error); nothing was published."""
+
+
+class OutputLockedError(HpuFp8Error):
+    """Another run is writing the same output; two writers in one staging directory corrupt each other."""
 
 
 @dataclass(frozen=True)
@@ -206,34 +217,124 @@ def check_apart(out: str | Path, sources: Iterable[str | Path]) -> None:
             raise UnsafePathError(f"{out}: it contains the source {source}; replacing it would delete the source")
 
 
+def _check_replaceable(out: Path) -> None:
+    """``--force`` replaces only what this tool wrote (a directory with ``hpu_fp8_manifest.json``) or an empty
+    directory: a typo'd OUT must not delete a user's files, a regular file or a link's target."""
+    if out.is_symlink() or not out.is_dir():
+        raise OutputExistsError(f"{out}: exists and is not a directory; --force replaces only a checkpoint this tool wrote")
+    if not (out / MANIFEST_FILE).is_file() and any(out.iterdir()):
+        raise OutputExistsError(
+            f"{out}: exists and is not a checkpoint this tool wrote (no {MANIFEST_FILE}); --force replaces only those, "
+            "remove it yourself if it should go"
+        )
+
+
+# Staging directories this process holds the lock of: path -> the open descriptor carrying the flock.
+_held_locks: dict[Path, int] = {}
+
+
+def _lock_staging(partial: Path, out: Path) -> None:
+    """An exclusive ``flock`` on ``OUT.partial``, held until it is published or the process ends.
+
+    A second run on the same OUT is refused at once, naming the holder, instead of writing shards the
+    first run is writing too. The lock dies with its process, so a killed run never leaves a stale lock.
+    """
+    key = partial.resolve()
+    held = _held_locks.get(key)
+    if held is not None:
+        if os.fstat(held).st_ino == partial.stat().st_ino:
+            return  # this process holds it already (a retry after a failure, in the same process)
+        _release_lock(partial)  # the directory was removed and made again: the old lock guards nothing
+    fd = os.open(partial, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        try:
+            holder = (partial / _HOLDER_FILE).read_text(encoding="utf-8").strip() or "unknown"
+        except (OSError, UnicodeDecodeError):
+            holder = "unknown"
+        raise OutputLockedError(
+            f"{out}: another hpu-fp8 run is writing it ({holder}); wait for it to finish or stop it, then run again"
+        ) from None
+    _held_locks[key] = fd
+    (partial / _HOLDER_FILE).write_text(f"pid {os.getpid()}: {' '.join(sys.argv)}\n", encoding="utf-8")
+
+
+def _release_lock(partial: Path) -> None:
+    fd = _held_locks.pop(partial.resolve(), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def clear_staging(partial: Path) -> None:
+    """Empty ``OUT.partial`` for a fresh start, keeping only the lock holder's note."""
+    for child in partial.iterdir():
+        if child.name != _HOLDER_FILE:
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+
+
 def prepare_output_dir(out: str | Path, force: bool = False, sources: Iterable[str | Path] = ()) -> Path:
-    """``OUT.partial`` (kept if present, for resuming); refuses an existing ``OUT`` unless ``force``, an
-    ``OUT`` overlapping a source, and a staging path that is not a plain directory (a planted link)."""
+    """``OUT.partial``, locked for this process (kept if present, for resuming).
+
+    Refused before any work: an existing ``OUT`` unless ``force`` (and then only one this tool wrote), an
+    ``OUT`` overlapping a source, a staging path that is not a plain directory (a planted link), and a
+    staging directory another run is writing.
+    """
     out = Path(out)
     check_apart(out, sources)
-    if out.exists() and not force:
-        raise OutputExistsError(f"{out}: already exists; pass --force to replace it")
+    if out.exists() or out.is_symlink():
+        if not force:
+            raise OutputExistsError(f"{out}: already exists; pass --force to replace it")
+        _check_replaceable(out)
     partial = out.with_name(out.name + PARTIAL_SUFFIX)
     if partial.is_symlink() or (partial.exists() and not partial.is_dir()):
         raise UnsafePathError(f"{partial}: the staging path is a link or a file, not a directory this tool made; remove it")
     try:
         partial.mkdir(parents=True, exist_ok=True)
+        _lock_staging(partial, out)
     except OSError as exc:
         raise _write_failed(partial, exc, "creating the output directory") from exc
     return partial
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(root: Path) -> None:
+    """fsync every file and directory under ``root``: the rename that publishes must not outrun the data."""
+    for path in [*sorted(root.rglob("*")), root]:
+        if not path.is_symlink():
+            _fsync(path)
+
+
 def publish_output_dir(partial: Path, out: str | Path) -> Path:
-    """Replace ``OUT`` with the finished ``OUT.partial`` by renames, so ``OUT`` is never half-written."""
+    """Replace ``OUT`` with the finished ``OUT.partial`` by renames, so ``OUT`` is never half-written.
+
+    An ``OUT`` being replaced is first moved into a fresh hidden directory beside it (never a fixed name
+    such as ``OUT.replaced``, which may hold a user's files) and deleted only after the new one is in place.
+    """
     out = Path(out)
-    if out.exists():
-        retired = out.with_name(out.name + ".replaced")
-        shutil.rmtree(retired, ignore_errors=True)
-        out.rename(retired)
-        partial.rename(out)
-        shutil.rmtree(retired)
-    else:
-        partial.rename(out)
+    (partial / _HOLDER_FILE).unlink(missing_ok=True)
+    try:
+        _sync_tree(partial)
+        if out.exists() or out.is_symlink():
+            retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-", dir=out.parent))
+            out.rename(retired / out.name)
+            partial.rename(out)
+            shutil.rmtree(retired)
+        else:
+            partial.rename(out)
+        _fsync(out.parent)
+    except OSError as exc:
+        raise _write_failed(out, exc, "publishing") from exc
+    finally:
+        _release_lock(partial)
     return out
 
 
@@ -250,14 +351,18 @@ def finish_output(
     ``copy_from``'s tokenizer and generation files (``spec.names.COPIED_SOURCE_FILES``, by name) are
     copied unchanged, never through a link out of the source. ``digests`` are shard sha256s already computed.
     """
-    write_index(staging, shards)
-    (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    if copy_from is not None:
-        for name in COPIED_SOURCE_FILES:
-            source = source_file(Path(copy_from), name)
-            if source is not None:
-                shutil.copyfile(source, staging / name)
-    write_manifest(staging, digests)
+    (staging / _HOLDER_FILE).unlink(missing_ok=True)  # not part of the checkpoint; the flock still guards it
+    try:
+        write_index(staging, shards)
+        (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        if copy_from is not None:
+            for name in COPIED_SOURCE_FILES:
+                source = source_file(Path(copy_from), name)
+                if source is not None:
+                    shutil.copyfile(source, staging / name)
+        write_manifest(staging, digests)
+    except OSError as exc:
+        raise _write_failed(Path(exc.filename or staging), exc, "writing the index, config and manifest") from exc
     return publish_output_dir(staging, out)
 
 
@@ -279,8 +384,7 @@ class CheckpointWriter:
     ):
         self.out = Path(out)
         self.staging = prepare_output_dir(self.out, force, sources)
-        for child in self.staging.iterdir():
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        clear_staging(self.staging)
         self.shards = plan_shards(planned, max_shard_bytes)
         self._files = [ShardFile(self.staging, shard, metadata) for shard in self.shards]
         self._owner = {t.name: f for f in self._files for t in f.shard.tensors}

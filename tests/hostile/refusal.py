@@ -1,0 +1,55 @@
+"""What every hostile-input test asserts about the CLI's answer: refused, in one named line, nothing lost.
+
+A refusal is a non-zero exit through the CLI's own error path (never an escaped exception, never a
+traceback), one line on stderr that starts with ``hpu-fp8: error:`` and names the file, tensor or key at
+fault. ``tree_digest`` before and after proves the input was not modified and nothing was left behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from click.testing import CliRunner, Result
+
+from hpu_fp8_loader.cli import main
+
+
+def run_cli(*args: object, env: dict | None = None, input: str | None = None) -> Result:
+    """Run ``hpu-fp8 ARGS`` in-process; an exception that escapes the CLI stays on ``result.exception``."""
+    return CliRunner().invoke(main, [str(a) for a in args], env=env, input=input, catch_exceptions=True)
+
+
+def assert_refused(result: Result, *names: str, code: int | None = None) -> str:
+    """The command failed cleanly with one line naming each of ``names``; returns that line."""
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), (
+        f"escaped exception {type(result.exception).__name__}: {result.exception}\n{result.stderr}"
+    )
+    assert result.exit_code != 0, f"accepted silently (exit 0):\n{result.stdout}\n{result.stderr}"
+    if code is not None:
+        assert result.exit_code == code, (result.exit_code, result.stderr)
+    assert "Traceback" not in result.stderr + result.stdout
+    errors = [line for line in result.stderr.splitlines() if line.startswith("hpu-fp8: error:") or line.startswith("Error:")]
+    assert len(errors) == 1, f"expected one error line, got:\n{result.stderr}"
+    for name in names:
+        assert name in errors[0], f"{name!r} not named in: {errors[0]}"
+    return errors[0]
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """sha256 of every file (and the target of every link) under ``root``: equal digests, nothing changed."""
+    root = Path(root)
+    if not root.exists():
+        return {}
+    if root.is_file():
+        return {root.name: hashlib.sha256(root.read_bytes()).hexdigest()}
+    digest = {}
+    for path in sorted(root.rglob("*")):
+        key = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            digest[key] = "-> " + str(path.readlink())
+        elif path.is_file():
+            digest[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            digest[key] = "dir"
+    return digest
