@@ -6,13 +6,14 @@ opened, so a hostile index cannot make us read /etc/passwd or follow a symlink o
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import CheckpointIndexError, CheckpointNotFoundError, ConfigError, UnsafePathError
-from .jsonfile import read_json_object
+from .jsonfile import printable, read_json_object
 from .safetensors_file import SafetensorsFile, TensorInfo
 
 __all__ = [
@@ -30,8 +31,14 @@ SINGLE_FILE = "model.safetensors"
 
 
 def read_config(root: Path) -> dict:
-    """config.json as a dict, or :class:`ConfigError` naming the file and the JSON error."""
-    return read_json_object(Path(root) / CONFIG_FILE, ConfigError, "missing; every checkpoint needs a config.json")
+    """config.json as a dict, or :class:`ConfigError` naming the file and the JSON error.
+
+    NaN and Infinity are let through here only: transformers writes them for a non-finite float in a key
+    we may never read; the keys we do read are type-checked by their schema.
+    """
+    return read_json_object(
+        Path(root) / CONFIG_FILE, ConfigError, "missing; every checkpoint needs a config.json", allow_non_finite=True
+    )
 
 
 def _allowed_roots(root: Path) -> list[Path]:
@@ -48,13 +55,27 @@ def _allowed_roots(root: Path) -> list[Path]:
     return roots
 
 
+def _resolve(path: Path) -> Path:
+    """``path`` with every link followed; a link loop is :class:`UnsafePathError` (Python 3.11 raises RuntimeError)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError):
+        raise UnsafePathError(f"{path}: its symbolic links cannot be followed (a link loop?)") from None
+
+
 def safe_member(root: Path, relative: str) -> Path:
-    """``root / relative`` after checking it stays inside ``root`` (no absolute path, ``..`` or symlink escape)."""
+    """``root / relative`` after checking it stays inside ``root`` (no absolute path, ``..`` or symlink escape).
+
+    A NUL or other control character is refused too: the OS cannot open such a name, and printed in a
+    message it would forge a second line.
+    """
     if not isinstance(relative, str) or not relative or Path(relative).is_absolute() or "\\" in relative:
         raise UnsafePathError(f"{root}: index names {relative!r}, which is not a relative path inside the checkpoint")
+    if not printable(relative):
+        raise UnsafePathError(f"{root}: index names {relative!r}, which holds a control character (a NUL byte?)")
     if any(part == ".." for part in Path(relative).parts):
         raise UnsafePathError(f"{root}: index names {relative!r}, which climbs out of the checkpoint with '..'")
-    candidate = (Path(root) / relative).resolve()
+    candidate = _resolve(Path(root) / relative)
     if not any(candidate.is_relative_to(allowed) for allowed in _allowed_roots(root)):
         raise UnsafePathError(f"{root}: index entry {relative!r} resolves to {candidate}, outside the checkpoint")
     return Path(root).absolute() / relative
@@ -70,7 +91,7 @@ def source_file(root: Path, name: str) -> Path | None:
     path = Path(root) / name
     if not path.is_symlink() and not path.exists():
         return None
-    resolved = path.resolve()
+    resolved = _resolve(path)
     if not any(resolved.is_relative_to(allowed) for allowed in _allowed_roots(root)):
         raise UnsafePathError(f"{path}: a link to {resolved}, outside the source checkpoint; refusing to copy it")
     if not resolved.is_file():
@@ -86,11 +107,17 @@ def read_index(root: Path) -> tuple[dict[str, str], dict]:
         raise CheckpointIndexError(f"{path}: no 'weight_map' object")
     weight_map = index["weight_map"]
     for name, file in weight_map.items():
-        if not isinstance(file, str):
+        if not printable(name):
+            raise CheckpointIndexError(f"{path}: tensor name {name!r} holds a control character (a NUL byte?)")
+        if not isinstance(file, str) or not file:
             raise CheckpointIndexError(f"{path}: tensor '{name}' maps to {file!r}, not a file name")
-    metadata = index.get("metadata") or {}
+        if not printable(file):
+            raise CheckpointIndexError(f"{path}: tensor '{name}' maps to {file!r}, which holds a control character (a NUL byte?)")
+    metadata = index.get("metadata")
+    if metadata is None:
+        metadata = {}
     if not isinstance(metadata, dict):
-        raise CheckpointIndexError(f"{path}: 'metadata' is not an object")
+        raise CheckpointIndexError(f"{path}: 'metadata' is {type(metadata).__name__}, not an object")
     return weight_map, metadata
 
 
@@ -113,7 +140,7 @@ class Checkpoint:
         if not root.is_dir():
             raise CheckpointNotFoundError(f"{root}: no such checkpoint directory")
         checkpoint = cls(root, read_config(root))
-        weight_map = read_index(root)[0] if (root / INDEX_FILE).is_file() else None
+        weight_map = read_index(root)[0] if os.path.lexists(root / INDEX_FILE) else None  # a FIFO or loop there is refused
         shards = {relative: checkpoint._add_file(relative) for relative in _shard_names(root, weight_map)}
         if weight_map is not None:
             listed: dict[str, set[str]] = {}
@@ -131,7 +158,8 @@ class Checkpoint:
     def _add_file(self, relative: str) -> SafetensorsFile:
         path = safe_member(self.root, relative)
         if not path.is_file():
-            raise CheckpointNotFoundError(f"{self.root}: shard {relative} is missing")
+            what = "not a regular file" if os.path.lexists(path) else "missing"
+            raise CheckpointNotFoundError(f"{self.root}: shard {relative} is {what}")
         shard = SafetensorsFile(path)
         for name, info in shard.tensors.items():
             if name in self.tensors:

@@ -1,23 +1,102 @@
-"""Reading the small JSON files of a checkpoint, with one message shape for every way they fail."""
+"""Reading the JSON files of a checkpoint (and safetensors headers) strictly, with one message shape for every way they fail.
+
+Python's json module is more lenient than RFC 8259 and than serde_json, which the safetensors library (and so
+FastDeploy) uses: it takes bytes in UTF-16 or UTF-32, duplicate keys (the last one silently wins), the literals
+NaN and Infinity, and lone UTF-16 surrogate escapes (strings that cannot even be printed), and it raises
+RecursionError on deep nesting. :func:`parse_json` refuses each of these with a sentence a human can act on.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import stat
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import HpuFp8Error
 
-__all__ = ["read_json_object"]
+__all__ = ["JsonFormatError", "parse_json", "printable", "read_json_object"]
+
+# A \uD800-\uDFFF escape: only then can json.loads return a string holding a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
-def read_json_object(path: Path, error: type[HpuFp8Error], missing_hint: str = "missing") -> dict:
-    """The JSON object in ``path``, or ``error`` naming the file: missing, unreadable, not JSON, not an object."""
+class JsonFormatError(ValueError):
+    """Why a text is not acceptable JSON: a phrase that follows the file's name in a message."""
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """An object's dict, refusing a key that appears twice (json.loads would keep the last one silently)."""
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        duplicate = next(key for key, count in Counter(key for key, _ in pairs).items() if count > 1)
+        raise JsonFormatError(f"duplicate key {duplicate!r} in one object (which value counts would be a guess)")
+    return result
+
+
+def _refuse_constant(name: str) -> float:
+    raise JsonFormatError(f"{name} is not a JSON value (RFC 8259 has no NaN or Infinity)")
+
+
+def parse_json(data: bytes | str, *, allow_non_finite: bool = False, parse_int: Callable[[str], object] = int) -> object:
+    """The value of a UTF-8 JSON text, or :class:`JsonFormatError` saying why not.
+
+    ``allow_non_finite`` accepts NaN and Infinity, which Python's json.dump writes for non-finite floats
+    (a transformers config.json may hold one in a key nobody reads).
+    """
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise JsonFormatError(f"not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x}; UTF-16 or Latin-1?)") from None
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        value = json.loads(
+            data,
+            object_pairs_hook=_unique_keys,
+            parse_int=parse_int,
+            parse_constant=None if allow_non_finite else _refuse_constant,
+        )
+    except json.JSONDecodeError as exc:
+        hint = "; it holds NUL bytes: UTF-16 text, or NUL padding?" if "\0" in data else ""
+        raise JsonFormatError(f"not valid JSON ({exc}{hint})") from None
+    except RecursionError:
+        raise JsonFormatError("not valid JSON (nested too deeply to parse)") from None
+    if _SURROGATE_ESCAPE.search(data):
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise JsonFormatError("not valid JSON (a \\u escape is a lone UTF-16 surrogate, not a character)") from None
+    return value
+
+
+def printable(name: str) -> bool:
+    """Whether a name read from a file can be printed in a one-line message: no NUL, newline or other control character."""
+    return _CONTROL.search(name) is None
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of ``path``, refusing anything but a regular file: a FIFO would block and a device never end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise JsonFormatError("not a regular file")
+        return f.read()
+
+
+def read_json_object(
+    path: Path, error: type[HpuFp8Error], missing_hint: str = "missing", *, allow_non_finite: bool = False
+) -> dict:
+    """The JSON object in ``path``, or ``error`` naming the file: missing, unreadable, not strict JSON, not an object."""
+    try:
+        data = parse_json(_read_regular_file(Path(path)), allow_non_finite=allow_non_finite)
     except FileNotFoundError:
         raise error(f"{path}: {missing_hint}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise error(f"{path}: not valid JSON ({exc})") from None
+    except JsonFormatError as exc:
+        raise error(f"{path}: {exc}") from None
     except OSError as exc:
         raise error(f"{path}: cannot be read ({exc.strerror or exc})") from None
     if not isinstance(data, dict):

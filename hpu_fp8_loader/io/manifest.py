@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
-from ..errors import UnsafePathError
+from ..errors import HpuFp8Error, UnsafePathError
 from .checkpoint import safe_member
+from .jsonfile import read_json_object
 
 __all__ = ["MANIFEST_FILE", "check_manifest", "file_digest", "write_manifest"]
 
@@ -47,6 +49,16 @@ def write_manifest(root: Path, known: dict[str, tuple[int, str]] | None = None) 
     return manifest
 
 
+def _well_formed(entry: object) -> bool:
+    """A manifest entry: an object with an integer size (not a JSON boolean) and a sha256 hex digest."""
+    return (
+        isinstance(entry, dict)
+        and type(entry.get("size")) is int
+        and isinstance(entry.get("sha256"), str)
+        and re.fullmatch("[0-9a-f]{64}", entry["sha256"]) is not None
+    )
+
+
 def check_manifest(root: Path, hashes: bool, known: dict[str, str] | None = None) -> list[str]:
     """Every disagreement between the manifest and the files; sha256 only when ``hashes``.
 
@@ -55,30 +67,32 @@ def check_manifest(root: Path, hashes: bool, known: dict[str, str] | None = None
     """
     known = known or {}
     root = Path(root)
-    path = root / MANIFEST_FILE
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return [f"{MANIFEST_FILE} is missing: the checkpoint was never finished, or was not written by hpu-fp8"]
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return [f"{MANIFEST_FILE} is not valid JSON ({exc})"]
-    if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT or not isinstance(manifest.get("files"), dict):
+        manifest = read_json_object(
+            root / MANIFEST_FILE, HpuFp8Error, "missing: the checkpoint was never finished, or was not written by hpu-fp8"
+        )
+    except HpuFp8Error as exc:
+        return [str(exc)]
+    if manifest.get("format") != _FORMAT or not isinstance(manifest.get("files"), dict):
         return [f"{MANIFEST_FILE} is not an {_FORMAT} file"]
     problems = []
     listed = manifest["files"]
     for name, entry in listed.items():
         try:
             target = safe_member(root, name)
-        except UnsafePathError:
-            problems.append(f"{MANIFEST_FILE} lists {name!r}, outside the checkpoint")
+        except UnsafePathError as exc:
+            problems.append(f"{MANIFEST_FILE} lists {name!r}, which is not a file inside the checkpoint ({exc})")
+            continue
+        if not _well_formed(entry):
+            problems.append(f"{MANIFEST_FILE}: entry {name!r} is not {{size: integer, sha256: 64 hex digits}}")
             continue
         if not target.is_file():
             problems.append(f"{name}: listed in {MANIFEST_FILE} but missing")
             continue
         size = target.stat().st_size
-        if not isinstance(entry, dict) or size != entry.get("size"):
-            problems.append(f"{name}: {size} bytes, manifest says {entry.get('size') if isinstance(entry, dict) else entry}")
-        elif hashes and (known.get(name) or file_digest(target)[1]) != entry.get("sha256"):
+        if size != entry["size"]:
+            problems.append(f"{name}: {size} bytes, manifest says {entry['size']}")
+        elif hashes and (known.get(name) or file_digest(target)[1]) != entry["sha256"]:
             problems.append(f"{name}: sha256 differs from {MANIFEST_FILE} (file changed or corrupt)")
     for name in _members(root):
         if name not in listed:

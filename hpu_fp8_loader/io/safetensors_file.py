@@ -9,7 +9,6 @@ of a memory map, so opening a checkpoint never modifies it and costs no RAM.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import mmap
 import os
@@ -20,6 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import SafetensorsFormatError
+from .jsonfile import JsonFormatError, parse_json, printable
 
 __all__ = ["ITEMSIZES", "SafetensorsFile", "TensorInfo", "dtype_name", "numpy_dtype", "read_header", "row_blocks"]
 
@@ -73,8 +73,13 @@ def numpy_dtype(code: str) -> np.dtype:
     return np.dtype(name)
 
 
-# A header larger than this is corrupt, not big: the reference implementation uses the same bound.
-_MAX_HEADER_BYTES = 100 * 1024 * 1024
+# A header larger than this is corrupt, not big: the safetensors library refuses it (MAX_HEADER_SIZE).
+_MAX_HEADER_BYTES = 100_000_000
+# serde_json, the library's parser, refuses a header nested 128 objects/lists deep.
+_MAX_NESTING = 127
+_ENTRY_FIELDS = frozenset({"dtype", "shape", "data_offsets"})
+# Dtypes the library knows but numpy and hpu-fp8 do not: named as unsupported rather than unknown.
+_UNSUPPORTED_DTYPES = frozenset({"F4", "F6_E2M3", "F6_E3M2", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "C64"})
 
 
 def dtype_name(dtype: np.dtype) -> str:
@@ -115,10 +120,12 @@ def _bad(path: Path, what: str) -> SafetensorsFormatError:
 def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     """Parse and check a safetensors header against the file's real size.
 
-    Returns the tensors (in file order) and the ``__metadata__`` dict. Raises
-    :class:`SafetensorsFormatError` naming the file (and tensor) for a short file, a header that is
-    not JSON, an unknown dtype, a byte range that does not match the shape, overlapping tensors, or
-    offsets beyond the end of the file (a truncated shard).
+    Returns the tensors (in file order) and the ``__metadata__`` dict. At least as strict as the
+    safetensors library (which FastDeploy reads with): everything it refuses raises
+    :class:`SafetensorsFormatError` naming the file (and tensor) — a short file, a header that is not
+    UTF-8 JSON, duplicate keys, non-string metadata, an unknown dtype, a byte range that does not match
+    the shape, tensors that overlap or leave a gap, bytes after the last tensor, or offsets beyond the
+    end of the file (a truncated shard).
     """
     path = Path(path)
     size = path.stat().st_size
@@ -126,31 +133,58 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
         raise _bad(path, f"file is {size} bytes, too short for a safetensors header (truncated?)")
     with open(path, "rb") as f:
         (header_len,) = struct.unpack("<Q", f.read(8))
-        if header_len > _MAX_HEADER_BYTES or 8 + header_len > size:
+        if header_len > _MAX_HEADER_BYTES:
+            raise _bad(path, f"header claims {header_len} bytes, over the format's limit of {_MAX_HEADER_BYTES} (corrupt)")
+        if 8 + header_len > size:
             raise _bad(
                 path, f"header claims {header_len} bytes but the file has {size - 8} after the length (truncated or corrupt)"
             )
         raw = f.read(header_len)
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _bad(path, f"header is not valid JSON ({exc})") from None
+        header = parse_json(raw, parse_int=_header_int)
+    except JsonFormatError as exc:
+        raise _bad(path, f"header: {exc}") from None
     if not isinstance(header, dict):
         raise _bad(path, "header is not a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict):
-        raise _bad(path, "__metadata__ is not an object")
+    metadata = _metadata(path, header.pop("__metadata__", None))
     data_start = 8 + header_len
-    tensors: list[TensorInfo] = []
-    for name, entry in header.items():
-        tensors.append(_tensor_info(path, name, entry, data_start, size))
-    tensors.sort(key=lambda t: t.begin)
-    previous_end, previous_name = data_start, None
+    tensors = sorted((_tensor_info(path, name, entry, data_start, size) for name, entry in header.items()), key=_extent)
+    _check_coverage(path, tensors, data_start, size)
+    return {t.name: t for t in tensors}, metadata
+
+
+def _header_int(literal: str) -> int | float:
+    """A header integer; ``-0`` stays a float, as serde_json reads it (and then refuses it as a size)."""
+    return -0.0 if literal == "-0" else int(literal)
+
+
+def _metadata(path: Path, metadata: object) -> dict[str, str]:
+    """``__metadata__``: absent, null, or an object of strings (the library refuses any other value)."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise _bad(path, f"__metadata__ is {type(metadata).__name__}, not an object of strings")
+    for key, value in metadata.items():
+        if not isinstance(value, str):
+            raise _bad(path, f"__metadata__[{key!r}] is {type(value).__name__}, not a string")
+    return metadata
+
+
+def _extent(info: TensorInfo) -> tuple[int, int]:
+    return info.begin, info.end
+
+
+def _check_coverage(path: Path, tensors: list[TensorInfo], data_start: int, size: int) -> None:
+    """Tensors (sorted by offsets) tile the data area exactly, as the library demands: no overlap, gap or tail."""
+    position, previous = data_start, None
     for t in tensors:
-        if t.begin < previous_end and t.nbytes:
-            raise _bad(path, f"tensor '{t.name}' overlaps '{previous_name}'")
-        previous_end, previous_name = max(previous_end, t.end), t.name
-    return {t.name: t for t in tensors}, {str(k): str(v) for k, v in metadata.items()}
+        if t.begin < position:
+            raise _bad(path, f"tensor '{t.name}' overlaps '{previous}'")
+        if t.begin > position:
+            raise _bad(path, f"{t.begin - position} unused bytes before tensor '{t.name}' (a gap between tensors)")
+        position, previous = t.end, t.name
+    if position != size:
+        raise _bad(path, f"{size - position} bytes after the last tensor's data (trailing bytes)")
 
 
 _INT = {int}
@@ -161,13 +195,32 @@ def _naturals(values: object) -> bool:
     return type(values) is list and set(map(type, values)) <= _INT and (not values or min(values) >= 0)
 
 
+def _nesting(value: object) -> int:
+    """How many JSON objects/lists deep ``value`` is (0 for a scalar), without recursion."""
+    depth, level = 0, [value]
+    while level := [v for v in level if isinstance(v, (dict, list))]:
+        depth += 1
+        level = [child for v in level for child in (v.values() if isinstance(v, dict) else v)]
+    return depth
+
+
 def _tensor_info(path: Path, name: str, entry: object, data_start: int, size: int) -> TensorInfo:
+    """One header entry, checked as the library checks it, with its byte range made absolute.
+
+    Stricter in one way: a name with a control character (it would break our one-line messages) is refused.
+    """
+    if not printable(name):
+        raise _bad(path, f"tensor name {name!r} holds a control character")
     try:
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     except (TypeError, KeyError):
         raise _bad(path, f"tensor '{name}': header entry lacks dtype/shape/data_offsets") from None
+    extra = {k: v for k, v in entry.items() if k not in _ENTRY_FIELDS}
+    if extra and 1 + _nesting(extra) > _MAX_NESTING:  # the header object, then the entry (standing in for extra)
+        raise _bad(path, f"tensor '{name}': header entry is nested deeper than the safetensors library parses")
     if type(dtype) is not str or dtype not in ITEMSIZES:
-        raise _bad(path, f"tensor '{name}': unknown dtype {dtype!r}")
+        kind = "unsupported" if type(dtype) is str and dtype in _UNSUPPORTED_DTYPES else "unknown"
+        raise _bad(path, f"tensor '{name}': {kind} dtype {dtype!r}")
     if not _naturals(shape):
         raise _bad(path, f"tensor '{name}': shape {shape!r} is not a list of non-negative integers")
     if not _naturals(offsets) or len(offsets) != 2 or offsets[0] > offsets[1]:
