@@ -7,14 +7,18 @@ numbers (transposed and split): a converter must produce identical output from b
 
 from __future__ import annotations
 
+import difflib
 import json
+import math
+import os
+import shutil
 import zlib
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 
-from .arch import Layout, Role, WeightTensor, describe
+from .arch import Layout, Role, WeightTensor, config_keys_of, describe
 from .errors import ConfigError
 from .io.writer import CheckpointWriter, PlannedTensor
 from .spec.config import AmaxSourceKind
@@ -77,10 +81,21 @@ _OUTLIER_FRACTION = 1e-4
 
 
 def preset_config(preset: str, overrides: dict | None = None) -> dict:
-    """A preset's config with overrides applied (unknown presets name the known ones)."""
+    """A preset's config with overrides applied (unknown presets name the known ones).
+
+    An override must name a key of the preset or one the model's descriptor reads: a typo such as
+    ``hiden_size`` would otherwise be written into config.json and silently change nothing.
+    """
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
-    return {**PRESETS[preset], **(overrides or {})}
+    config = {**PRESETS[preset], **(overrides or {})}
+    known = PRESETS[preset].keys() | config_keys_of(config, f"synth --preset {preset}")
+    for key in overrides or {}:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=3)
+            hint = f"did you mean {', '.join(close)}?" if close else f"known keys: {', '.join(sorted(known))}"
+            raise ConfigError(f"synth --set: unknown config key {key!r} for {preset}; {hint}")
+    return config
 
 
 def weight_values(weight: WeightTensor, seed: int) -> np.ndarray:
@@ -132,6 +147,27 @@ def _source_config(config: dict, layout: Layout) -> dict:
     return out
 
 
+def _check_room(weights: list[WeightTensor], out: Path) -> None:
+    """Refuse, before writing, a model the disk or this machine's memory cannot hold.
+
+    Every tensor is generated whole in float32 (about 8 bytes an element with its BF16 copy), so a
+    config within the per-key bounds can still be too big to make here; better one line now than
+    MemoryError or a full disk halfway.
+    """
+    size = sum(math.prod(w.shape) * (4 if w.source_dtype == "F32" else 2) for w in weights)
+    largest = max(weights, key=lambda w: math.prod(w.shape))
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if 8 * math.prod(largest.shape) > memory:
+        raise ConfigError(
+            f"synth: tensor {largest.name} {list(largest.shape)} needs {8 * math.prod(largest.shape) / 2**30:,.1f} GiB "
+            f"of memory to generate, more than this machine's {memory / 2**30:,.1f} GiB; make the config smaller"
+        )
+    existing = next(p for p in [out.absolute(), *out.absolute().parents] if p.exists())
+    free = shutil.disk_usage(existing).free
+    if size > free:
+        raise ConfigError(f"synth: {out}: the model needs {size / 2**30:,.1f} GiB, {existing} has {free / 2**30:,.1f} GiB free")
+
+
 def synthesize(
     out: str | Path,
     config: dict,
@@ -148,6 +184,7 @@ def synthesize(
     layout = Layout(layout)
     descriptor = describe(config)
     weights = descriptor.weights()
+    _check_room(weights, Path(out))
     planned = [
         PlannedTensor(part.name, w.source_dtype, part.shape)
         for w in weights

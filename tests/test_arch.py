@@ -116,3 +116,43 @@ def test_unknown_architecture_names_the_supported_ones():
 def test_missing_key_is_named():
     with pytest.raises(ConfigError, match="'moe_k'"):
         describe({k: v for k, v in ERNIE_21B.items() if k != "moe_k"})
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("tie_word_embeddings", "false", "'tie_word_embeddings' should be a valid boolean, got \"false\""),
+        ("num_key_value_heads", 4.0, "'num_key_value_heads' should be a valid integer, got 4.0"),
+        ("moe_num_experts", "64", "'moe_num_experts' should be a valid integer, got \"64\""),
+        ("moe_use_aux_free", 1, "'moe_use_aux_free' should be a valid boolean, got 1"),
+        ("num_hidden_layers", 10**8, "'num_hidden_layers' should be less than or equal to 1024, got 100000000"),
+        ("moe_layer_interval", 0, "'moe_layer_interval' should be greater than or equal to 1, got 0"),
+    ],
+)
+def test_config_values_of_the_wrong_type_or_size_are_named_errors(key, value, message):
+    """Never Python truthiness or int(): bool("false") is True, and int(4.0) hid a config written by hand."""
+    with pytest.raises(ConfigError) as caught:
+        describe({**ERNIE_21B, key: value}, "ernie/config.json")
+    assert str(caught.value) == f"ernie/config.json: {message}"
+
+
+def test_the_bound_on_layers_times_experts_names_both_keys():
+    with pytest.raises(ConfigError, match="num_hidden_layers 1024 x moe_num_experts 1024 is more than 131,072"):
+        describe({**ERNIE_21B, "num_hidden_layers": 1024, "moe_layer_end_index": -1, "moe_num_experts": 1024})
+
+
+def test_a_list_model_type_is_a_named_error_not_a_type_error():
+    with pytest.raises(ConfigError, match="'model_type' must be a string"):
+        describe({**ERNIE_21B, "model_type": ["ernie4_5_moe"]})
+
+
+def test_layer_and_expert_counts_are_checked_against_the_tensors_present(source_factory):
+    from hpu_fp8_loader.io.checkpoint import Checkpoint
+
+    checkpoint = Checkpoint.open(source_factory())
+    assert describe(checkpoint.config, tensors=checkpoint.tensors).num_layers == 3
+    extra = [*checkpoint.tensors, "ernie.layers.3.input_layernorm.weight"]
+    with pytest.raises(ConfigError, match="'num_hidden_layers' is 3, but the checkpoint's tensors hold layers 0..3"):
+        describe(checkpoint.config, tensors=extra)
+    with pytest.raises(ConfigError, match="'moe_num_experts' is 8, but the checkpoint's tensors hold experts 0..3"):
+        describe({**checkpoint.config, "moe_num_experts": 8}, tensors=checkpoint.tensors)

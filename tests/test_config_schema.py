@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import jsonschema
 import pytest
 
@@ -96,3 +98,74 @@ def test_config_without_dtype_is_not_paddle_format(config):
     del config["dtype"]
     assert any("no 'dtype'" in p for p in fastdeploy_config_problems(config))
     assert fastdeploy_config_problems({**config, "dtype": "bfloat16", "transformers_version": "4.56.0"}) == []
+
+
+# ----- the parser is at least as strict as the published JSON Schema (issue 14 item 14) -----
+_WRONG_VALUES = ["240", "x", 1.0, 1, 0, -1, True, False, None, [], {}, 1e300]
+_DELETE, _EXTRA = object(), object()
+
+
+def _paths(value, prefix=()):
+    """Every key path (dict keys and list indexes) of a JSON value."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in items:
+        yield (*prefix, key)
+        yield from _paths(child, (*prefix, key))
+
+
+def _mutated(qc: dict, path: tuple, replacement) -> dict:
+    copy = json.loads(json.dumps(qc))
+    parent = copy
+    for key in path[:-1]:
+        parent = parent[key]
+    if replacement is _DELETE:
+        del parent[path[-1]]
+    elif replacement is _EXTRA:
+        if not isinstance(parent[path[-1]], dict):
+            return copy
+        parent[path[-1]]["unexpected_key"] = 1
+    else:
+        parent[path[-1]] = replacement
+    return copy
+
+
+@pytest.mark.parametrize(
+    "replacement", [*_WRONG_VALUES, _DELETE, _EXTRA], ids=[*map(json.dumps, _WRONG_VALUES), "delete", "extra-key"]
+)
+def test_every_config_the_published_schema_rejects_the_parser_rejects(config, replacement):
+    """Each key of a real quantization_config replaced by a value of another type, deleted, or given an extra key."""
+    schema = jsonschema.Draft202012Validator(json.loads(json.dumps(QuantizationConfig.model_json_schema())))
+    qc = config["quantization_config"]
+    checked, accepted = 0, []
+    for path in _paths(qc):
+        mutated = _mutated(qc, path, replacement)
+        if schema.is_valid(mutated):
+            continue
+        checked += 1
+        try:
+            parse_quantization_config({**config, "quantization_config": mutated})
+        except ConfigError:
+            continue
+        accepted.append(".".join(map(str, path)))
+    assert checked > 0
+    assert accepted == [], f"the schema rejects, the parser accepts: {accepted}"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"fp8_max": "240"}, "'fp8_max' should be a valid number, got \"240\""),
+        ({"fp8_max": True}, "'fp8_max' should be a valid number, got true"),
+        ({"format_version": 1.0}, "'format_version' should be 1, got 1.0"),
+        ({"format_version": True}, "'format_version' should be 1, got true"),
+        ({"is_quantized": 1}, "'is_quantized' should be true, got 1"),
+        ({"activations": {"strategy": "tensor", "dynamic": 0}}, "'activations.dynamic' should be false, got 0"),
+        ({"target": "GAUDI2"}, "'target' should be 'gaudi2' or 'gaudi3', got \"GAUDI2\""),
+    ],
+)
+def test_wrong_json_types_are_refused_naming_the_key_and_the_json_value(config, change, message):
+    """Also stricter than the schema where JSON Schema is lenient: 1.0 counts as an integer there, not here."""
+    config["quantization_config"].update(change)
+    with pytest.raises(ConfigError) as caught:
+        parse_quantization_config(config, "ckpt/config.json")
+    assert str(caught.value) == f"ckpt/config.json: quantization_config: {message}"

@@ -91,3 +91,11 @@ def test_cli_synth_with_overrides(tmp_path):
     assert config["hidden_size"] == 32 and config["tie_word_embeddings"] is True
     again = CliRunner().invoke(main, ["synth", str(tmp_path / "m"), "-q"])
     assert again.exit_code == 1 and "already exists" in again.output
+
+
+def test_an_override_must_be_a_key_of_the_preset_or_of_the_model():
+    assert preset_config("qwen2-tiny", {"head_dim": 16})["head_dim"] == 16  # read by the descriptor, absent from the preset
+    with pytest.raises(ConfigError, match="unknown config key 'moe_num_experts' for qwen2-tiny"):
+        preset_config("qwen2-tiny", {"moe_num_experts": 8})  # an ERNIE key: Qwen2 would silently ignore it
+    with pytest.raises(ConfigError, match="'num_hiden_layers'.*did you mean num_hidden_layers"):
+        preset_config("ernie-moe-tiny", {"num_hiden_layers": 2})

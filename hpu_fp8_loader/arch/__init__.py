@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterable
 
-from ..errors import UnknownArchitectureError
+from ..errors import ConfigError, UnknownArchitectureError
 from .base import LINEAR_ROLES, Layout, ModelDescriptor, MoeConfig, Role, SourcePart, WeightTensor
+from .config_keys import ErnieConfig, ErnieMoeConfig, ModelConfig, Qwen2Config, check_against_tensors, read_model_config
 from .ernie import ernie_dense, ernie_moe
 from .qwen2 import qwen2
 
@@ -18,24 +20,44 @@ __all__ = [
     "Role",
     "SourcePart",
     "WeightTensor",
+    "config_keys_of",
     "describe",
 ]
 
-_REGISTRY: dict[str, Callable[[dict], ModelDescriptor]] = {
-    "ernie4_5_moe": ernie_moe,
-    "ernie4_5": ernie_dense,
-    "qwen2": qwen2,
+_REGISTRY: dict[str, tuple[type[ModelConfig], Callable[..., ModelDescriptor]]] = {
+    "ernie4_5_moe": (ErnieMoeConfig, ernie_moe),
+    "ernie4_5": (ErnieConfig, ernie_dense),
+    "qwen2": (Qwen2Config, qwen2),
 }
 SUPPORTED_MODEL_TYPES = tuple(_REGISTRY)
 
 
-def describe(config: dict) -> ModelDescriptor:
-    """The descriptor of the model a config.json describes."""
+def _architecture(config: dict, source: str) -> tuple[type[ModelConfig], Callable[..., ModelDescriptor]]:
+    """The config model and descriptor builder for ``config``'s model_type, which must be a supported string."""
     model_type = config.get("model_type")
-    try:
-        build = _REGISTRY[model_type]
-    except KeyError:
+    if not isinstance(model_type, str):
+        raise ConfigError(f"{source}: 'model_type' must be a string such as \"qwen2\", got {json.dumps(model_type, default=str)}")
+    if model_type not in _REGISTRY:
         raise UnknownArchitectureError(
-            f"config.json: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        ) from None
-    return build(config)
+            f"{source}: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    return _REGISTRY[model_type]
+
+
+def config_keys_of(config: dict, source: str = "config.json") -> frozenset[str]:
+    """Every config.json key the descriptor of ``config``'s model_type reads."""
+    return frozenset(_architecture(config, source)[0].model_fields)
+
+
+def describe(config: dict, source: str = "config.json", tensors: Iterable[str] | None = None) -> ModelDescriptor:
+    """The descriptor of the model a config.json describes.
+
+    Every key read is type- and bounds-checked first (:mod:`.config_keys`); with ``tensors`` (the
+    names a checkpoint's files hold) the layer and expert counts are also checked against them, so
+    that nothing is enumerated for a config its files do not back.
+    """
+    model, build = _architecture(config, source)
+    parsed = read_model_config(model, config, source)
+    if tensors is not None:
+        check_against_tensors(parsed, tensors, source)
+    return build(parsed)

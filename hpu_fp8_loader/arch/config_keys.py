@@ -1,40 +1,195 @@
-"""Reading the config.json keys both architectures share, with errors that name the key."""
+"""The config.json keys the architectures read, as strict pydantic models with sane bounds.
+
+A config value of the wrong JSON type is an error, never Python truthiness or ``int()``: a boolean
+must be ``true``/``false`` (not ``"false"``, which ``bool()`` reads as true), an integer a JSON
+integer (not ``3.0``, ``"3"`` or ``true``). Sizes are bounded (the ``MAX_*`` constants below, a few
+times the largest released model) so that a 100-byte config declaring 10^8 layers is refused before
+anything is enumerated or allocated. Keys we do not read are kept as they are (``extra="allow"``).
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
 from ..errors import ConfigError
+from ..spec.config import validation_error_text
 
-__all__ = ["common_sizes", "head_dim", "required_int"]
+__all__ = [
+    "MAX_EXPERTS",
+    "MAX_EXPERT_MODULES",
+    "MAX_HEADS",
+    "MAX_HEAD_DIM",
+    "MAX_HIDDEN_SIZE",
+    "MAX_INTERMEDIATE_SIZE",
+    "MAX_LAYERS",
+    "MAX_VOCAB_SIZE",
+    "ErnieConfig",
+    "ErnieMoeConfig",
+    "ModelConfig",
+    "Qwen2Config",
+    "check_against_tensors",
+    "read_model_config",
+]
+
+# Largest released values (Qwen2-72B, ERNIE-4.5-300B, DeepSeek-V3, Llama-3.1-405B) are far below these.
+MAX_LAYERS = 1024
+MAX_HIDDEN_SIZE = 65_536
+MAX_INTERMEDIATE_SIZE = 1_048_576
+MAX_HEADS = 1024
+MAX_HEAD_DIM = 1024
+MAX_VOCAB_SIZE = 4_194_304
+MAX_EXPERTS = 1024
+MAX_EXPERT_MODULES = 131_072  # num_hidden_layers * moe_num_experts: 2 weights each, enumerated before any I/O
 
 
-def required_int(config: dict, key: str) -> int:
-    value = config.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"config.json: '{key}' must be a positive integer, got {value!r}")
-    return value
+class ModelConfig(BaseModel):
+    """The shape-defining keys every supported architecture has, plus the ones the reference engine reads."""
+
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+    model_type: str
+    architectures: list[str] | None = None
+    hidden_size: int = Field(ge=1, le=MAX_HIDDEN_SIZE)
+    num_hidden_layers: int = Field(ge=1, le=MAX_LAYERS)
+    num_attention_heads: int = Field(ge=1, le=MAX_HEADS)
+    num_key_value_heads: int | None = Field(default=None, ge=1, le=MAX_HEADS)
+    head_dim: int | None = Field(default=None, ge=1, le=MAX_HEAD_DIM)
+    vocab_size: int = Field(ge=1, le=MAX_VOCAB_SIZE)
+    intermediate_size: int = Field(ge=1, le=MAX_INTERMEDIATE_SIZE)
+    tie_word_embeddings: bool
+    max_position_embeddings: int | None = Field(default=None, ge=1)
+    rope_theta: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    rms_norm_eps: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _heads_fit(self) -> ModelConfig:
+        """Grouped-query attention needs whole groups; without head_dim the hidden size must split evenly."""
+        if self.num_attention_heads % self.kv_heads:
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of num_key_value_heads {self.kv_heads}"
+            )
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}; set head_dim"
+            )
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        """num_key_value_heads, or num_attention_heads when absent or null (no grouping)."""
+        return self.num_key_value_heads or self.num_attention_heads
+
+    @property
+    def resolved_head_dim(self) -> int:
+        """head_dim when present and not null, else hidden_size / num_attention_heads."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    def common_sizes(self) -> dict:
+        """The ModelDescriptor fields every architecture shares."""
+        return {
+            "hidden_size": self.hidden_size,
+            "num_layers": self.num_hidden_layers,
+            "num_heads": self.num_attention_heads,
+            "num_kv_heads": self.kv_heads,
+            "head_dim": self.resolved_head_dim,
+            "vocab_size": self.vocab_size,
+            "intermediate_size": self.intermediate_size,
+            "tie_word_embeddings": self.tie_word_embeddings,
+        }
 
 
-def head_dim(config: dict) -> int:
-    """head_dim from config when present and not null, else hidden_size / num_attention_heads."""
-    if config.get("head_dim") is not None:
-        return required_int(config, "head_dim")
-    hidden, heads = required_int(config, "hidden_size"), required_int(config, "num_attention_heads")
-    if hidden % heads:
-        raise ConfigError(f"config.json: hidden_size {hidden} is not divisible by num_attention_heads {heads}; set head_dim")
-    return hidden // heads
+class Qwen2Config(ModelConfig):
+    tie_word_embeddings: bool = False
 
 
-def common_sizes(config: dict) -> dict:
-    """The shape-defining keys every supported architecture has."""
-    heads = required_int(config, "num_attention_heads")
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    if heads % kv_heads:
-        raise ConfigError(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
-    return {
-        "hidden_size": required_int(config, "hidden_size"),
-        "num_layers": required_int(config, "num_hidden_layers"),
-        "num_heads": heads,
-        "num_kv_heads": kv_heads,
-        "vocab_size": required_int(config, "vocab_size"),
-        "intermediate_size": required_int(config, "intermediate_size"),
-    }
+class ErnieConfig(ModelConfig):
+    tie_word_embeddings: bool = True
+    use_bias: bool = False
+
+    @model_validator(mode="after")
+    def _no_bias(self) -> ErnieConfig:
+        if self.use_bias:
+            raise ValueError("use_bias=true ERNIE models are not supported (no released model uses it)")
+        return self
+
+
+class ErnieMoeConfig(ErnieConfig):
+    """The moe_* keys; absent optional ones take the defaults of ERNIE's own modelling code."""
+
+    moe_num_experts: int = Field(ge=1, le=MAX_EXPERTS)
+    moe_k: int = Field(ge=1, le=MAX_EXPERTS)
+    moe_intermediate_size: int = Field(ge=1, le=MAX_INTERMEDIATE_SIZE)
+    moe_num_shared_experts: int | None = Field(default=0, ge=0, le=MAX_EXPERTS)
+    moe_layer_start_index: int = Field(default=1, ge=0, le=MAX_LAYERS)
+    moe_layer_end_index: int | None = Field(default=-1, ge=-1, le=MAX_LAYERS)
+    moe_layer_interval: int = Field(default=1, ge=1, le=MAX_LAYERS)
+    moe_use_aux_free: bool = True
+    moe_norm_min: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _moe_fits(self) -> ErnieMoeConfig:
+        """The MoE keys must describe experts and layers the model has, and a count we can enumerate."""
+        if self.moe_k > self.moe_num_experts:
+            raise ValueError(f"moe_k {self.moe_k} is more than moe_num_experts {self.moe_num_experts}")
+        if self.moe_layer_start_index >= self.num_hidden_layers:
+            raise ValueError(
+                f"moe_layer_start_index {self.moe_layer_start_index} is not a layer of the "
+                f"{self.num_hidden_layers} (num_hidden_layers)"
+            )
+        if not self.moe_layer_start_index <= self.last_moe_layer < self.num_hidden_layers:
+            raise ValueError(
+                f"moe_layer_end_index {self.moe_layer_end_index} is not between moe_layer_start_index "
+                f"{self.moe_layer_start_index} and the last layer {self.num_hidden_layers - 1} (or -1)"
+            )
+        if self.num_hidden_layers * self.moe_num_experts > MAX_EXPERT_MODULES:
+            raise ValueError(
+                f"num_hidden_layers {self.num_hidden_layers} x moe_num_experts {self.moe_num_experts} is more than "
+                f"{MAX_EXPERT_MODULES:,} expert modules"
+            )
+        return self
+
+    @property
+    def last_moe_layer(self) -> int:
+        """moe_layer_end_index, with -1 or null meaning the last layer."""
+        end = self.moe_layer_end_index
+        return self.num_hidden_layers - 1 if end in (None, -1) else end
+
+
+def read_model_config(model: type[ModelConfig], config: dict, source: str) -> ModelConfig:
+    """``config`` as ``model``, or one :class:`ConfigError` line naming ``source`` and every key at fault."""
+    try:
+        return model.model_validate(config)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {validation_error_text(exc)}") from None
+
+
+_LAYER = re.compile(r"\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"\.experts\.(\d+)\.")
+
+
+def check_against_tensors(config: ModelConfig, tensors: Iterable[str], source: str) -> None:
+    """The layer and expert counts the config declares are the ones the checkpoint's tensor names hold.
+
+    Checked from the names alone, before a descriptor enumerates anything: a config that declares
+    more (or fewer) layers or experts than the files hold is refused naming the key.
+    """
+    layers: set[int] = set()
+    experts: set[int] = set()
+    for name in tensors:
+        if match := _LAYER.search(name):
+            layers.add(int(match.group(1)))
+        if match := _EXPERT.search(name):
+            experts.add(int(match.group(1)))
+    _check_count(source, "num_hidden_layers", config.num_hidden_layers, layers, "layers")
+    if isinstance(config, ErnieMoeConfig):
+        _check_count(source, "moe_num_experts", config.moe_num_experts, experts, "experts")
+
+
+def _check_count(source: str, key: str, declared: int, present: set[int], what: str) -> None:
+    held = max(present) + 1 if present else 0
+    if declared != held:
+        holds = f"{what} 0..{held - 1}" if held else f"no {what}"
+        raise ConfigError(f"{source}: '{key}' is {declared}, but the checkpoint's tensors hold {holds}")

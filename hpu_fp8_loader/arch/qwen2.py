@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 from .base import ModelDescriptor
-from .config_keys import common_sizes, head_dim
+from .config_keys import Qwen2Config
 
 __all__ = ["qwen2"]
 
 
-def qwen2(config: dict) -> ModelDescriptor:
+def qwen2(config: Qwen2Config) -> ModelDescriptor:
     return ModelDescriptor(
-        model_type="qwen2",
+        model_type=config.model_type,
         architecture="Qwen2ForCausalLM",
         prefix="qwen2",
-        head_dim=head_dim(config),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         qkv_bias=True,
-        **common_sizes(config),
+        **config.common_sizes(),
     )

@@ -6,10 +6,13 @@ The pydantic models are the only parser of the config; their JSON Schema ships w
 
 from __future__ import annotations
 
+import json
 from enum import Enum
-from typing import Literal
+from functools import partial
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from ..errors import ConfigError, NotHpuFp8CheckpointError, UnsupportedFormatVersionError
 from . import FORMAT_VERSION
@@ -29,6 +32,7 @@ __all__ = [
     "Target",
     "fastdeploy_config_problems",
     "parse_quantization_config",
+    "validation_error_text",
 ]
 
 
@@ -74,6 +78,21 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _same_type(expected: object, value: object) -> object:
+    """Reject a value equal to the literal but of another JSON type (1.0 or true for 1, 1 for true)."""
+    if type(value) is not type(expected):
+        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": json.dumps(expected)})
+    return value
+
+
+def _exactly(value: object) -> object:
+    """``Literal[value]`` that, like the JSON Schema ``const`` it publishes, also requires the value's type.
+
+    pydantic's Literal compares with ``==`` even in strict mode, so ``Literal[1]`` alone takes 1.0 and true.
+    """
+    return Annotated[Literal[value], BeforeValidator(partial(_same_type, value))]
+
+
 class WeightStrategies(_Strict):
     """v1 fixes the strategy of each group: tensor-wise where FastDeploy's linear has a [1] scale."""
 
@@ -85,7 +104,7 @@ class WeightStrategies(_Strict):
 
 class Activations(_Strict):
     strategy: Literal["tensor"] = "tensor"
-    dynamic: Literal[False] = False
+    dynamic: _exactly(False) = False
 
 
 class ExpertRef(_Strict):
@@ -161,10 +180,10 @@ class QuantizationConfig(_Strict):
     dense_quant_type: Literal["tensor_wise_fp8"] = "tensor_wise_fp8"
     moe_quant_type: Literal["tensor_wise_fp8"] = "tensor_wise_fp8"
     kv_cache_quant_type: Literal["float8_e4m3"] | None = None
-    is_quantized: Literal[True] = True
+    is_quantized: _exactly(True) = True
 
     quant_method: Literal["hpu_fp8"] = "hpu_fp8"
-    format_version: Literal[1] = FORMAT_VERSION
+    format_version: _exactly(FORMAT_VERSION) = FORMAT_VERSION
     fp8_dtype: Literal["float8_e4m3fn"] = "float8_e4m3fn"
     fp8_max: float = 240.0
     target: Target = Target.GAUDI2
@@ -203,12 +222,31 @@ class QuantizationConfig(_Strict):
         return self.fp8_max == 240.0
 
 
-def _format_validation_error(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
+def _json_text(value: object, limit: int = 60) -> str:
+    """A value as it appears in JSON (``"false"``, ``3.0``, ``null``), cut to ``limit`` characters."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _error_text(err: dict) -> str:
+    """One pydantic error for a human: the key, what it should be and the JSON value found, no "Value error," prefix."""
+    where = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "value_error":  # our own validators' messages name their keys
+        return str(err["ctx"]["error"])
+    if err["type"] == "missing":
+        return f"'{where}' is missing"
+    if err["type"] == "extra_forbidden":
+        return f"'{where}' is not a known key"
+    message = err["msg"].removeprefix("Input ")
+    return f"'{where}' {message}, got {_json_text(err['input'])}" if where else f"{message}, got {_json_text(err['input'])}"
+
+
+def validation_error_text(exc: ValidationError) -> str:
+    """Every error of a pydantic validation on one line, each naming its key."""
+    return "; ".join(_error_text(err) for err in exc.errors())
 
 
 def parse_quantization_config(config: dict, source: str = "config.json") -> QuantizationConfig:
@@ -229,15 +267,15 @@ def parse_quantization_config(config: dict, source: str = "config.json") -> Quan
             f"{source}: quantization_config.quant_method is {qc.get('quant_method')!r}, not 'hpu_fp8'.{hint}"
         )
     version = qc.get("format_version")
-    if version != FORMAT_VERSION or isinstance(version, bool):
+    if isinstance(version, int) and not isinstance(version, bool) and version != FORMAT_VERSION:
         raise UnsupportedFormatVersionError(
             f"{source}: format_version is {version!r}, but this reader implements format_version {FORMAT_VERSION} "
             "only; upgrade hpu-fp8-loader or convert the checkpoint again."
         )
-    try:
-        return QuantizationConfig.model_validate(qc)
+    try:  # strict, in JSON mode: JSON types as the published schema has them ("240" is no number), enums by value
+        return QuantizationConfig.model_validate_json(json.dumps(qc), strict=True)
     except ValidationError as exc:
-        raise ConfigError(f"{source}: quantization_config: {_format_validation_error(exc)}") from None
+        raise ConfigError(f"{source}: quantization_config: {validation_error_text(exc)}") from None
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
@@ -261,7 +299,7 @@ def fastdeploy_config_problems(config: dict) -> list[str]:
     if version is not None and _version_tuple(version) > (4, 56, 0):
         problems.append(f"config.json has transformers_version {version} > 4.56.0: FastDeploy would treat it as torch format")
     model_type = config.get("model_type")
-    expected = FASTDEPLOY_ARCHITECTURES.get(model_type)
+    expected = FASTDEPLOY_ARCHITECTURES.get(model_type) if isinstance(model_type, str) else None
     if expected is None:
         problems.append(f"config.json model_type {model_type!r} is not one FastDeploy's HPU FP8 path serves")
     elif config.get("architectures") != [expected]:
