@@ -11,8 +11,9 @@ of wider expert ranges and about E/k times the expert work.
 from __future__ import annotations
 
 import datetime
+import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,12 +23,86 @@ from . import __version__
 from .datasets import BUILTIN, load_text, token_batches, tokenize
 from .engine.model import EngineConfig, Observer, forward
 from .engine.weights import open_weights
-from .errors import HpuFp8Error
+from .errors import HpuFp8Error, NonFiniteError
 from .spec import names
 from .spec.config import AmaxSourceKind
-from .spec.measurements import MeasurementProvenance, Measurements, ModelIdentity
+from .spec.measurements import (
+    MeasurementProvenance,
+    Measurements,
+    ModelIdentity,
+    check_output_file,
+    write_text_atomically,
+)
 
-__all__ = ["AmaxObserver", "CalibrationResult", "calibrate", "write_fastdeploy_file"]
+__all__ = ["AmaxObserver", "CalibrationResult", "calibrate", "check_outputs", "memory_budget", "write_fastdeploy_file"]
+
+# (limit, usage) files of a cgroup, v2 then v1's memory controller; v1 writes "no limit" as a huge number.
+_CGROUP_MEMORY = (("", "memory.max", "memory.current"), ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes"))
+
+
+def _read_int(path: Path) -> int | None:
+    """The number in a one-number kernel file; None when absent, unreadable or ``max`` (no limit)."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdecimal() else None
+
+
+def _kib_field(path: Path, key: str) -> int:
+    """Bytes of a ``Key:  N kB`` line of /proc/meminfo or /proc/self/status; 0 when it cannot be read."""
+    try:
+        for line in path.read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
+def _cgroup_headroom(proc: Path, cgroup_root: Path) -> Iterator[int]:
+    """Limit minus usage of every memory limit over this process: its cgroup and each ancestor, v2 or v1.
+
+    The process's cgroup path comes from ``/proc/self/cgroup``; inside a container the mount's root is the
+    container's own cgroup, so the walk goes up to, and includes, the root of the mount.
+    """
+    try:
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        _, _, rest = line.partition(":")
+        controllers, _, relative = rest.partition(":")
+        for mount, limit_file, usage_file in _CGROUP_MEMORY:
+            if controllers != mount and mount not in controllers.split(","):
+                continue
+            base = cgroup_root / mount
+            directory = base / relative.lstrip("/")
+            for level in [directory, *directory.parents]:
+                limit = _read_int(level / limit_file)
+                if limit is not None:
+                    yield max(limit - (_read_int(level / usage_file) or 0), 0)
+                if level == base:
+                    break
+
+
+def _rlimit_headroom(proc: Path) -> Iterator[int]:
+    """What ``ulimit -v`` (RLIMIT_AS) and ``ulimit -d`` (RLIMIT_DATA) still allow beyond what this process uses."""
+    for limit, used in ((resource.RLIMIT_AS, "VmSize"), (resource.RLIMIT_DATA, "VmData")):
+        soft = resource.getrlimit(limit)[0]
+        if soft != resource.RLIM_INFINITY:
+            yield max(soft - _kib_field(proc / "self" / "status", used), 0)
+
+
+def memory_budget(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """Bytes this process may still allocate: the least of the machine's available memory, the headroom
+    under ``ulimit -v``/``-d``, and under every cgroup memory limit above it (a container's, a job's).
+
+    Sized from MemAvailable alone, a cache meant to fit in RAM overruns a container or a ulimit and the
+    run dies mid-way; 0 when nothing can be read (then nothing is cached).
+    """
+    available = _kib_field(proc / "meminfo", "MemAvailable")
+    return min([available, *_rlimit_headroom(proc), *_cgroup_headroom(proc, cgroup_root)])
 
 
 class AmaxObserver(Observer):
@@ -38,8 +113,12 @@ class AmaxObserver(Observer):
         self.expert_tokens: dict[str, int] = {}
 
     def record(self, module: str, values: np.ndarray) -> None:
+        """Keep the running max |x|; a NaN or inf is refused, never recorded (``max(0, nan)`` is 0)."""
         if values.size:
             peak = float(np.max(np.abs(values)))
+            if not np.isfinite(peak):
+                what = "NaN" if np.isnan(peak) else "inf"
+                raise NonFiniteError(f"activation {module} holds {what}")
             self.amax[module] = max(self.amax.get(module, 0.0), peak)
 
     def record_expert(self, layer: int, expert: int, intermediate: np.ndarray, routed_tokens: int) -> None:
@@ -68,7 +147,7 @@ def calibrate(
 ) -> CalibrationResult:
     """Run the reference engine over ``samples`` windows of ``dataset`` and record every act amax."""
     started = time.perf_counter()
-    weights = open_weights(model)
+    weights = open_weights(model, cache_bytes=memory_budget() // 4)
     d = weights.descriptor
     limit = weights.checkpoint.config.get("max_position_embeddings")
     if limit and seq_len > int(limit):
@@ -84,7 +163,14 @@ def calibrate(
     tokens = 0
     count = 0
     for batch in token_batches(ids, samples, seq_len, batch_size):
-        forward(weights, batch, observer, config)
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):  # the observer refuses what overflowed, by name
+                forward(weights, batch, observer, config)
+        except NonFiniteError as exc:
+            raise NonFiniteError(
+                f"{model}: {exc} on calibration windows {count}..{count + len(batch) - 1}: a weight feeding it is "
+                "not finite or the float32 arithmetic overflows; nothing was written"
+            ) from None
         tokens += batch.size
         count += len(batch)
         if progress:
@@ -113,7 +199,16 @@ def calibrate(
     return CalibrationResult(measurements, tokenizer, tokens, time.perf_counter() - started, sorted(dead))
 
 
-def write_fastdeploy_file(path: str | Path, measurements: Measurements) -> None:
-    """The same amax in FastDeploy's measurement-mode text format (``key<TAB>float`` lines)."""
+def check_outputs(model: str | Path, dataset: str | Path, outputs: Iterable[str | Path], force: bool) -> None:
+    """Before hours of work, refuse outputs that could not or must not be written: an existing file
+    without ``force``, a directory, a missing or read-only directory, or a file of the model (even
+    its own config.json with ``force``) or the dataset itself (see ``check_output_file``)."""
+    sources = [model] if str(dataset) == BUILTIN else [model, dataset]
+    for path in outputs:
+        check_output_file(path, force, sources)
+
+
+def write_fastdeploy_file(path: str | Path, measurements: Measurements, replace: bool = True) -> None:
+    """The same amax in FastDeploy's measurement-mode text format (``key<TAB>float`` lines), written atomically."""
     lines = [f"{names.fastdeploy_key_from_module(module)}\t{value!r}\n" for module, value in measurements.amax.items()]
-    Path(path).write_text("".join(lines), encoding="utf-8")
+    write_text_atomically(path, "".join(lines), replace)

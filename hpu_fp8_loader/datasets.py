@@ -50,9 +50,12 @@ def load_text(dataset: str | Path, split: str = "calibration") -> str:
             continue
         try:
             record = json.loads(line)
-            texts.append(record["text"] if isinstance(record, dict) else str(record))
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise HpuFp8Error(f"{path}:{number}: expected a JSON object with a 'text' field") from None
+        except json.JSONDecodeError:
+            record = None
+        text = record.get("text") if isinstance(record, dict) else record
+        if not isinstance(text, str):
+            raise HpuFp8Error(f"{path}:{number}: expected a JSON object with a 'text' string (or a JSON string)")
+        texts.append(text)
     return "\n\n".join(texts)
 
 
@@ -76,6 +79,9 @@ def tokenize(text: str, model_dir: Path, vocab_size: int) -> tuple[np.ndarray, s
 
 def token_batches(ids: np.ndarray, samples: int, seq_len: int, batch_size: int):
     """Up to ``samples`` consecutive windows of ``seq_len`` tokens, ``batch_size`` at a time."""
+    for name, value in (("samples", samples), ("seq_len", seq_len), ("batch_size", batch_size)):
+        if value < 1:
+            raise HpuFp8Error(f"{name} is {value}; it must be at least 1")
     available = len(ids) // seq_len
     if available == 0:
         raise HpuFp8Error(f"the dataset has {len(ids)} tokens, fewer than one sample of seq_len {seq_len}")

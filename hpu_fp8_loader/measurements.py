@@ -9,7 +9,9 @@ rank set is complete. No real FastDeploy file has been seen: the format is read 
 
 from __future__ import annotations
 
+import glob
 import math
+import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -18,11 +20,15 @@ from pathlib import Path
 from .errors import MeasurementError
 from .spec import names
 from .spec.config import AmaxSourceKind
-from .spec.measurements import MeasurementProvenance, Measurements, read_measurements
+from .spec.measurements import MeasurementProvenance, Measurements, check_module_numbers, read_measurements
 
 __all__ = ["LoadedMeasurements", "fastdeploy_rank_files", "load_measurements", "read_fastdeploy_file"]
 
-_RANK_FILE = re.compile(r"^(?P<stem>.+)_(?P<rank>\d+)(?P<suffix>\.txt)$")
+_RANK_TAIL = re.compile(r"^(?P<stem>.+?)(?P<tail>(?:_\d+)+)$")  # \d: any Unicode digit, to refuse, never to read
+_PLAIN_RANK = re.compile(r"_(0|[1-9][0-9]*)")
+_AMAX = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?")  # Python float text, ASCII
+_JSON_START = (b"{", b"[")
+_FASTDEPLOY_FILE = "model_measurement.txt"
 
 
 @dataclass
@@ -31,9 +37,34 @@ class LoadedMeasurements:
     warnings: list[str] = field(default_factory=list)
 
 
+def _parse_line(line: str) -> tuple[str, str, float]:
+    """(FastDeploy key, spec module, amax) of one ``key<TAB>float`` line; ValueError says what is wrong.
+
+    ``float()`` alone would also take ``1_0``, non-ASCII digits, ``nan`` and padding; the amax must be
+    plain ASCII float text, and the module's layer and expert numbers plainly written.
+    """
+    key, tab, value = line.partition("\t")
+    if not tab:
+        raise ValueError("no TAB between key and value")
+    key, value = key.strip(), value.strip()
+    module = names.module_from_fastdeploy_key(key)
+    check_module_numbers(module)
+    if not _AMAX.fullmatch(value) or not math.isfinite(float(value)):
+        raise ValueError(f"amax {value[:40]!r} for {key} is not a finite decimal number >= 0")
+    return key, module, float(value)
+
+
 def read_fastdeploy_file(path: Path) -> dict[str, float]:
-    """Spec module -> raw amax from one FastDeploy measurement file; errors name the file and line."""
+    """Spec module -> raw amax from one FastDeploy measurement file; errors name the file and line.
+
+    FastDeploy writes a dict, one line per key: a repeated key means two runs or a hand edit were mixed
+    into one file, and is refused rather than resolved. Different keys of one module (the per-expert
+    up_gate inputs) are merged by max.
+    """
     amax: dict[str, float] = {}
+    seen: dict[str, int] = {}
+    if not Path(path).is_file():  # a FIFO would block, a device never end
+        raise MeasurementError(f"{path}: not a regular file")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -41,55 +72,75 @@ def read_fastdeploy_file(path: Path) -> dict[str, float]:
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        key, tab, value = line.partition("\t")
         try:
-            if not tab:
-                raise ValueError("no TAB")
-            amax_value = float(value)
-            module = names.module_from_fastdeploy_key(key.strip())
+            key, module, value = _parse_line(line)
         except ValueError as exc:
             raise MeasurementError(
                 f"{path}:{number}: expected 'key<TAB>float' with a FastDeploy measurement key, got {line[:120]!r} ({exc})"
             ) from None
-        if not math.isfinite(amax_value) or amax_value < 0:
-            raise MeasurementError(f"{path}:{number}: amax {value.strip()} for {key.strip()} must be finite and >= 0")
-        amax[module] = max(amax.get(module, 0.0), amax_value)
+        if key in seen:
+            raise MeasurementError(f"{path}:{number}: key {key} repeats line {seen[key]}; one file holds each key once")
+        seen[key] = number
+        amax[module] = max(amax.get(module, 0.0), value)
     if not amax:
         raise MeasurementError(f"{path}: holds no measurement lines")
     return amax
 
 
+def _rank(path: Path) -> tuple[str, int | None]:
+    """(stem, rank) of ``stem_rank.txt``, or (stem, None) for a file without a rank.
+
+    A name ending in digits after ``_`` that are not one plain decimal rank (``_01``, ``_1_0``,
+    ``_١``) is refused: read as an int it would collide with another rank file, or guess a rank.
+    """
+    match = _RANK_TAIL.match(path.stem)
+    if not match:
+        return path.stem, None
+    if not _PLAIN_RANK.fullmatch(match["tail"]):
+        raise MeasurementError(
+            f"{path}: '{match['tail']}' is not one tensor-parallel rank; FastDeploy names rank files "
+            f"{match['stem']}_0{path.suffix}, {match['stem']}_1{path.suffix}, ... (plain decimal numbers); rename it"
+        )
+    return match["stem"], int(match["tail"][1:])
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """A rank list short enough for a one-line message."""
+    shown = ",".join(str(r) for r in ranks[:8])
+    return shown + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+
+
 def fastdeploy_rank_files(path: Path) -> list[Path]:
     """The files of one FastDeploy measurement: the file itself, or its complete ``_{rank}`` set.
 
-    ``path`` may be a directory (its ``model_measurement*.txt``), ``model_measurement.txt`` (which
-    may exist only as rank files), or one rank file (its siblings are taken too).
+    ``path`` may be a directory (its ``model_measurement.txt`` or ``model_measurement_{rank}.txt``
+    set), ``model_measurement.txt`` (which may exist only as rank files), or one rank file (its
+    siblings are taken too). Every sibling whose name ends in a number must be a plainly numbered rank.
     """
     path = Path(path)
-    if path.is_dir():
-        found = sorted(path.glob("model_measurement*.txt"))
-        if not found:
-            raise MeasurementError(f"{path}: no model_measurement*.txt files in this directory")
-        path = found[0]
-    match = _RANK_FILE.match(path.name)
-    stem, suffix = (match.group("stem"), match.group("suffix")) if match else (path.stem, path.suffix)
+    directory = path if path.is_dir() else None
+    if directory is not None:
+        path = directory / _FASTDEPLOY_FILE
+    stem, own_rank = _rank(path)
     ranks = {}
-    for candidate in path.parent.glob(f"{stem}_*{suffix}"):
-        m = _RANK_FILE.match(candidate.name)
-        if m and m.group("stem") == stem:
-            ranks[int(m.group("rank"))] = candidate
+    for candidate in path.parent.glob(f"{glob.escape(stem)}_*{glob.escape(path.suffix)}"):
+        match = _RANK_TAIL.match(candidate.stem)
+        if match and match["stem"] == stem:
+            ranks[_rank(candidate)[1]] = candidate
     if not ranks:
-        if not path.is_file():
-            raise MeasurementError(f"{path}: no such measurement file (nor {stem}_<rank>{suffix} files beside it)")
-        return [path]
+        if os.path.lexists(path):
+            return [path]
+        if directory is not None:
+            raise MeasurementError(f"{directory}: no {_FASTDEPLOY_FILE} nor {stem}_<rank>{path.suffix} files in this directory")
+        raise MeasurementError(f"{path}: no such measurement file (nor {stem}_<rank>{path.suffix} files beside it)")
     missing = sorted(set(range(max(ranks) + 1)) - set(ranks))
     if missing:
         raise MeasurementError(
-            f"{path.parent}: tensor-parallel measurement files for rank(s) {missing} are missing "
-            f"(found {stem}_{{{','.join(str(r) for r in sorted(ranks))}}}{suffix}); every rank records its own shard"
+            f"{path.parent}: tensor-parallel measurement files for rank(s) [{_ranks_text(missing)}] are missing "
+            f"(found {stem}_{{{_ranks_text(sorted(ranks))}}}{path.suffix}); every rank records its own shard"
         )
-    if path.is_file() and not match:
-        raise MeasurementError(f"{path.parent}: both {path.name} and rank files {stem}_N{suffix} exist; pass one of them")
+    if path.is_file() and own_rank is None:
+        raise MeasurementError(f"{path.parent}: both {path.name} and rank files {stem}_N{path.suffix} exist; pass one of them")
     return [ranks[r] for r in sorted(ranks)]
 
 
@@ -117,10 +168,19 @@ def _fastdeploy_warnings(amax: dict[str, float], label: str) -> list[str]:
     return warnings
 
 
+def _is_json(path: Path) -> bool:
+    """Whether a file is ours (JSON) rather than FastDeploy's text: by its first character, so a JSON file
+    named ``m.txt`` (or ``m``) is read as JSON; a ``.json`` name always is (FastDeploy writes ``.txt``)."""
+    if path.suffix == ".json":
+        return True
+    with open(path, "rb") as file:
+        return file.read(4096).lstrip().startswith(_JSON_START)
+
+
 def load_measurements(path: str | Path) -> LoadedMeasurements:
     """Measurements from our JSON file, or from FastDeploy's text file(s) (rank files merged by max)."""
     path = Path(path)
-    if path.suffix == ".json" and path.is_file():
+    if path.is_file() and _is_json(path):
         return LoadedMeasurements(read_measurements(path))
     files = fastdeploy_rank_files(path)
     merged: dict[str, float] = {}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -14,11 +16,11 @@ import transformers
 from checkpoint_damage import overwrite_tensor_bytes
 from click.testing import CliRunner
 
-from hpu_fp8_loader.calibrate import calibrate
+from hpu_fp8_loader.calibrate import AmaxObserver, calibrate, memory_budget
 from hpu_fp8_loader.cli import main
 from hpu_fp8_loader.convert import convert
-from hpu_fp8_loader.datasets import load_text, tokenize
-from hpu_fp8_loader.errors import HpuFp8Error
+from hpu_fp8_loader.datasets import load_text, token_batches, tokenize
+from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.measurements import load_measurements
 from hpu_fp8_loader.validate import validate
@@ -150,7 +152,7 @@ def test_a_tokenizer_json_in_the_model_directory_is_used(tmp_path, source_factor
     [
         ({"seq_len": 5000}, "beyond the model's max_position_embeddings 4096"),
         ({"dataset": "empty.txt"}, "no text"),
-        ({"dataset": "bad.jsonl"}, r"bad.jsonl:2: expected a JSON object with a 'text' field"),
+        ({"dataset": "bad.jsonl"}, r"bad.jsonl:2: expected a JSON object with a 'text' string"),
         ({"dataset": "missing.txt"}, "no such dataset file"),
     ],
 )
@@ -182,3 +184,75 @@ def test_an_unknown_architecture_is_named(tmp_path, source_factory):
     (root / "config.json").write_text(json.dumps(config))
     result = CliRunner().invoke(main, ["calibrate", str(root), "-o", str(tmp_path / "m.json")])
     assert result.exit_code == 1 and "model_type 'llama' is not supported" in result.output
+
+
+def _kernel_files(root, files: dict[str, str]):
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+MEMINFO = {"proc/meminfo": "MemTotal:       67108864 kB\nMemAvailable:   33554432 kB\n"}  # 32 GiB available
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({}, 32 * 2**30),
+        ({"proc/self/cgroup": "0::/job\n", "cgroup/job/memory.max": "max\n"}, 32 * 2**30),
+        (
+            {
+                "proc/self/cgroup": "0::/job\n",
+                "cgroup/job/memory.max": f"{4 * 2**30}\n",
+                "cgroup/job/memory.current": f"{2**30}\n",
+            },
+            3 * 2**30,
+        ),
+        ({"proc/self/cgroup": "0::/a/b\n", "cgroup/a/memory.max": f"{2 * 2**30}\n", "cgroup/a/b/memory.max": "max\n"}, 2 * 2**30),
+        ({"proc/self/cgroup": "0::/\n", "cgroup/memory.max": f"{2**30}\n"}, 2**30),  # a container: its cgroup is the root
+        (
+            {
+                "proc/self/cgroup": "5:cpu,cpuacct:/x\n4:memory:/docker/abc\n",
+                "cgroup/memory/docker/abc/memory.limit_in_bytes": f"{3 * 2**30}\n",
+                "cgroup/memory/docker/abc/memory.usage_in_bytes": f"{2**30}\n",
+                "cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n",  # v1's "no limit"
+            },
+            2 * 2**30,
+        ),
+        ({"proc/self/cgroup": "4:memory:/gone\n"}, 32 * 2**30),  # a cgroup path this mount does not show
+    ],
+    ids=["meminfo", "v2-unlimited", "v2-limit-minus-usage", "v2-ancestor", "v2-container-root", "v1", "v1-hidden"],
+)
+def test_the_weight_cache_budget_respects_cgroup_limits(tmp_path, files, expected):
+    _kernel_files(tmp_path, {**MEMINFO, **files})
+    assert memory_budget(tmp_path / "proc", tmp_path / "cgroup") == expected
+
+
+def test_the_weight_cache_budget_respects_ulimit_v():
+    """A real RLIMIT_AS, set in a child process to 1 GiB beyond what it already maps: the budget is what is left."""
+    script = (
+        "import resource, re; from hpu_fp8_loader.calibrate import memory_budget\n"
+        "size = int(re.search(r'VmSize:\\s+(\\d+) kB', open('/proc/self/status').read())[1]) * 1024\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (size + 2**30, resource.RLIM_INFINITY))\n"
+        "print(memory_budget())\n"
+    )
+    limited = int(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout)
+    assert 0.9 * 2**30 < limited <= 2**30
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_the_observer_refuses_a_non_finite_activation_by_module(value):
+    observer = AmaxObserver("ernie")
+    observer.record("ernie.layers.2.mlp.down_proj", np.array([1.0, 2.0], np.float32))
+    with pytest.raises(NonFiniteError, match=r"activation ernie\.layers\.2\.mlp\.down_proj holds (NaN|inf)"):
+        observer.record("ernie.layers.2.mlp.down_proj", np.array([1.0, value], np.float32))
+    assert observer.amax == {"ernie.layers.2.mlp.down_proj": 2.0}
+
+
+@pytest.mark.parametrize(
+    ("samples", "seq_len", "batch_size", "named"), [(0, 8, 1, "samples"), (1, 0, 1, "seq_len"), (1, 8, -1, "batch_size")]
+)
+def test_windows_of_nothing_are_refused(samples, seq_len, batch_size, named):
+    with pytest.raises(HpuFp8Error, match=f"{named} is .*; it must be at least 1"):
+        list(token_batches(np.arange(100), samples, seq_len, batch_size))

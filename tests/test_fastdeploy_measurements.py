@@ -63,7 +63,7 @@ def test_an_incomplete_rank_set_is_refused(tmp_path, ernie_amax):
         ("ernie.layers.0.self_attn.qkv_proj.activation_scale 3.5", "expected 'key<TAB>float'"),
         ("ernie.layers.0.self_attn.qkv_proj.activation_scale\tabc", "expected 'key<TAB>float'"),
         ("ernie.layers.0.self_attn.k_matmul.activation_scale\t1.0", "FastDeploy measurement key"),
-        ("ernie.layers.0.self_attn.qkv_proj.activation_scale\tnan", "must be finite"),
+        ("ernie.layers.0.self_attn.qkv_proj.activation_scale\tnan", "not a finite decimal number"),
     ],
 )
 def test_garbage_lines_are_named_by_file_and_line(tmp_path, ernie_amax, line, message):
@@ -139,3 +139,17 @@ def test_fastdeploy_file_converts_to_the_same_scales_as_the_json(tmp_path, sourc
     for name in reference.tensors:
         if name.endswith((names.ACT_SCALE, names.ACT_AMAX)):
             assert ours.get(name)[0] == reference.get(name)[0], name
+
+
+@pytest.mark.parametrize("name", ["measurements", "m.txt", "model_measurement.txt"])
+def test_our_json_is_recognised_by_content_whatever_its_name(tmp_path, name):
+    ours = synthetic_measurements(preset_config("ernie-moe-tiny"))
+    write_measurements(tmp_path / name, ours)
+    assert load_measurements(tmp_path / name).measurements == ours
+
+
+def test_every_float_text_python_writes_is_read(tmp_path):
+    values = [0.0, 5e-324, 1e-05, 3.0, 12.5, 1.5e20, 3.4e38]
+    amax = {f"ernie.layers.{i}.self_attn.o_proj": v for i, v in enumerate(values)}
+    write_fastdeploy(tmp_path / "model_measurement.txt", amax)
+    assert load_measurements(tmp_path / "model_measurement.txt").measurements.amax == amax

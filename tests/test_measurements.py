@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
-from hpu_fp8_loader.errors import MeasurementError
+from hpu_fp8_loader.errors import MeasurementError, OutputExistsError
 from hpu_fp8_loader.spec.measurements import read_measurements, write_measurements
 from hpu_fp8_loader.synth import preset_config, synthetic_measurements
 
@@ -54,3 +55,50 @@ def test_not_json(tmp_path):
     path.write_text("ernie.layers.0.self_attn.qkv_proj.activation_scale\t3.5\n")
     with pytest.raises(MeasurementError, match="not valid JSON"):
         read_measurements(path)
+
+
+def test_strict_numbers_refuse_what_json_does_not_say(measurement_file):
+    """``"3.5"`` is a string and ``true`` a boolean: pydantic's lax mode would read both as numbers."""
+    for value, shown in (("3.5", '"3.5"'), (True, "true")):
+        data = json.loads(measurement_file.read_text())
+        data["amax"]["ernie.layers.0.self_attn.qkv_proj"] = value
+        measurement_file.write_text(json.dumps(data))
+        with pytest.raises(MeasurementError) as info:
+            read_measurements(measurement_file)
+        assert str(info.value) == (
+            f'{measurement_file}: amax["ernie.layers.0.self_attn.qkv_proj"]: input should be a valid number, got {shown}'
+        )
+
+
+def test_integers_written_without_a_fraction_are_still_amax(measurement_file):
+    data = json.loads(measurement_file.read_text())
+    data["amax"]["ernie.layers.0.self_attn.qkv_proj"] = 3
+    measurement_file.write_text(json.dumps(data))
+    assert read_measurements(measurement_file).amax["ernie.layers.0.self_attn.qkv_proj"] == 3.0
+
+
+def test_writing_replaces_atomically_and_never_follows_a_planted_link(tmp_path, measurement_file):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    out = tmp_path / "out.json"
+    (tmp_path / "out.json.partial").symlink_to(victim)
+    out.symlink_to(victim)  # replacing OUT replaces the link, never writes through it
+    write_measurements(out, read_measurements(measurement_file))
+    assert victim.read_text() == "keep me" and not out.is_symlink()
+    assert read_measurements(out) == read_measurements(measurement_file)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "out.json", "out.json.partial", "victim.txt"]
+    assert (out.stat().st_mode & 0o777) == 0o666 & ~_umask()
+
+
+def test_writing_without_replace_refuses_a_file_that_appeared(tmp_path, measurement_file):
+    out = tmp_path / "out.json"
+    out.write_text("someone else's")
+    with pytest.raises(OutputExistsError, match="out.json: already exists"):
+        write_measurements(out, read_measurements(measurement_file), replace=False)
+    assert out.read_text() == "someone else's" and sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "out.json"]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -6,20 +6,36 @@ text files are mapped onto the same module names by :mod:`hpu_fp8_loader.spec.na
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import re
+import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..errors import MeasurementError
+from ..errors import MeasurementError, OutputExistsError
 from ..io.jsonfile import read_json_object
+from ..io.writer import WriteFailedError, check_apart
 from . import names
 from .config import Provenance as MeasurementProvenance
 
-__all__ = ["MeasurementProvenance", "Measurements", "ModelIdentity", "read_measurements", "write_measurements"]
+__all__ = [
+    "MeasurementProvenance",
+    "Measurements",
+    "ModelIdentity",
+    "check_module_numbers",
+    "check_output_file",
+    "read_measurements",
+    "write_measurements",
+    "write_text_atomically",
+]
 
 FORMAT = "hpu-fp8-measurements"
+_PLAIN_NUMBER = re.compile(r"0|[1-9][0-9]*")
 
 
 class _Strict(BaseModel):
@@ -32,6 +48,15 @@ class ModelIdentity(_Strict):
     model_type: str
     num_hidden_layers: int = Field(ge=1)
     moe_num_experts: int = Field(default=0, ge=0)
+
+
+def check_module_numbers(name: str) -> None:
+    """Refuse a layer or expert number written other than plainly: ``01`` or a non-ASCII digit reads as
+    the same int as ``1``, so two keys would name one module and one of them would be lost."""
+    for part in name.split("."):
+        if part.isdecimal() and not _PLAIN_NUMBER.fullmatch(part):
+            shown = part if part.isascii() else f"{part} ({' '.join(f'U+{ord(c):04X}' for c in part)})"
+            raise ValueError(f"{name!r}: '{shown}' is not a plain decimal number (ASCII digits, no leading zero)")
 
 
 class Measurements(_Strict):
@@ -48,6 +73,7 @@ class Measurements(_Strict):
         for key, value in amax.items():
             if not names.is_act_module(key):
                 raise ValueError(f"amax key {key!r} is not a spec activation module (e.g. 'ernie.layers.3.self_attn.qkv_proj')")
+            check_module_numbers(key)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"amax[{key!r}] = {value} must be finite and >= 0")
         return amax
@@ -56,27 +82,105 @@ class Measurements(_Strict):
     @classmethod
     def _token_counts(cls, counts: dict[str, int]) -> dict[str, int]:
         for key, value in counts.items():
-            if not key.rpartition(".")[2].isdigit() or ".mlp.experts." not in key:
+            if not key.rpartition(".")[2].isdecimal() or ".mlp.experts." not in key:
                 raise ValueError(f"expert_tokens key {key!r} is not '<prefix>.layers.L.mlp.experts.E'")
+            check_module_numbers(key)
             if value < 0:
                 raise ValueError(f"expert_tokens[{key!r}] = {value} is negative")
         return counts
 
 
+def _first_error(exc: ValidationError) -> str:
+    """Pydantic's first error as ``where: what``, in the file's own terms (JSON values, no "Value error," prefix)."""
+    first = exc.errors()[0]
+    where = "".join(f"[{json.dumps(p)}]" if i else str(p) for i, p in enumerate(first["loc"]))
+    if first["type"] == "value_error":
+        return f"{where}: {first['ctx']['error']}"
+    if first["type"] == "missing":
+        return f"{where}: missing"
+    return f"{where}: {first['msg'].lower()}, got {json.dumps(first['input'])[:80]}"
+
+
 def read_measurements(path: str | Path) -> Measurements:
+    """A measurement file, validated strictly: a number written as a string or a boolean is an error, not a value.
+
+    ``read_json_object`` names the file for every way it can fail to be one JSON object; the fields are
+    then checked in pydantic's strict JSON mode, where ``"3.5"`` and ``true`` are not numbers.
+    """
     path = Path(path)
     data = read_json_object(path, MeasurementError, "no such measurement file")
     if data.get("format") != FORMAT:
         raise MeasurementError(f"{path}: 'format' is not {FORMAT!r}")
-    if data.get("version") != 1:
-        raise MeasurementError(f"{path}: version {data.get('version')!r}; this reader implements version 1")
+    version = data.get("version")
+    if type(version) is not int or version != 1:
+        raise MeasurementError(f"{path}: version {json.dumps(version)}; this reader implements version 1")
     try:
-        return Measurements.model_validate(data)
+        return Measurements.model_validate_json(json.dumps(data), strict=True)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise MeasurementError(f"{path}: {where}: {first['msg']}") from None
+        raise MeasurementError(f"{path}: {_first_error(exc)}") from None
 
 
-def write_measurements(path: str | Path, measurements: Measurements) -> None:
-    Path(path).write_text(measurements.model_dump_json(indent=2, exclude_none=True) + "\n", encoding="utf-8")
+def check_output_file(path: str | Path, force: bool, sources: Iterable[str | Path] = ()) -> None:
+    """Refuse, before any work, a file output that could not or must not be written: one of ``sources`` or
+    inside one, a directory, an existing file without ``force``, a directory that is missing or read-only."""
+    path = Path(path)
+    check_apart(path, sources)
+    if path.is_dir():
+        raise OutputExistsError(f"{path}: is a directory; name a file to write")
+    if os.path.lexists(path) and not force:
+        raise OutputExistsError(f"{path}: already exists; pass --force to replace it")
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        why = "is not a directory" if parent.exists() else "does not exist"
+        raise WriteFailedError(f"{path}: {parent} {why}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise WriteFailedError(f"{path}: the directory {parent} is not writable")
+
+
+def _publish(temporary: str, path: Path, replace: bool) -> None:
+    """Rename the finished file into place; without ``replace`` a hard link, which fails if ``path`` appeared meanwhile."""
+    if replace:
+        os.replace(temporary, path)
+        return
+    try:
+        os.link(temporary, path)
+    except FileExistsError:
+        raise OutputExistsError(f"{path}: already exists (created while this ran); pass --force to replace it") from None
+    os.unlink(temporary)
+
+
+def write_text_atomically(path: str | Path, text: str, replace: bool = True) -> None:
+    """``path`` holds either what it held before or all of ``text``, never a part, even after a crash.
+
+    The text goes to a temporary file created exclusively under a random name beside ``path``
+    (``mkstemp``: a planted ``path.partial`` or link is never followed), is synced, then renamed onto
+    ``path``; a link at ``path`` itself is replaced, not written through.
+    """
+    path = Path(path)
+    try:
+        descriptor, temporary = tempfile.mkstemp(dir=path.absolute().parent, prefix=f".{path.name}.", suffix=".partial")
+    except OSError as exc:
+        raise WriteFailedError(f"{path}: cannot create a file beside it: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(file.fileno(), 0o666 & ~umask)
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        _publish(temporary, path, replace)
+    except OSError as exc:
+        raise WriteFailedError(f"{path}: writing failed: {exc.strerror or exc}; nothing was written") from None
+    finally:
+        Path(temporary).unlink(missing_ok=True)
+    directory = os.open(path.absolute().parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def write_measurements(path: str | Path, measurements: Measurements, replace: bool = True) -> None:
+    """The measurement file, written atomically (see :func:`write_text_atomically`)."""
+    write_text_atomically(path, measurements.model_dump_json(indent=2, exclude_none=True) + "\n", replace)
