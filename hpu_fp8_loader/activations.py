@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from . import scales
 from .arch import ModelDescriptor
 from .errors import MeasurementError
 from .spec import names
@@ -22,7 +23,8 @@ def merge_measurements(
 ) -> tuple[dict[str, float], dict[str, str], list[CalibrationSource]]:
     """Max-merge several measurement sets: (amax per module, source id per module, sources).
 
-    Refuses a set taken on another model: a different identity, or keys this model does not have.
+    Refuses a set taken on another model (a different identity, or keys this model does not have) and
+    an amax outside the range a checkpoint may store.
     """
     if not measurements:
         raise MeasurementError("no measurements given; pass --measurements")
@@ -52,12 +54,24 @@ def merge_measurements(
                 + (f", {experts} experts per MoE layer" if experts else "")
                 + "): were they taken on another model?"
             )
+        _check_ranges(m, label)
         source_id = f"{m.provenance.kind.value}-{i + 1}"
         sources.append(CalibrationSource(id=source_id, **m.provenance.model_dump()))
         for module, value in m.amax.items():
             if module not in amax or value > amax[module]:
                 amax[module], origin[module] = value, source_id
     return amax, origin, sources
+
+
+def _check_ranges(measurements: Measurements, label: str) -> None:
+    """Refuse, by module, an amax outside the range a checkpoint may store: never publish what validate rejects.
+
+    Zero passes here: :func:`resolve_act_amax` decides what a zero means (a dead expert, or an error).
+    """
+    for module, value in measurements.amax.items():
+        problem = scales.act_amax_problem(value) if value != 0 else None
+        if problem:
+            raise MeasurementError(f"{label}: {module}: {problem}")
 
 
 def _expert_of(module: str) -> tuple[int, int] | None:

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from . import scales
 from .arch import Layout, ModelDescriptor, Role, describe
 from .calibrate import calibrate as run_calibration
 from .convert import ConvertOptions, convert
@@ -42,35 +44,78 @@ class ImportResult:
     warnings: list[str] = field(default_factory=list)
 
 
-def _check_scheme(src: Path, qc: dict) -> str:
+class _Lenient(BaseModel):
+    """The keys this importer reads, typed; every other key of compressed-tensors' config is allowed and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class _QuantizationArgs(_Lenient):
+    type: str | None = None
+    num_bits: int | None = None
+    strategy: str | None = None
+    block_structure: list[int] | str | None = None
+    group_size: int | None = None
+    dynamic: bool | str = False  # compressed-tensors also writes "local"
+
+
+class _ConfigGroup(_Lenient):
+    weights: _QuantizationArgs = Field(default_factory=_QuantizationArgs)
+    input_activations: _QuantizationArgs | None = None
+    format: str | None = None
+
+
+class _CompressedTensorsConfig(_Lenient):
+    quant_method: str | None = None
+    format: str | None = None
+    config_groups: dict[str, _ConfigGroup] = Field(default_factory=dict)
+
+
+def _parse_config(src: Path, raw: object) -> _CompressedTensorsConfig:
+    """config.json's quantization_config, typed, or a :class:`ConfigError` naming the key at fault."""
+    where = f"{src / 'config.json'}: quantization_config"
+    if raw is None:
+        raise ConfigError(f"{src / 'config.json'} has no quantization_config; not a compressed-tensors checkpoint")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} is a {type(raw).__name__} ({raw!r:.60}), not an object")
+    if raw.get("quant_method") != "compressed-tensors":
+        found = repr(raw["quant_method"]) if "quant_method" in raw else "missing"
+        raise ConfigError(f"{src}: quant_method is {found}, not 'compressed-tensors'")
+    try:
+        return _CompressedTensorsConfig.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(part) for part in first["loc"])
+        raise ConfigError(f"{where}.{key}: {first['msg']}") from None
+
+
+def _check_scheme(src: Path, qc: _CompressedTensorsConfig) -> str:
     """The FP8 scheme found, or a refusal naming what was found instead."""
-    if qc.get("quant_method") != "compressed-tensors":
-        raise ConfigError(f"{src}: quant_method is {qc.get('quant_method')!r}, not 'compressed-tensors'")
     described = []
-    for name, group in (qc.get("config_groups") or {}).items():
-        weights = group.get("weights") or {}
-        found = f"{weights.get('type')}{weights.get('num_bits')} {weights.get('strategy')}"
-        if (
-            group.get("format", qc.get("format")) != "float-quantized"
-            or weights.get("type") != "float"
-            or weights.get("num_bits") != 8
-        ):
+    for name, group in qc.config_groups.items():
+        weights, group_format = group.weights, group.format or qc.format
+        found = f"{weights.type or 'untyped'}{weights.num_bits or ''} {weights.strategy or ''}".strip()
+        if group_format != "float-quantized" or weights.type != "float" or weights.num_bits != 8:
             raise ConfigError(
-                f"{src}: config group {name!r} is {found} ({group.get('format', qc.get('format'))}); only FP8 "
-                "(float, 8 bits, float-quantized) imports"
+                f"{src}: config group {name!r} is {found} ({group_format or 'no format'}); "
+                "only FP8 (float, 8 bits, float-quantized) imports"
             )
-        if weights.get("block_structure") or weights.get("group_size") or weights.get("strategy") not in ("tensor", "channel"):
+        if weights.block_structure or weights.group_size or weights.strategy not in ("tensor", "channel"):
+            shape = ", ".join(
+                f"{key} {value}" for key, value in (("block", weights.block_structure), ("group", weights.group_size)) if value
+            )
             raise ConfigError(
-                f"{src}: config group {name!r} uses {weights.get('strategy')} weight scales "
-                f"(block {weights.get('block_structure')}, group {weights.get('group_size')}); only tensor or channel import"
+                f"{src}: config group {name!r} uses {weights.strategy or 'unstated'} weight scales"
+                + (f" ({shape})" if shape else "")
+                + "; only tensor or channel import"
             )
-        inputs = group.get("input_activations") or {}
-        activation = "none" if not inputs else ("dynamic" if inputs.get("dynamic") else f"static {inputs.get('strategy')}")
-        if inputs and not inputs.get("dynamic") and inputs.get("strategy") != "tensor":
+        inputs = group.input_activations
+        activation = "none" if inputs is None else ("dynamic" if inputs.dynamic else f"static {inputs.strategy}")
+        if inputs is not None and not inputs.dynamic and inputs.strategy != "tensor":
             raise ConfigError(
                 f"{src}: config group {name!r} has {activation} activation scales; only tensor-wise static ones import"
             )
-        described.append(f"FP8 weights per {weights['strategy']}, activations {activation}")
+        described.append(f"FP8 weights per {weights.strategy}, activations {activation}")
     if not described:
         raise ConfigError(f"{src}: compressed-tensors config without config_groups")
     return "; ".join(sorted(set(described)))
@@ -84,6 +129,9 @@ def _imported_amax(checkpoint: Checkpoint, d: ModelDescriptor) -> dict[str, floa
         value = float(np.asarray(checkpoint.get(tensor)).astype(np.float32).reshape(-1).max())
         if not np.isfinite(value) or value <= 0:
             raise ConfigError(f"{checkpoint.root}: '{tensor}' is {value}; an input scale must be finite and > 0")
+        problem = scales.act_amax_problem(value * OCP_FP8_MAX)
+        if problem:
+            raise ConfigError(f"{checkpoint.root}: '{tensor}' is {value:g}, so its {problem}")
         amax[module] = max(amax.get(module, 0.0), value * OCP_FP8_MAX)
 
     for w in d.weights():
@@ -113,8 +161,8 @@ def import_compressed_tensors(
     """A compressed-tensors FP8 checkpoint -> hpu-fp8 v1 at ``options.fp8_max`` (±240 for Gaudi2)."""
     options = options or ConvertOptions()
     checkpoint = Checkpoint.open(src)
-    raw = checkpoint.config.get("quantization_config") or {}
-    scheme = _check_scheme(Path(src), raw)
+    raw = checkpoint.config.get("quantization_config")
+    scheme = _check_scheme(Path(src), _parse_config(Path(src), raw))
     d = describe(checkpoint.config)
     result = ImportResult(Path(out), scheme)
     imported = _imported_amax(checkpoint, d)

@@ -18,6 +18,7 @@ from .engine.fp8 import EmulationOptions, Fp8Emulator
 from .engine.model import forward
 from .engine.weights import open_weights
 from .errors import HpuFp8Error
+from .validate import open_validated
 
 __all__ = ["VARIANTS", "EvalReport", "EvalRow", "evaluate"]
 
@@ -100,7 +101,12 @@ def evaluate(
     variants: tuple[str, ...] = tuple(VARIANTS),
     decode_attention: bool = False,
 ) -> EvalReport:
-    """Top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both perplexities, per variant."""
+    """Top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both perplexities, per variant.
+
+    ``fp8_checkpoint`` passes the quick validation before anything runs; its values are checked as the
+    emulator maps them.
+    """
+    open_validated(fp8_checkpoint)
     reference = open_weights(bf16_source)
     text = load_text(dataset, split="held-out")
     if not text.strip():

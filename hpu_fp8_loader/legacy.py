@@ -38,8 +38,9 @@ from .fusion import fuse_columns
 from .io.checkpoint import Checkpoint
 from .io.writer import CheckpointWriter, PlannedTensor
 from .spec import names
-from .spec.config import AmaxSourceKind, DeadExpertPolicy, ExpertRef, KvCacheScheme, parse_quantization_config
+from .spec.config import AmaxSourceKind, DeadExpertPolicy, ExpertRef, KvCacheScheme
 from .spec.measurements import MeasurementProvenance, Measurements
+from .validate import open_validated
 
 __all__ = [
     "LEGACY_QUANTIZATION_CONFIG",
@@ -65,7 +66,10 @@ LEGACY_QUANTIZATION_CONFIG = {
 
 def amax_from_legacy(key: str, value: float) -> float:
     """The amax a legacy ``activation_scale`` value stands for."""
-    return float(value) if holds_raw_amax(key) else float(np.float32(value) * np.float32(FASTDEPLOY_FP8_MAX))
+    if holds_raw_amax(key):
+        return float(value)
+    with np.errstate(over="ignore"):  # an absurd value becomes inf, which the caller refuses by name
+        return float(np.float32(value) * np.float32(FASTDEPLOY_FP8_MAX))
 
 
 def amax_to_legacy(key: str, amax: float) -> np.ndarray:
@@ -118,7 +122,11 @@ def _legacy_measurements(checkpoint: Checkpoint) -> tuple[Measurements, float | 
         value = float(np.asarray(checkpoint.get(key), np.float32).reshape(-1)[0])
         if module.endswith(".self_attn.s"):
             s_values.append(value)
-        amax[module] = max(amax.get(module, 0.0), amax_from_legacy(key, value))
+        resolved = amax_from_legacy(key, value)
+        problem = scales.act_amax_problem(resolved) if resolved != 0 else None  # zero: a dead expert, or an error later
+        if problem:
+            raise ConfigError(f"{checkpoint.root}: '{key}' holds {value:g}, so the {module} {problem}")
+        amax[module] = max(amax.get(module, 0.0), resolved)
     if unknown:
         raise ConfigError(f"{checkpoint.root}: activation_scale keys of no known point: {', '.join(sorted(unknown)[:5])}")
     provenance = MeasurementProvenance(kind=AmaxSourceKind.LEGACY_CHECKPOINT, files=[checkpoint.root.name])
@@ -307,13 +315,12 @@ def export_legacy(
     expert-parallel loader before it drops the MoE input scale this layout carries (docs/fastdeploy.md
     section 5, "Expert parallelism").
     """
-    checkpoint = Checkpoint.open(src)
-    qc = parse_quantization_config(checkpoint.config, f"{src}/config.json")
+    opened = open_validated(src)
+    checkpoint, qc, descriptor = opened.checkpoint, opened.qc, opened.descriptor
     if qc.fp8_max != FASTDEPLOY_FP8_MAX:
         raise HpuFp8Error(
             f"{src}: fp8_max is {qc.fp8_max:g}; FastDeploy assumes 240. Run `hpu-fp8 retarget --target gaudi2` first"
         )
-    descriptor = describe(checkpoint.config)
     if rank is None:
         _check_servable(descriptor, tp)
         rank = Parallelism()

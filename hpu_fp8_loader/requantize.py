@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import NonFiniteError
 from .numerics import FP8_DTYPE, cast_to_fp8, fp8_to_float32, locate_non_finite
+from .source_tensors import scale_name
 
 __all__ = ["Requantized", "requantize_rows", "row_amax"]
 
@@ -35,13 +37,22 @@ def _code_values() -> np.ndarray:
 
 
 def row_amax(codes: np.ndarray, scale: np.ndarray, name: str, first_row: int, shape: tuple[int, ...]) -> np.ndarray:
-    """max |code x scale| of each row (float32), ``scale`` one per row or one for all; a NaN code raises
-    :class:`NonFiniteError` naming the source tensor and the index. Exact: rounding is monotonic."""
+    """max |code x scale| of each row (float32), ``scale`` one per row or one for all; a NaN code, or a row
+    whose max overflows float32, raises :class:`NonFiniteError` naming the source tensor and the index.
+    Exact: rounding is monotonic."""
     magnitude = np.bitwise_and(codes.view(np.uint8), _NAN_MAGNITUDE)
     peak = magnitude.max(axis=1) if magnitude.size else np.zeros(codes.shape[0], np.uint8)
     if (peak == _NAN_MAGNITUDE).any():
         raise locate_non_finite(name, fp8_to_float32(codes), first_row, shape)
-    return fp8_to_float32(peak) * np.asarray(scale, np.float32)
+    with np.errstate(over="ignore"):
+        amax = fp8_to_float32(peak) * np.asarray(scale, np.float32)
+    if not np.isfinite(amax).all():  # a huge source scale: code x scale overflows float32, and so would its new scale
+        row = int(np.flatnonzero(~np.isfinite(amax))[0])
+        raise NonFiniteError(
+            f"'{name}' {list(shape)}: row {first_row + row} dequantizes to inf (its largest code times "
+            f"'{scale_name(name)}' overflows float32); that weight_scale is out of range"
+        )
+    return amax
 
 
 @dataclass(frozen=True)

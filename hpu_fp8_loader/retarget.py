@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 
 from . import numerics, scales
-from .io.checkpoint import Checkpoint
+from .errors import HpuFp8Error
 from .io.safetensors_file import row_blocks
 from .io.writer import CheckpointWriter, PlannedTensor
 from .spec import names
-from .spec.config import FP8_MAX_BY_TARGET, Target, parse_quantization_config
+from .spec.config import FP8_MAX_BY_TARGET, Target
+from .validate import check_values, open_validated
 
 __all__ = ["RetargetReport", "retarget"]
 
@@ -30,8 +31,8 @@ _BLOCK_ELEMENTS = 1 << 22
 
 @dataclass
 class RetargetReport:
-    out: Path | None  # None when nothing had to be written
-    action: str  # "rescaled", "relabelled" or "none"
+    out: Path
+    action: str  # "rescaled" or "relabelled"
     message: str
     values: int = 0
     rounded: int = 0  # fp8 values whose halving was not exact
@@ -44,15 +45,29 @@ def _halve(codes: np.ndarray) -> tuple[np.ndarray, int]:
     return result, int(np.count_nonzero(result.astype(np.float32) != halved))
 
 
+def _doubled(name: str, scale: np.ndarray) -> np.ndarray:
+    """A weight scale x 2 (exact: a power of two), refused by name should it overflow float32."""
+    with np.errstate(over="ignore"):
+        doubled = scale * np.float32(2)
+    if not np.isfinite(doubled).all():
+        raise HpuFp8Error(f"{name}: weight scale {float(scale.max()):g} x 2 overflows float32; it cannot be rescaled for gaudi2")
+    return doubled
+
+
 def retarget(
     src: str | Path, out: str | Path, target: Target | str, max_shard_bytes: int = 5 * 10**9, force: bool = False
 ) -> RetargetReport:
-    """Retarget ``src`` for ``target``, writing ``out`` when anything has to change."""
+    """Retarget ``src`` for ``target``, writing ``out``; a checkpoint that already targets it is refused.
+
+    ``src`` passes the quick validation first, and every block read is value-checked on the way.
+    """
     target = Target(target)
-    checkpoint = Checkpoint.open(src)
-    qc = parse_quantization_config(checkpoint.config, f"{src}/config.json")
+    opened = open_validated(src)
+    checkpoint, qc = opened.checkpoint, opened.qc
     if qc.target is target:
-        return RetargetReport(None, "none", f"{src} already targets {target.value} (±{qc.fp8_max:g}); nothing to do")
+        raise HpuFp8Error(
+            f"{src} already targets {target.value} (±{qc.fp8_max:g}); nothing to retarget, so {out} was not written"
+        )
     if target is Target.GAUDI3:
         new_qc = qc.model_copy(update={"target": Target.GAUDI3})
         rescale = False
@@ -74,15 +89,16 @@ def retarget(
     for name, info in checkpoint.tensors.items():
         shard = checkpoint.files[info.file]
         if rescale and name.endswith(names.WEIGHT_SCALE):
-            writer.write(name, np.asarray(shard.get(name), np.float32) * np.float32(2))  # exact: a power of two
+            writer.write(name, _doubled(name, np.asarray(shard.get(name), np.float32)))
         elif rescale and name.endswith(names.ACT_SCALE):
             amax = np.asarray(checkpoint.get(name.removesuffix(names.ACT_SCALE) + names.ACT_AMAX), np.float32)
             writer.write(name, scales.act_scale_from_amax(amax, new_qc.fp8_max, new_qc.scale_rounding.value).reshape(info.shape))
         elif not info.shape:
             writer.write(name, np.asarray(shard.get(name)))
-        else:  # weights, in row blocks: fp8 ones halved when rescaling, the rest copied
+        else:  # weights, in row blocks, value-checked: fp8 ones halved when rescaling, the rest copied
             for start, stop in row_blocks(info.shape[0], math.prod(info.shape[1:]), _BLOCK_ELEMENTS):
                 block = shard.read_rows(name, start, stop)
+                check_values(info, block, start, qc.fp8_max)
                 if rescale and info.dtype == "F8_E4M3":
                     block, rounded = _halve(block)
                     report.rounded += rounded

@@ -12,8 +12,11 @@ import math
 import numpy as np
 
 __all__ = [
+    "ACT_AMAX_RANGE",
     "GAUDI2_FP8_MAX",
     "GAUDI3_FP8_MAX",
+    "SCALE_RANGE",
+    "act_amax_problem",
     "act_scale_from_amax",
     "is_bf16_exact",
     "max_code",
@@ -42,6 +45,21 @@ def max_code(fp8_max: float) -> int:
 # The smallest positive normal float32 (bf16-exact and a power of two): the floor of every scale, so
 # that an amax of a few denormals never gives a scale that underflows to zero.
 SMALLEST_SCALE = np.float32(np.finfo(np.float32).tiny)
+# Every stored scale: at least the floor, at most the largest float32.
+SCALE_RANGE = (float(SMALLEST_SCALE), float(np.finfo(np.float32).max))
+# Every stored activation amax. Inside it, everything derived from an amax (amax / fp8_max, FastDeploy's
+# multiplier fp8_max / amax, its softmax-scaled query scales, the legacy layout's bf16 amax) is a normal,
+# finite float32 and bf16 for either FP8 range; outside it, at least one of them is inf or zero. Real
+# activations lie many orders of magnitude inside.
+ACT_AMAX_RANGE = (2.0**-100, 2.0**100)
+
+
+def act_amax_problem(amax: float) -> str | None:
+    """Why ``amax`` cannot be an activation amax of a checkpoint, or None when it can (zero is the caller's to judge)."""
+    low, high = ACT_AMAX_RANGE
+    if low <= amax <= high:
+        return None
+    return f"amax {float(amax):g} is outside the range an activation amax may take, [{low:g}, {high:g}] (2^-100 to 2^100)"
 
 
 def scale_from_amax(amax: float | np.ndarray, fp8_max: float) -> np.ndarray:

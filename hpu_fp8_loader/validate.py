@@ -3,11 +3,16 @@
 A checkpoint that cannot be interpreted as hpu-fp8 v1 at all (no directory, config.json missing or
 not JSON, not an hpu-fp8 checkpoint, another format_version) raises a typed error: "unreadable".
 Everything else is collected, so one run shows every problem.
+
+Every command that reads an hpu-fp8 checkpoint opens it with :func:`open_validated` (the quick check)
+and checks the values it reads with :func:`check_values` (the full check's value rules, on bytes it
+reads anyway): a checkpoint validate rejects is never mapped, exported, retargeted or evaluated.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,18 +23,29 @@ import numpy as np
 
 from . import scales
 from .arch import ModelDescriptor, describe
-from .errors import CheckpointNotFoundError, HpuFp8Error
-from .io.checkpoint import INDEX_FILE, read_config, read_index, safe_member
+from .errors import CheckpointNotFoundError, HpuFp8Error, NonFiniteError
+from .io.checkpoint import INDEX_FILE, Checkpoint, read_config, read_index, safe_member
 from .io.manifest import check_manifest
 from .io.safetensors_file import SafetensorsFile, TensorInfo
 from .spec import names
 from .spec.config import KvCacheScheme, QuantizationConfig, ScaleRounding, fastdeploy_config_problems, parse_quantization_config
 
-__all__ = ["ValidationReport", "Violation", "expected_tensors", "validate"]
+__all__ = [
+    "ValidatedCheckpoint",
+    "ValidationReport",
+    "Violation",
+    "check_values",
+    "expected_tensors",
+    "open_validated",
+    "validate",
+]
 
 # Bytes read per step of the full scan, and files scanned at once.
 _SCAN_BLOCK = 8 << 20
 _SCAN_THREADS = 2
+# Bits that are all set exactly in the inf and NaN encodings of each float dtype a checkpoint may hold.
+_EXPONENT_BITS = {"BF16": np.uint16(0x7F80), "F16": np.uint16(0x7C00), "F32": np.uint32(0x7F800000)}
+_SCALE_SUFFIXES = (names.WEIGHT_SCALE, names.ACT_SCALE, names.ACT_AMAX)
 
 
 @dataclass(frozen=True)
@@ -118,6 +134,21 @@ def _scalar(files: dict[Path, SafetensorsFile], info: TensorInfo) -> np.ndarray:
     return np.asarray(files[info.file].get(info.name), np.float32)
 
 
+def _span(values: np.ndarray) -> str:
+    """The values of a scale tensor for a message: one number, or the smallest and largest."""
+    low, high = float(values.min()), float(values.max())
+    return f"{low:.9g}" if low == high else f"{low:.9g}..{high:.9g}"
+
+
+def _range_violation(name: str, values: np.ndarray) -> Violation | None:
+    """A violation if a finite, positive scale or amax lies outside the range the spec allows it (section 3.3)."""
+    low, high = scales.ACT_AMAX_RANGE if name.endswith(names.ACT_AMAX) else scales.SCALE_RANGE
+    if ((values >= low) & (values <= high)).all():
+        return None
+    what = "an act_amax" if name.endswith(names.ACT_AMAX) else "a scale"
+    return Violation("scales.range", name, f"holds {_span(values)}; {what} must lie in [{low:g}, {high:g}]")
+
+
 def _check_scales(
     tensors: dict[str, TensorInfo],
     files: dict[Path, SafetensorsFile],
@@ -126,14 +157,15 @@ def _check_scales(
     report: ValidationReport,
 ) -> None:
     for name, info in tensors.items():
-        if info.dtype != "F32" or not name.endswith((names.WEIGHT_SCALE, names.ACT_SCALE, names.ACT_AMAX)):
+        if info.dtype != "F32" or not name.endswith(_SCALE_SUFFIXES):
             continue
         values = _scalar(files, info)
         if not (np.isfinite(values).all() and (values > 0).all()):
-            report.add(
-                "scales.finite-positive", name, f"holds {values.min()}..{values.max()}; scales and amax must be finite and > 0"
-            )
+            report.add("scales.finite-positive", name, f"holds {_span(values)}; scales and amax must be finite and > 0")
             continue
+        out_of_range = _range_violation(name, values)
+        if out_of_range:
+            report.violations.append(out_of_range)
         if name.endswith(names.WEIGHT_SCALE) and not scales.is_bf16_exact(values).all():
             report.add(
                 "scales.weight-bf16",
@@ -157,66 +189,97 @@ def _check_scales(
             report.add(
                 "scales.act-consistent",
                 scale_info.name,
-                f"act_scale {scale[0]!r} != act_amax / fp8_max = {want[0]!r} ({qc.scale_rounding.value} rounding)",
+                f"act_scale {scale[0]:.9g} != act_amax / fp8_max = {want[0]:.9g} ({qc.scale_rounding.value} rounding)",
             )
         if module.endswith(".self_attn.s") and amax[0] != 1.0:
             report.add(
                 "scales.s-amax-one",
                 amax_info.name,
-                f"s.act_amax is {amax[0]!r}; it must be 1.0 (decode quantizes exp scores peaking at 1)",
+                f"s.act_amax is {amax[0]:.9g}; it must be 1.0 (decode quantizes exp scores peaking at 1)",
             )
 
 
-def _check_codes(codes: np.ndarray, info: TensorInfo, first: int, fp8_max: float, work: np.ndarray) -> Violation | None:
-    """A violation if a block of ``info``'s codes (starting at element ``first``) holds NaN or out-of-range codes."""
-    magnitude = np.bitwise_and(codes, 0x7F, out=work[: codes.size])
-    limit = scales.max_code(fp8_max)
-    if magnitude.max() <= limit:
+def _value_violation(info: TensorInfo, raw: np.ndarray, first: int, fp8_max: float, work: np.ndarray) -> Violation | None:
+    """A violation if a block of ``info``'s elements (its bytes ``raw``, whole elements from element ``first``)
+    holds a value the spec forbids: a NaN or out-of-range fp8 code, or a NaN or inf in a kept tensor.
+
+    Bit tests only (no float conversion, no ml_dtypes): the fast path is one AND and one max per block.
+    """
+    if info.dtype == "F8_E4M3":
+        magnitude = np.bitwise_and(raw, 0x7F, out=work[: raw.size])
+        limit = scales.max_code(fp8_max)
+        if magnitude.max(initial=0) <= limit:
+            return None
+        bad = np.flatnonzero(magnitude > limit)
+        kind = "NaN codes" if (magnitude[bad] == 0x7F).any() else f"values beyond ±{fp8_max:g}"
+        return Violation("weights.fp8-codes", info.name, f"{bad.size}+ {kind}, first at flat index {first + int(bad[0])}")
+    exponent_bits = _EXPONENT_BITS.get(info.dtype)
+    if exponent_bits is None:
         return None
-    bad = np.flatnonzero(magnitude > limit)
-    kind = "NaN codes" if (magnitude[bad] == 0x7F).any() else f"values beyond ±{fp8_max:g}"
-    return Violation("weights.fp8-codes", info.name, f"{bad.size}+ {kind}, first at flat index {first + int(bad[0])}")
+    bits = raw.view(exponent_bits.dtype)
+    exponent = np.bitwise_and(bits, exponent_bits, out=work.view(exponent_bits.dtype)[: bits.size])
+    if exponent.max(initial=0) < exponent_bits:  # the field is all ones exactly for inf and NaN
+        return None
+    bad = np.flatnonzero(exponent == exponent_bits)
+    return Violation("weights.finite", info.name, f"{bad.size}+ NaN or inf values, first at flat index {first + int(bad[0])}")
+
+
+def _scanned(info: TensorInfo) -> bool:
+    """Whether the full check reads a tensor's values: fp8 weights and kept tensors (scales are checked on their own)."""
+    return info.dtype == "F8_E4M3" or (info.dtype in _EXPONENT_BITS and not info.name.endswith(_SCALE_SUFFIXES))
+
+
+def _scan_tensor(fd: int, t: TensorInfo, fp8_max: float, buffer: bytearray, work: np.ndarray, progress) -> Violation | None:
+    """The value check of one tensor, read by pread in blocks of whole elements."""
+    itemsize = 1 if t.dtype == "F8_E4M3" else _EXPONENT_BITS[t.dtype].dtype.itemsize  # _SCAN_BLOCK is a multiple of each
+    for start in range(t.begin, t.end, _SCAN_BLOCK):
+        want = min(_SCAN_BLOCK, t.end - start)
+        n = os.preadv(fd, [memoryview(buffer)[:want]], start)
+        if n != want:
+            return Violation("container.shard", t.file.name, f"file ended while reading tensor '{t.name}' (truncated?)")
+        violation = _value_violation(t, np.frombuffer(buffer, np.uint8, n), (start - t.begin) // itemsize, fp8_max, work)
+        if progress:
+            progress(n)
+        if violation:
+            return violation
+    return None
 
 
 def _scan_file(
-    path: Path, fp8: list[TensorInfo], fp8_max: float, hashes: bool, progress: Callable[[int], None] | None
+    path: Path, checked: list[TensorInfo], fp8_max: float, hashes: bool, progress: Callable[[int], None] | None
 ) -> tuple[str | None, list[Violation]]:
-    """Check every fp8 tensor of a shard; with ``hashes``, in one sequential read that also hashes the file."""
+    """Check the values of ``checked`` tensors of a shard; with ``hashes``, also hash the file in one
+    sequential read that checks its fp8 codes on the way (kept tensors, a few per cent, are read again)."""
     buffer = bytearray(_SCAN_BLOCK)
     work = np.empty(_SCAN_BLOCK, np.uint8)
     flagged: dict[str, Violation] = {}
     sha = hashlib.sha256() if hashes else None
     with open(path, "rb", buffering=0) as f:
-        if sha is None:  # only the fp8 regions need reading
-            for t in fp8:
-                for start in range(t.begin, t.end, _SCAN_BLOCK):
-                    n = os.preadv(f.fileno(), [memoryview(buffer)[: min(_SCAN_BLOCK, t.end - start)]], start)
-                    violation = _check_codes(np.frombuffer(buffer, np.uint8, n), t, start - t.begin, fp8_max, work)
-                    if progress:
-                        progress(n)
+        if sha is not None:
+            fp8 = sorted((t for t in checked if t.dtype == "F8_E4M3"), key=lambda t: t.begin)
+            position = 0
+            while n := f.readinto(buffer):
+                view = memoryview(buffer)[:n]
+                sha.update(view)
+                codes = np.frombuffer(view, np.uint8)
+                for t in fp8:
+                    if t.end <= position or t.name in flagged:
+                        continue
+                    if t.begin >= position + n:
+                        break
+                    lo, hi = max(t.begin, position) - position, min(t.end, position + n) - position
+                    violation = _value_violation(t, codes[lo:hi], position + lo - t.begin, fp8_max, work)
                     if violation:
                         flagged[t.name] = violation
-                        break
-            return None, list(flagged.values())
-        fp8 = sorted(fp8, key=lambda t: t.begin)
-        position = 0
-        while n := f.readinto(buffer):
-            view = memoryview(buffer)[:n]
-            sha.update(view)
-            codes = np.frombuffer(view, np.uint8)
-            for t in fp8:
-                if t.end <= position or t.name in flagged:
-                    continue
-                if t.begin >= position + n:
-                    break
-                lo, hi = max(t.begin, position) - position, min(t.end, position + n) - position
-                violation = _check_codes(codes[lo:hi], t, position + lo - t.begin, fp8_max, work)
+                position += n
+                if progress:
+                    progress(n)
+        for t in checked:
+            if sha is None or t.dtype != "F8_E4M3":
+                violation = _scan_tensor(f.fileno(), t, fp8_max, buffer, work, None if sha else progress)
                 if violation:
                     flagged[t.name] = violation
-            position += n
-            if progress:
-                progress(n)
-    return sha.hexdigest(), list(flagged.values())
+    return (sha.hexdigest() if sha else None), list(flagged.values())
 
 
 def _scan_files(
@@ -227,13 +290,13 @@ def _scan_files(
     report: ValidationReport,
     progress: Callable[[int], None] | None,
 ) -> dict[str, str]:
-    """The fp8 code check of every shard (and its sha256 when ``hashes``), two files at a time."""
+    """The value check of every shard (and its sha256 when ``hashes``), two files at a time."""
     by_file: dict[Path, list[TensorInfo]] = {}
     for info in tensors.values():
         by_file.setdefault(info.file, []).append(info)
     with ThreadPoolExecutor(_SCAN_THREADS) as pool:  # hashlib and numpy release the GIL on large buffers
         results = {
-            path: pool.submit(_scan_file, path, [t for t in infos if t.dtype == "F8_E4M3"], qc.fp8_max, hashes, progress)
+            path: pool.submit(_scan_file, path, [t for t in infos if _scanned(t)], qc.fp8_max, hashes, progress)
             for path, infos in by_file.items()
         }
         digests = {}
@@ -242,7 +305,7 @@ def _scan_files(
             if digest is not None:
                 digests[Path(path).relative_to(Path(root).absolute()).as_posix()] = digest
             report.violations.extend(violations)
-            report.weight_bytes_scanned += sum(t.nbytes for t in by_file[path] if t.dtype == "F8_E4M3")
+            report.weight_bytes_scanned += sum(t.nbytes for t in by_file[path] if _scanned(t))
     return digests
 
 
@@ -278,17 +341,10 @@ def _check_config(config: dict, qc: QuantizationConfig, descriptor: ModelDescrip
             )
 
 
-def validate(
-    root: str | Path, full: bool = True, hashes: bool = False, progress: Callable[[int], None] | None = None
-) -> ValidationReport:
-    """Check ``root``; ``full`` also scans every fp8 weight; ``hashes`` also checks every sha256.
-
-    sha256 guards transport, not the format: ``pull``, ``push`` and a resumed ``convert`` always
-    check it; here it is asked for, since hashing costs more than the rest of a full check.
-
-    Raises :class:`~hpu_fp8_loader.errors.HpuFp8Error` subclasses when the directory cannot be read
-    as an hpu-fp8 v1 checkpoint at all.
-    """
+def _check(
+    root: str | Path, full: bool, hashes: bool, progress: Callable[[int], None] | None
+) -> tuple[ValidationReport, Checkpoint, QuantizationConfig, ModelDescriptor]:
+    """The report, and the checkpoint as the checks opened it (shard headers parsed once)."""
     root = Path(root)
     if not root.is_dir():
         raise CheckpointNotFoundError(f"{root}: no such checkpoint directory")
@@ -314,4 +370,59 @@ def validate(
         if info is not None and (info.dtype, info.shape) != (dtype, shape):
             report.add("tensors.dtype-shape", name, f"is {info.dtype}{list(info.shape)}, expected {dtype}{list(shape)}")
     _check_scales(tensors, files, qc, descriptor, report)
-    return report
+    return report, Checkpoint(root, config, files, tensors), qc, descriptor
+
+
+def validate(
+    root: str | Path, full: bool = True, hashes: bool = False, progress: Callable[[int], None] | None = None
+) -> ValidationReport:
+    """Check ``root``; ``full`` also scans every fp8 weight and kept tensor; ``hashes`` also checks every sha256.
+
+    sha256 guards transport, not the format: ``pull``, ``push`` and a resumed ``convert`` always
+    check it; here it is asked for, since hashing costs more than the rest of a full check.
+
+    Raises :class:`~hpu_fp8_loader.errors.HpuFp8Error` subclasses when the directory cannot be read
+    as an hpu-fp8 v1 checkpoint at all.
+    """
+    return _check(root, full, hashes, progress)[0]
+
+
+@dataclass(frozen=True)
+class ValidatedCheckpoint:
+    """An hpu-fp8 checkpoint that passed the quick check, opened for reading."""
+
+    checkpoint: Checkpoint
+    qc: QuantizationConfig
+    descriptor: ModelDescriptor
+
+
+def open_validated(root: str | Path) -> ValidatedCheckpoint:
+    """Open an hpu-fp8 checkpoint for reading: the one entry point of map, export-legacy, retarget and eval.
+
+    Runs the quick check first (config, index, headers, manifest, expected tensors, every scale), so a
+    command never builds output from a checkpoint validate rejects, and never meets a missing tensor
+    halfway. The values are checked as the command reads them (:func:`check_values`): no second pass.
+    Raises :class:`HpuFp8Error` with the first violations in one line.
+    """
+    report, checkpoint, qc, descriptor = _check(root, full=False, hashes=False, progress=None)
+    if not report.valid:
+        shown = "; ".join(f"[{v.rule}] {v.where}: {v.message}" for v in report.violations[:3])
+        more = len(report.violations) - 3
+        raise HpuFp8Error(
+            f"{root}: not a valid hpu-fp8 checkpoint, refusing to read it: {shown}"
+            + (f" (and {more} more)" if more > 0 else "")
+            + f"; `hpu-fp8 validate {root}` lists every violation"
+        )
+    return ValidatedCheckpoint(checkpoint, qc, descriptor)
+
+
+def check_values(info: TensorInfo, values: np.ndarray, first_row: int, fp8_max: float) -> None:
+    """Refuse rows ``first_row``.. of tensor ``info`` as a command reads them: a NaN or out-of-range fp8
+    code, or a NaN or inf in a kept tensor (the full check's value rules, on bytes read anyway)."""
+    raw = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
+    first = first_row * math.prod(info.shape[1:])
+    violation = _value_violation(info, raw, first, fp8_max, np.empty(raw.size, np.uint8))
+    if violation is not None:
+        raise NonFiniteError(
+            f"{info.file}: tensor '{info.name}': {violation.message}; not a valid hpu-fp8 checkpoint [{violation.rule}]"
+        )

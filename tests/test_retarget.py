@@ -61,9 +61,11 @@ def test_240_to_gaudi3_only_relabels(tmp_path, spec_factory):
         np.testing.assert_array_equal(before.get(name).view(np.uint8), after.get(name).view(np.uint8))
 
 
-def test_same_target_writes_nothing(tmp_path, spec_factory):
-    report = retarget(spec_factory(), tmp_path / "same", "gaudi2")
-    assert report.action == "none" and report.out is None and not (tmp_path / "same").exists()
+def test_retargeting_onto_the_checkpoints_own_target_is_refused_and_writes_nothing(tmp_path, spec_factory):
+    result = CliRunner().invoke(main, ["retarget", str(spec_factory()), str(tmp_path / "same"), "--target", "gaudi2"])
+    assert result.exit_code == 1 and not (tmp_path / "same").exists()
+    assert "already targets gaudi2 (±240); nothing to retarget" in result.stderr and "was not written" in result.stderr
+    assert "Traceback" not in result.output
 
 
 def test_cli_retarget(tmp_path, gaudi3):

@@ -22,9 +22,10 @@ from .. import numerics
 from ..arch import ModelDescriptor, Role, WeightTensor
 from ..errors import ConfigError, HpuFp8Error
 from ..io.checkpoint import Checkpoint
-from ..io.safetensors_file import row_blocks
+from ..io.safetensors_file import SafetensorsFile, TensorInfo, row_blocks
 from ..spec import names
 from ..spec.config import KvCacheScheme, QuantizationConfig, ScaleRounding
+from ..validate import check_values
 
 __all__ = [
     "FASTDEPLOY_FP8_MAX",
@@ -134,7 +135,9 @@ def check_parallelism(descriptor: ModelDescriptor, par: Parallelism) -> None:
 
 
 def _ranges(layers: list[int]) -> str:
-    return f"layers {layers[0]}-{layers[-1]}" if layers and layers == list(range(layers[0], layers[-1] + 1)) else f"layers {layers}"
+    return (
+        f"layers {layers[0]}-{layers[-1]}" if layers and layers == list(range(layers[0], layers[-1] + 1)) else f"layers {layers}"
+    )
 
 
 def local_experts(descriptor: ModelDescriptor, par: Parallelism) -> range:
@@ -265,21 +268,33 @@ def _bf16(values) -> np.ndarray:
     return np.asarray(values, np.float32).astype(numerics.BF16_DTYPE)
 
 
+def _checked_rows(shard: SafetensorsFile, info: TensorInfo, start: int, stop: int) -> np.ndarray:
+    """Rows ``start:stop`` of a tensor, by pread, after the value check."""
+    values = shard.read_rows(info.name, start, stop)
+    check_values(info, values, start, FASTDEPLOY_FP8_MAX)
+    return values
+
+
 def _read(checkpoint: Checkpoint, name: str, rows: slice | None = None, columns: Columns | None = None) -> np.ndarray:
-    """A rank's share of a spec tensor, read by pread in row blocks: never the whole tensor at once."""
+    """A rank's share of a spec tensor, read by pread in row blocks: never the whole tensor at once.
+
+    Every row read is value-checked (validate.check_values) before anything is taken from it, so no
+    NaN code or NaN/inf kept value reaches FastDeploy, a rank file or the emulator.
+    """
     info = checkpoint.tensors[name]
     shard = checkpoint.files[info.file]
     if not info.shape or info.nbytes <= _SMALL_BYTES:  # scales and amax: a view of the map costs no syscall
         whole = shard.get(name)
+        check_values(info, whole, 0, FASTDEPLOY_FP8_MAX)
         whole = whole if rows is None else whole[rows]
         return whole.copy() if columns is None else _take(whole, columns)
     start, stop = (rows.start, rows.stop) if rows is not None else (0, info.shape[0])
     if columns is None:
-        return shard.read_rows(name, start, stop)
+        return _checked_rows(shard, info, start, stop)
     if len(info.shape) == 1:
-        return _take(shard.read_rows(name, 0, info.shape[0]), columns)
+        return _take(_checked_rows(shard, info, 0, info.shape[0]), columns)
     blocks = [
-        _take(shard.read_rows(name, first, last), columns)
+        _take(_checked_rows(shard, info, first, last), columns)
         for first, last in row_blocks(stop, info.shape[1], _BLOCK_ELEMENTS, start)
     ]
     return blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
@@ -427,13 +442,38 @@ def _attention_pieces(checkpoint: Checkpoint, d: ModelDescriptor, qc: Quantizati
         yield MappedPiece(f"{prefix}.{scale}", arithmetic.array(values[scale], "F32"))
 
 
+def _checked_scale(piece: MappedPiece) -> MappedPiece:
+    """``piece`` if it is no scale, or a finite, positive one: no inf or zero scale ever reaches FastDeploy or a file.
+
+    A valid checkpoint's amax range keeps every derived value normal (docs/spec.md section 3.3); this is the
+    last guard for the formulas' float32 and bf16 results all the same.
+    """
+    if "scale" not in piece.name.rsplit(".", 1)[-1]:
+        return piece
+    values = np.asarray(piece.array, np.float32)
+    if not (np.isfinite(values).all() and (values > 0).all()):
+        raise HpuFp8Error(
+            f"{piece.name}: FastDeploy's formula gives {float(values.min()):g}..{float(values.max()):g} from this "
+            "checkpoint's scales; a scale must be finite and > 0 (is an act_amax out of range? run `hpu-fp8 validate`)"
+        )
+    return piece
+
+
 def map_rank(
     checkpoint: Checkpoint, qc: QuantizationConfig, d: ModelDescriptor, par: Parallelism, arithmetic: Arithmetic = NUMPY
 ) -> Iterator[MappedPiece]:
     """Every parameter value of one rank, in model order; stacked MoE parameters come one expert at a time.
 
     ``arithmetic`` evaluates FastDeploy's scale formulas (numpy here; the hook passes FastDeploy's paddle).
+    Every scale is checked finite and positive on its way out.
     """
+    return map(_checked_scale, _pieces(checkpoint, qc, d, par, arithmetic))
+
+
+def _pieces(
+    checkpoint: Checkpoint, qc: QuantizationConfig, d: ModelDescriptor, par: Parallelism, arithmetic: Arithmetic
+) -> Iterator[MappedPiece]:
+    """map_rank's pieces, before the scale check."""
     if qc.fp8_max != FASTDEPLOY_FP8_MAX:
         raise HpuFp8Error(
             f"fp8_max is {qc.fp8_max:g}, but FastDeploy's HPU path assumes 240 in every formula; "

@@ -10,17 +10,17 @@ without splitting anything itself.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..arch import describe
 from ..errors import HpuFp8Error, OutputExistsError
-from ..io.checkpoint import CONFIG_FILE, Checkpoint
+from ..io.checkpoint import CONFIG_FILE
 from ..io.safetensors_file import dtype_name
 from ..io.writer import PlannedTensor, Shard, ShardFile, prepare_output_dir, publish_output_dir
 from ..legacy import export_legacy
-from ..spec.config import parse_quantization_config
-from .mapping import Parallelism, map_rank, parameter_specs
+from ..validate import open_validated
+from .mapping import MappedPiece, Parallelism, ParameterSpec, map_rank, parameter_specs
 
 __all__ = ["RankFile", "write_presharded", "write_rank_file"]
 
@@ -37,9 +37,8 @@ def write_rank_file(src: str | Path, out: str | Path, par: Parallelism, force: b
     out = Path(out)
     if out.exists() and not force:
         raise OutputExistsError(f"{out}: already exists; pass --force to replace it")
-    checkpoint = Checkpoint.open(src)
-    qc = parse_quantization_config(checkpoint.config, f"{src}/config.json")
-    descriptor = describe(checkpoint.config)
+    opened = open_validated(src)
+    checkpoint, qc, descriptor = opened.checkpoint, opened.qc, opened.descriptor
     specs = parameter_specs(descriptor, qc.kv_cache_scheme, par)
     partial = out.with_name(out.name + ".partial")
     shard = Shard(partial.name, tuple(PlannedTensor(name, spec.dtype, spec.shape) for name, spec in specs.items()))
@@ -48,8 +47,19 @@ def write_rank_file(src: str | Path, out: str | Path, par: Parallelism, force: b
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     target.create()
+    try:
+        _write_pieces(target, map_rank(checkpoint, qc, descriptor, par), specs)
+    except BaseException:
+        partial.unlink(missing_ok=True)  # a refused checkpoint leaves nothing that looks like output
+        raise
+    partial.replace(out)
+    return RankFile(out, len(specs), shard.nbytes)
+
+
+def _write_pieces(target: ShardFile, pieces: Iterable[MappedPiece], specs: dict[str, ParameterSpec]) -> None:
+    """Every mapped piece into ``target``, each checked against its parameter's dtype and shape; then closed."""
     written: dict[str, int] = {}
-    for piece in map_rank(checkpoint, qc, descriptor, par):
+    for piece in pieces:
         spec = specs[piece.name]
         shape = spec.shape[1:] if piece.expert is not None else spec.shape
         if tuple(piece.array.shape) != shape or dtype_name(piece.array.dtype) != spec.dtype:
@@ -65,12 +75,14 @@ def write_rank_file(src: str | Path, out: str | Path, par: Parallelism, force: b
     missing = [name for name in specs if name not in written]
     if missing:
         raise HpuFp8Error(f"internal error: parameters left unmapped: {missing[:5]}")
-    partial.replace(out)
-    return RankFile(out, len(specs), shard.nbytes)
 
 
 def write_presharded(src: str | Path, out: str | Path, tp: int, force: bool = False) -> list[Path]:
-    """``out/rank{r}/`` for every tensor-parallel rank, in the legacy key layout, plus ``out/config.json``."""
+    """``out/rank{r}/`` for every tensor-parallel rank, in the legacy key layout, plus ``out/config.json``.
+
+    ``src`` is validated before the output directory is made (each rank's export checks it again, cheaply).
+    """
+    open_validated(src)
     staging = prepare_output_dir(out, force, [src])
     for child in staging.iterdir():
         shutil.rmtree(child) if child.is_dir() else child.unlink()
