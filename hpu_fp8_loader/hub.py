@@ -6,20 +6,39 @@ Everything goes through huggingface_hub, so its offline mode (``HF_HUB_OFFLINE=1
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import CheckpointNotFoundError, HpuFp8Error
 
-__all__ = ["SOURCE_PATTERNS", "SPEC_PATTERNS", "LoadedCheckpoint", "load", "resolve_checkpoint"]
+__all__ = ["SOURCE_PATTERNS", "SPEC_PATTERNS", "LoadedCheckpoint", "check_repo_id", "load", "resolve_checkpoint"]
 
 # What a conversion needs from a source repository: weights, index, configs and tokenizer files.
 SOURCE_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken"]
 # What an hpu-fp8 checkpoint is made of (docs/spec.md section 1): shards, index, config, manifest,
 # tokenizer and generation files.
 SPEC_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.md"]
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_REPO_ID_RULE = "ORG/NAME of ASCII letters, digits, '-', '_' and '.', at most 96 characters each, without '--' or '..'"
+
+
+def check_repo_id(text: str, what: str = "repo id", namespace: bool = True) -> str:
+    """``text`` if it is a Hub repo id by huggingface_hub's own rules (and ``ORG/NAME`` when ``namespace``).
+
+    Checked before anything is downloaded or converted, so ``org/..`` or ``a/b/c`` fails at once by
+    name instead of deep inside the client, or after hours of work. Canonical ids without an
+    organisation (``gpt2``) exist only as base models, hence ``namespace=False`` for those.
+    """
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(text)
+        valid = text.isascii() and (text.count("/") == 1 or not namespace)
+    except HFValidationError:
+        valid = False
+    if not valid:
+        raise HpuFp8Error(f"{what} {text!r} is not a Hugging Face repo id: {_REPO_ID_RULE}")
+    return text
 
 
 def resolve_checkpoint(location: str | Path, revision: str | None = None, allow_patterns: list[str] | None = None) -> Path:
@@ -28,8 +47,10 @@ def resolve_checkpoint(location: str | Path, revision: str | None = None, allow_
     if path.is_dir():
         return path
     text = str(location)
-    if not _REPO_ID.match(text):
-        raise CheckpointNotFoundError(f"{text}: no such directory, and not a Hugging Face repo id like 'org/name'")
+    try:
+        check_repo_id(text)
+    except HpuFp8Error:
+        raise CheckpointNotFoundError(f"{text!r}: no such directory, and not a Hugging Face repo id ({_REPO_ID_RULE})") from None
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,

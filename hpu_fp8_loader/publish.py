@@ -1,35 +1,50 @@
 """Publish an hpu-fp8 checkpoint: convert, validate, evaluate, write the card, upload, verify.
 
-A checkpoint that fails validation is never uploaded. After the upload the remote file list is
-compared with the local manifest: every size, and the identifier the Hub gives each file (the LFS
-sha256 of large files, the git blob id of small ones). The token comes from huggingface_hub's usual
-sources (``HF_TOKEN``, ``hf auth login``) and is never printed.
+Everything that can be refused is refused before the heavy work: repo ids (huggingface_hub's own
+rules), the work directory (never overlapping an input, never replacing a directory this tool did
+not stage), the measurement files, and (unless ``dry_run``) the token and its write access to the
+repository. A checkpoint that fails validation is never uploaded. The measurement file(s) used are
+uploaded beside the checkpoint (``hpu_fp8_measurements.json``) and cited by the card. After the upload
+the remote file list of the commit (or the pull request's revision) is compared with the local
+manifest: every size, and the identifier the Hub gives each file (the LFS sha256 of large files, the
+git blob id of small ones). The token comes from huggingface_hub's usual sources (``HF_TOKEN``,
+``hf auth login``) and is never printed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shlex
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from .calibrate import calibrate
-from .cards import CardFile, render_card
+from .cards import CardFile, check_license, render_card
 from .convert import ConvertOptions, convert
-from .errors import HpuFp8Error
+from .errors import HpuFp8Error, OutputExistsError, UnsafePathError
 from .evaluate import EvalReport, evaluate
-from .hub import resolve_checkpoint
+from .hub import check_repo_id, resolve_checkpoint
 from .io.checkpoint import read_config
 from .io.manifest import MANIFEST_FILE, write_manifest
+from .io.writer import check_apart
 from .measurements import load_measurements
+from .spec.measurements import Measurements
 from .validate import validate
 
-__all__ = ["PushOptions", "PushResult", "git_blob_id", "push", "remote_problems"]
+__all__ = ["MEASUREMENTS_FILE", "PushOptions", "PushResult", "UploadError", "git_blob_id", "push", "remote_problems"]
 
 CARD = "README.md"
+# The activation statistics the checkpoint was made from, uploaded beside it (llm-compressor uploads its recipe.yaml).
+MEASUREMENTS_FILE = "hpu_fp8_measurements.json"
+STAGED = "checkpoint"
+# Written into a work directory before anything is staged there: only then may a later push replace WORK/checkpoint.
+STAGING_MARKER = ".hpu-fp8-push"
 # Above this many parameters the CPU evaluation takes long enough to ask for it explicitly.
 EVAL_PARAMETER_LIMIT = 3e9
 # A rough CPU throughput of the float32 engine, for the time estimate printed instead.
@@ -55,7 +70,6 @@ class PushOptions:
     dry_run: bool = False
     evaluation: str = "auto"  # auto | always | skip
     convert: ConvertOptions = field(default_factory=ConvertOptions)
-    command: str = ""
 
 
 @dataclass
@@ -81,21 +95,168 @@ def _license_of(source: Path) -> str | None:
     return ModelCard.load(card).data.license
 
 
-def _stage(src: Path, options: PushOptions, work: Path, say: Callable[[str], None]) -> tuple[Path, EvalReport | None, str | None]:
+def _public_name(text: str) -> str:
+    """``text`` as it may appear in public: a local path (a dataset or measurement file) becomes its base name."""
+    local = os.path.isabs(text) or text.startswith(("~", ".")) or "\\" in text or Path(text).exists()
+    return PurePath(text.replace("\\", "/")).name if local else text
+
+
+def _publishable(measurements: Measurements) -> Measurements:
+    """The same statistics with local paths in their provenance reduced to base names (they reach config.json,
+    the uploaded measurement file and the card)."""
+    provenance = measurements.provenance
+    public = provenance.model_copy(
+        update={
+            "dataset": _public_name(provenance.dataset) if provenance.dataset else provenance.dataset,
+            "files": [_public_name(f) for f in provenance.files],
+        }
+    )
+    return measurements.model_copy(update={"provenance": public})
+
+
+def measurement_file_names(count: int) -> list[str]:
+    """Names of the uploaded measurement files: one ``hpu_fp8_measurements.json``, or numbered as the sources are."""
+    if count == 1:
+        return [MEASUREMENTS_FILE]
+    stem = MEASUREMENTS_FILE.removesuffix(".json")
+    return [f"{stem}-{i}.json" for i in range(1, count + 1)]
+
+
+def _write_problem(me: dict, repo_id: str) -> str | None:
+    """Why the account ``whoami`` describes cannot write to ``repo_id``, or None when nothing says it cannot."""
+    namespace = repo_id.split("/")[0]
+    token = (me.get("auth") or {}).get("accessToken") or {}
+    if token.get("role") == "read":
+        return "the token is read-only; use a token with write access"
+    if token.get("role") == "fineGrained":
+        scoped = (token.get("fineGrained") or {}).get("scoped") or []
+        if not any(
+            (entry.get("entity") or {}).get("name") in (namespace, repo_id) and "repo.write" in (entry.get("permissions") or [])
+            for entry in scoped
+        ):
+            return f"the fine-grained token has no repo.write permission for {namespace}"
+    if me.get("type") != "user" or namespace == me.get("name"):
+        return None
+    org = next((o for o in me.get("orgs") or [] if o.get("name") == namespace), None)
+    if org is None:
+        return f"{namespace} is neither the token's account ({me.get('name')}) nor one of its organisations"
+    if org.get("roleInOrg") == "read":
+        return f"{me.get('name')} may only read in the organisation {namespace}"
+    return None
+
+
+def _hub_error(repo_id: str, exc: Exception, doing: str) -> UploadError:
+    """One line for a failure of the Hub or of the connection to it; never the token."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    reason = " ".join(str(exc).split())  # the client's messages span lines
+    if isinstance(exc, ValueError):
+        return UploadError(f"{repo_id}: the Hub client refused {doing}: {reason}")
+    if not isinstance(exc, HfHubHTTPError):
+        return UploadError(
+            f"{repo_id}: {doing} interrupted ({type(exc).__name__}: {reason}); run the same command again to resume"
+        )
+    status = exc.response.status_code if exc.response is not None else None
+    if status in (401, 403):
+        return UploadError(
+            f"{repo_id}: the Hub refused the credentials (HTTP {status}) while {doing}; log in with `hf auth login` or set "
+            "HF_TOKEN to a token with write access"
+        )
+    return UploadError(f"{repo_id}: {doing} failed (HTTP {status}); run the same command again to resume")
+
+
+def _hub_failures() -> tuple[type[Exception], ...]:
+    """What the client raises when the Hub or the connection fails: HTTP errors, transport errors, a failed LFS
+    transfer (RuntimeError), a card the Hub's YAML check refuses (ValueError)."""
+    from huggingface_hub.errors import HTTPError
+
+    return (HTTPError, OSError, RuntimeError, ValueError)
+
+
+def check_write_access(api, repo_id: str) -> None:
+    """Refuse at once, before any heavy work, a missing or invalid token, a read-only one, or a namespace the
+    account cannot write to (``whoami``): otherwise these surface only after the conversion."""
+    from huggingface_hub.errors import LocalTokenNotFoundError
+
+    try:
+        me = api.whoami()
+    except LocalTokenNotFoundError:
+        raise UploadError(f"{repo_id}: not logged in to the Hub; log in with `hf auth login` or set HF_TOKEN") from None
+    except _hub_failures() as exc:
+        raise _hub_error(repo_id, exc, "checking the token") from None
+    problem = _write_problem(me, repo_id)
+    if problem:
+        raise UploadError(f"{repo_id}: cannot publish: {problem}")
+
+
+def _staging_dir(work: Path, inputs: Sequence[Path]) -> Path:
+    """``WORK/checkpoint``, checked before anything is written: it never overlaps an input (the source, a
+    measurement file), and an existing one is replaced only when a push staged it (``WORK/.hpu-fp8-push``);
+    anything else found there is refused, never deleted."""
+    checkpoint = work / STAGED
+    try:
+        check_apart(checkpoint, inputs)
+    except UnsafePathError as exc:
+        raise UnsafePathError(f"--work-dir {work}: {exc}") from None
+    if checkpoint.is_symlink() or (checkpoint.exists() and not checkpoint.is_dir()):
+        raise UnsafePathError(
+            f"{checkpoint}: a link or a file, not a directory hpu-fp8 push staged; remove it or choose another --work-dir"
+        )
+    if checkpoint.exists() and not (work / STAGING_MARKER).is_file():
+        raise OutputExistsError(
+            f"{checkpoint}: already exists and was not staged by hpu-fp8 push; remove it or choose another --work-dir"
+        )
+    return checkpoint
+
+
+def _checked_options(options: PushOptions) -> list[Measurements]:
+    """Options that contradict each other are refused; the measurement files are read (and so checked) before any
+    heavy work, and returned ([] with ``--calibrate``)."""
+    if options.create_pr and options.revision:
+        raise HpuFp8Error("--create-pr and --revision both given: a pull request is opened against the default branch")
+    if options.calibrate and options.measurements:
+        raise HpuFp8Error("--measurements and --calibrate both given: pass one source of activation statistics")
+    if not (options.calibrate or options.measurements):
+        raise HpuFp8Error("no activation statistics: pass --measurements FILE or --calibrate")
+    return [_publishable(load_measurements(p).measurements) for p in options.measurements]
+
+
+def _add_files(checkpoint: Path, files: dict[str, bytes]) -> list[CardFile]:
+    """Write ``files`` into the checkpoint, then the manifest again so that it lists them too."""
+    known = {
+        name: (entry["size"], entry["sha256"])
+        for name, entry in json.loads((checkpoint / MANIFEST_FILE).read_text())["files"].items()
+        if name not in files
+    }
+    for name, data in files.items():
+        (checkpoint / name).write_bytes(data)
+    manifest = write_manifest(checkpoint, known)
+    return [CardFile(name, entry["size"], entry["sha256"]) for name, entry in sorted(manifest["files"].items())]
+
+
+def _stage(
+    src: Path, measurements: list[Measurements], options: PushOptions, checkpoint: Path, say: Callable[[str], None]
+) -> tuple[EvalReport | None, str | None, list[str]]:
+    """Convert into ``checkpoint`` (replacing an earlier push's), validate, add the measurement files (their names
+    are returned too), evaluate."""
     if options.calibrate:
         say("calibrating with the reference engine on the built-in text ...")
-        measurements = [calibrate(src).measurements]
-    elif options.measurements:
-        measurements = [load_measurements(p).measurements for p in options.measurements]
-    else:
-        raise HpuFp8Error("no activation statistics: pass --measurements FILE or --calibrate")
-    checkpoint = work / "checkpoint"
-    shutil.rmtree(checkpoint, ignore_errors=True)
+        measurements = [_publishable(calibrate(src).measurements)]
+    if checkpoint.exists():  # _staging_dir made sure that an earlier push staged it
+        shutil.rmtree(checkpoint)
     convert(src, checkpoint, measurements, options.convert)
     report = validate(checkpoint)
     if not report.valid:
         listing = "; ".join(f"[{v.rule}] {v.where}: {v.message}" for v in report.violations[:5])
         raise HpuFp8Error(f"the converted checkpoint is not valid, so nothing is uploaded: {listing}")
+    names = measurement_file_names(len(measurements))
+    _add_files(
+        checkpoint,
+        {
+            name: (m.model_dump_json(indent=2, exclude_none=True) + "\n").encode()
+            for name, m in zip(names, measurements, strict=True)
+        },
+    )
     say(f"converted and validated: {checkpoint}")
     from .arch import describe
 
@@ -110,23 +271,37 @@ def _stage(src: Path, options: PushOptions, work: Path, say: Callable[[str], Non
     else:
         evaluation = evaluate(src, checkpoint, samples=8, seq_len=128)
         say(f"evaluated: FP8 top-1 agreement {100 * evaluation.rows[0].top1_agreement:.2f}%")
-    return checkpoint, evaluation, note
+    return evaluation, note, names
+
+
+def reproduce_command(options: PushOptions, base_model: str, measurement_files: Sequence[str]) -> str:
+    """The card's reproduce line: repo ids and the uploaded files' names only, never a local path."""
+    statistics = ["--calibrate"] if options.calibrate else [arg for name in measurement_files for arg in ("--measurements", name)]
+    settings = options.convert
+    return shlex.join(
+        [
+            *("hpu-fp8", "push", base_model, "--repo-id", options.repo_id, *statistics),
+            *("--target", settings.target.value, "--kv-cache", settings.kv_cache.value),
+            *("--dead-experts", settings.dead_experts.value),
+            *(("--license", options.license) if options.license else ()),
+        ]
+    )
 
 
 def _write_card(
-    checkpoint: Path, src: Path, base_model: str, options: PushOptions, evaluation: EvalReport | None, note: str | None
+    checkpoint: Path,
+    src: Path,
+    base_model: str,
+    options: PushOptions,
+    evaluation: EvalReport | None,
+    note: str | None,
+    measurement_files: Sequence[str],
 ) -> list[CardFile]:
     """README.md from model_cards/, then the manifest again so that it lists the card too."""
     license_ = options.license or _license_of(src)
-    card = render_card(checkpoint, options.repo_id, base_model, license_ or "", options.command, evaluation, note)
-    (checkpoint / CARD).write_text(card, encoding="utf-8")
-    known = {
-        name: (entry["size"], entry["sha256"])
-        for name, entry in json.loads((checkpoint / MANIFEST_FILE).read_text())["files"].items()
-    }
-    known.pop(CARD, None)
-    manifest = write_manifest(checkpoint, known)
-    return [CardFile(name, entry["size"], entry["sha256"]) for name, entry in sorted(manifest["files"].items())]
+    command = reproduce_command(options, base_model, measurement_files)
+    card = render_card(checkpoint, options.repo_id, base_model, license_ or "", command, evaluation, note, measurement_files)
+    return _add_files(checkpoint, {CARD: card.encode("utf-8")})
 
 
 def remote_problems(api, repo_id: str, revision: str, checkpoint: Path) -> list[str]:
@@ -151,11 +326,8 @@ def remote_problems(api, repo_id: str, revision: str, checkpoint: Path) -> list[
     return problems
 
 
-def _upload(checkpoint: Path, options: PushOptions, say: Callable[[str], None]) -> tuple[str, str | None]:
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError
-
-    api = HfApi()
+def _upload(api, checkpoint: Path, options: PushOptions, say: Callable[[str], None]) -> tuple[str, str | None]:
+    """Commit the checkpoint (or open a pull request), then verify the revision the Hub says holds it."""
     try:
         api.create_repo(options.repo_id, private=options.private, exist_ok=True)
         if options.revision:
@@ -167,47 +339,50 @@ def _upload(checkpoint: Path, options: PushOptions, say: Callable[[str], None]) 
             commit_message=options.commit_message or f"Upload hpu-fp8 checkpoint ({len(list(checkpoint.iterdir()))} files)",
             create_pr=options.create_pr,
         )
-        say(f"uploaded: {commit.commit_url}")
-        problems = remote_problems(api, options.repo_id, commit.oid, checkpoint)
-    except HfHubHTTPError as exc:
-        status = exc.response.status_code if exc.response is not None else None
-        if status in (401, 403):
-            raise UploadError(
-                f"{options.repo_id}: the Hub refused the credentials (HTTP {status}); log in with `hf auth login` or set HF_TOKEN "
-                "to a token with write access"
-            ) from None
-        raise UploadError(f"{options.repo_id}: upload failed (HTTP {status}); run the same command again to resume") from None
-    except (OSError, RuntimeError) as exc:  # huggingface_hub wraps a failed LFS transfer in RuntimeError
-        raise UploadError(f"{options.repo_id}: upload interrupted ({exc}); run the same command again to resume") from None
+        if options.create_pr and commit.pr_revision is None:
+            raise UploadError(f"{options.repo_id}: a pull request was asked for, but the Hub committed {commit.oid} without one")
+        say(f"uploaded: {commit.pr_url or commit.commit_url}")
+        problems = remote_problems(api, options.repo_id, commit.pr_revision or commit.oid, checkpoint)
+    except _hub_failures() as exc:
+        raise _hub_error(options.repo_id, exc, "the upload") from None
     if problems:
         raise UploadError(f"{options.repo_id}: the uploaded files differ from the local checkpoint: " + "; ".join(problems[:10]))
     return commit.commit_url, commit.pr_url
 
 
 def push(src: str | Path, options: PushOptions, say: Callable[[str], None] = print) -> PushResult:
-    """Convert ``src``, check it, describe it and (unless ``dry_run``) upload and verify it."""
+    """Convert ``src``, check it, describe it and (unless ``dry_run``) upload and verify it.
+
+    The cheap checks come first, in this order: repo ids, options and measurement files, the token's
+    write access (not for a dry run), the source, the license, the work directory.
+    """
+    from huggingface_hub import HfApi
+
     source_id = str(src)
-    src = resolve_checkpoint(src)
+    check_repo_id(options.repo_id, "--repo-id")
     base_model = options.base_model or (source_id if not Path(source_id).exists() else None)  # a Hub id is the base
     if not base_model:
         raise HpuFp8Error("the base model's Hub id is unknown: pass --base-model ORG/NAME")
-    if not (options.license or _license_of(src)):
+    check_repo_id(base_model, "--base-model" if options.base_model else "SRC", namespace=False)
+    if options.license:
+        check_license(options.license)
+    measurements = _checked_options(options)
+    api = HfApi()
+    if not options.dry_run:
+        check_write_access(api, options.repo_id)
+    src = resolve_checkpoint(src)
+    license_ = options.license or _license_of(src)
+    if not license_:
         raise HpuFp8Error("no license known for the base model (no README.md front matter in the source): pass --license")
-    temporary = None
-    if options.work_dir is None:
-        temporary = tempfile.TemporaryDirectory(prefix="hpu-fp8-push-")
-        work = Path(temporary.name)
-    else:
-        work = Path(options.work_dir)
+    check_license(license_)
+    staging = tempfile.TemporaryDirectory(prefix="hpu-fp8-push-") if options.work_dir is None else nullcontext(options.work_dir)
+    with staging as where:
+        work = Path(where)
+        checkpoint = _staging_dir(work, [src, *options.measurements])
         work.mkdir(parents=True, exist_ok=True)
-    try:
-        checkpoint, evaluation, note = _stage(src, options, work, say)
-        files = _write_card(checkpoint, src, base_model, options, evaluation, note)
-        result = PushResult(checkpoint, files, evaluation)
-        if options.dry_run:
-            return result
-        result.commit_url, result.pull_request_url = _upload(checkpoint, options, say)
-        return result
-    finally:
-        if temporary is not None:
-            temporary.cleanup()
+        (work / STAGING_MARKER).write_text("hpu-fp8 push stages its checkpoint here; a later push may replace it\n")
+        evaluation, note, names = _stage(src, measurements, options, checkpoint, say)
+        result = PushResult(checkpoint, _write_card(checkpoint, src, base_model, options, evaluation, note, names), evaluation)
+        if not options.dry_run:
+            result.commit_url, result.pull_request_url = _upload(api, checkpoint, options, say)
+    return result

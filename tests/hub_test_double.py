@@ -6,8 +6,15 @@ those huggingface_hub's client (``hf_api.py``) sends and expects (checked agains
 repo creation, pre-upload check, commit, revision info, tree listing and file download, plus the LFS
 path real weight files take (with HF_HUB_DISABLE_XET=1 the client uses LFS rather than Xet).
 
-Knobs for tests: ``valid_tokens`` (others get 401), ``fail_lfs_after`` (LFS uploads after the Nth get a
-507: an interrupted upload), ``corrupt_on_commit`` (the next commit stores that file altered: a remote
+Accounts: ``whoami-v2`` describes the token's account (``account``, a member of ``orgs``, each with a
+role); ``valid_tokens`` may write there, ``read_tokens`` only read, others get 401. Creating a repository
+or committing outside those namespaces, or with a read token, gets 403. A commit with ``create_pr``
+goes to a new ``refs/pr/N`` revision (the branch it targets is untouched) and answers with the pull
+request's URL, as the Hub does.
+
+Knobs for tests: ``fail_lfs_after`` (LFS uploads after the Nth get a 507: an interrupted upload),
+``fail_commit`` (the next commit gets this HTTP status), ``drop_commit`` (the next commit's connection
+is closed without an answer), ``corrupt_on_commit`` (the next commit stores that file altered: a remote
 file whose hash differs); ``unknown_routes`` records requests the double does not speak.
 """
 
@@ -45,17 +52,29 @@ class Repo:
     private: bool
     branches: dict[str, str] = field(default_factory=lambda: {"main": "0" * 40})
     files: dict[str, dict[str, StoredFile]] = field(default_factory=lambda: {"0" * 40: {}})
+    pull_requests: int = 0
 
 
 class HubTestDouble:
-    def __init__(self, valid_tokens=("hf_test_double_token",)):
+    def __init__(
+        self,
+        valid_tokens=("hf_test_double_token",),
+        read_tokens=(),
+        account: str = "user",
+        orgs: dict[str, str] | None = None,
+    ):
         self.valid_tokens = set(valid_tokens)
+        self.read_tokens = set(read_tokens)
+        self.account = account
+        self.orgs = {"acme": "write", "demo": "write"} if orgs is None else orgs  # organisation -> roleInOrg
         self.repos: dict[str, Repo] = {}
         self.lfs: dict[str, bytes] = {}
         self.lfs_uploads = 0
         self.fail_lfs_after: int | None = None
         self.commits = 0
         self.corrupt_on_commit: str | None = None  # a file the next commit stores altered (remote hash differs)
+        self.fail_commit: int | None = None  # the next commit gets this HTTP status
+        self.drop_commit = False  # the next commit's connection is closed without an answer
         self.unknown_routes: list[str] = []  # requests the double does not speak: a test should expect none
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -69,6 +88,21 @@ class HubTestDouble:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+    def whoami(self, token: str) -> dict:
+        """What the Hub's whoami-v2 answers for ``token`` (the fields huggingface_hub and the publisher read)."""
+        role = "write" if token in self.valid_tokens else "read"
+        return {
+            "type": "user",
+            "name": self.account,
+            "orgs": [{"type": "org", "name": name, "roleInOrg": org_role} for name, org_role in self.orgs.items()],
+            "auth": {"type": "access_token", "accessToken": {"displayName": "test double", "role": role}},
+        }
+
+    def may_write(self, token: str, repo_id: str) -> bool:
+        namespace = repo_id.split("/")[0]
+        writable = namespace == self.account or self.orgs.get(namespace, "read") != "read"
+        return token in self.valid_tokens and writable
 
     # ------------------------------------------------------------------ HTTP
 
@@ -97,11 +131,22 @@ class HubTestDouble:
             def _body(self) -> bytes:
                 return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
+            def _token(self) -> str:
+                return (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+
             def _authorised(self) -> bool:
-                token = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
-                if token in hub.valid_tokens:
+                if self._token() in hub.valid_tokens | hub.read_tokens:
                     return True
                 self._json(401, {"error": "Invalid credentials in Authorization header"}, {"X-Error-Code": "Unauthorized"})
+                return False
+
+            def _may_write(self, repo_id: str) -> bool:
+                """Authorised, and allowed to write to ``repo_id``; else a 401 or 403 is sent."""
+                if not self._authorised():
+                    return False
+                if hub.may_write(self._token(), repo_id):
+                    return True
+                self._json(403, {"error": f"You don't have the rights to write to {repo_id}"}, {"X-Error-Code": "Forbidden"})
                 return False
 
             def _repo(self, repo_id: str) -> Repo | None:
@@ -111,23 +156,25 @@ class HubTestDouble:
                 return repo
 
             def do_POST(self) -> None:
-                path = self.path.split("?")[0]
+                path, _, query = self.path.partition("?")
+                self.body = self._body()  # read every request's body, or it would be taken for the next request
                 if path == "/api/repos/create":
-                    if not self._authorised():
+                    request = json.loads(self.body)
+                    repo_id = f"{request.get('organization') or hub.account}/{request['name']}"
+                    if not self._may_write(repo_id):
                         return
-                    request = json.loads(self._body())
-                    repo_id = f"{request.get('organization') or 'user'}/{request['name']}"
+                    private = bool(request.get("private")) or request.get("visibility") == "private"
                     with hub._lock:
                         if repo_id in hub.repos:
                             return self._json(
                                 409, {"error": "You already created this model repo", "url": f"{hub.url}/{repo_id}"}
                             )
-                        hub.repos[repo_id] = Repo(bool(request.get("private")))
+                        hub.repos[repo_id] = Repo(private)
                     return self._json(200, {"url": f"{hub.url}/{repo_id}"})
                 if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/preupload/(.+)", path):
                     if not self._authorised() or self._repo(m[1]) is None:
                         return
-                    files = json.loads(self._body())["files"]
+                    files = json.loads(self.body)["files"]
                     modes = [
                         {
                             "path": f["path"],
@@ -143,34 +190,44 @@ class HubTestDouble:
                     if not self._authorised() or self._repo(m[1]) is None:
                         return
                     objects = []
-                    for obj in json.loads(self._body())["objects"]:
+                    for obj in json.loads(self.body)["objects"]:
                         item = {"oid": obj["oid"], "size": obj["size"], "authenticated": True}
                         if obj["oid"] not in hub.lfs:  # already stored objects need no upload: resuming skips them
                             item["actions"] = {"upload": {"href": f"{hub.url}/lfs-objects/{obj['oid']}"}}
                         objects.append(item)
                     return self._json(200, {"transfer": "basic", "objects": objects}, content_type="application/vnd.git-lfs+json")
                 if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/commit/(.+)", path):
-                    if not self._authorised() or (repo := self._repo(m[1])) is None:
+                    if not self._may_write(m[1]) or (repo := self._repo(m[1])) is None:
                         return
-                    return self._commit(m[1], repo, m[2].replace("%2F", "/"))
+                    return self._commit(m[1], repo, m[2].replace("%2F", "/"), "create_pr=1" in query.split("&"))
                 if path == "/api/validate-yaml":  # model card metadata; the double checks only that it is there
-                    content = json.loads(self._body()).get("content", "")
+                    content = json.loads(self.body).get("content", "")
                     if content.startswith("---\n") and "\n---" in content[4:]:
                         return self._json(200, {"errors": [], "warnings": []})
                     return self._json(400, {"errors": [{"message": "no YAML front matter"}], "warnings": []})
                 if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/branch/(.+)", path):
-                    if not self._authorised() or (repo := self._repo(m[1])) is None:
+                    if not self._may_write(m[1]) or (repo := self._repo(m[1])) is None:
                         return
                     repo.branches.setdefault(m[2], repo.branches["main"])
                     return self._json(200, {})
                 hub.unknown_routes.append(f"POST {self.path}")
                 self._json(404, {"error": f"no route for POST {path}"})
 
-            def _commit(self, repo_id: str, repo: Repo, revision: str) -> None:
-                head = repo.branches.get(revision, repo.branches["main"])
+            def _commit(self, repo_id: str, repo: Repo, revision: str, create_pr: bool) -> None:
+                """Commit onto ``revision``, or with ``create_pr`` onto a new refs/pr/N branched from it."""
+                if hub.drop_commit:
+                    hub.drop_commit = False
+                    self.close_connection = True
+                    self.connection.shutdown(2)  # socket.SHUT_RDWR: the client sees the connection drop
+                    return None
+                if hub.fail_commit is not None:
+                    status, hub.fail_commit = hub.fail_commit, None
+                    return self._json(status, {"error": "test double: the commit failed"})
+                if (head := self._resolve_revision(repo, revision)) is None:
+                    return self._json(404, {"error": "Revision not found"}, {"X-Error-Code": "RevisionNotFound"})
                 files = dict(repo.files[head])
                 summary = ""
-                for line in self._body().splitlines():
+                for line in self.body.splitlines():
                     item = json.loads(line)
                     value = item["value"]
                     if item["key"] == "header":
@@ -191,8 +248,13 @@ class HubTestDouble:
                     hub.commits += 1
                     sha = hashlib.sha1(f"{repo_id}{hub.commits}{summary}".encode()).hexdigest()
                     repo.files[sha] = files
+                    pr_url = None
+                    if create_pr:
+                        repo.pull_requests += 1
+                        revision = f"refs/pr/{repo.pull_requests}"
+                        pr_url = f"{hub.url}/{repo_id}/discussions/{repo.pull_requests}"
                     repo.branches[revision] = sha
-                self._json(200, {"commitOid": sha, "commitUrl": f"{hub.url}/{repo_id}/commit/{sha}", "pullRequestUrl": None})
+                self._json(200, {"commitOid": sha, "commitUrl": f"{hub.url}/{repo_id}/commit/{sha}", "pullRequestUrl": pr_url})
 
             def do_PUT(self) -> None:
                 m = re.fullmatch(r"/lfs-objects/([0-9a-f]{64})", self.path)
@@ -229,6 +291,10 @@ class HubTestDouble:
                 path = self.path.split("?")[0]
                 if path == "/api/agent-harnesses":  # huggingface_hub's agent detection registry: an empty one
                     return self._json(200, {"standardEnvVars": [], "harnesses": {}})
+                if path == "/api/whoami-v2":
+                    if self._authorised():
+                        self._json(200, hub.whoami(self._token()))
+                    return None
                 if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/(.+)", path):
                     if (found := self._revision(m[1], m[2])) is None:
                         return

@@ -71,9 +71,50 @@ def test_push_then_load_gives_identical_bytes(tmp_path, hub):
     assert pulled.returncode == 0, pulled.stderr
     local, remote = tmp_path / "work" / "checkpoint", Path(pulled.stdout.strip())
     names = sorted(p.name for p in local.iterdir())
-    assert names == sorted(p.name for p in remote.iterdir()) and "README.md" in names
+    assert names == sorted(p.name for p in remote.iterdir()) and {"README.md", "hpu_fp8_measurements.json"} <= set(names)
     assert filecmp.cmpfiles(local, remote, names, shallow=False)[1:] == ([], [])
     assert hub.lfs_uploads >= 2  # the weights took the LFS path
+    card = (remote / "README.md").read_text()
+    assert "`hpu_fp8_measurements.json`" in card and "hpu-fp8 push acme/qwen2-bytes --repo-id acme/qwen2-bytes-hpu-fp8" in card
+    assert str(tmp_path) not in card and "tiny_models" not in card  # no local path in the public card
+
+
+def files_at(hub: HubTestDouble, repo_id: str, revision: str) -> set[str]:
+    repo = hub.repos[repo_id]
+    return set(repo.files[repo.branches[revision]])
+
+
+def test_push_to_a_revision_commits_there_and_leaves_main_alone(tmp_path, hub):
+    result = run(push_args(tmp_path, "--revision", "fp8", "--skip-eval"), hub, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "published and verified" in result.stdout and "Traceback" not in result.stderr
+    assert files_at(hub, "acme/qwen2-bytes-hpu-fp8", "main") == set()
+    assert {"README.md", "hpu_fp8_manifest.json", "hpu_fp8_measurements.json"} <= files_at(hub, "acme/qwen2-bytes-hpu-fp8", "fp8")
+
+
+def test_create_pr_opens_a_pull_request_and_verifies_its_revision(tmp_path, hub):
+    assert run(push_args(tmp_path, "--skip-eval"), hub, tmp_path).returncode == 0
+    main_before = files_at(hub, "acme/qwen2-bytes-hpu-fp8", "main")
+    hub.corrupt_on_commit = "hpu_fp8_manifest.json"  # only the pull request's revision holds the altered file
+    corrupted = run(push_args(tmp_path, "--skip-eval", "--create-pr", "--commit-message", "again"), hub, tmp_path)
+    assert corrupted.returncode == 1 and "hpu_fp8_manifest.json: git blob id on the Hub differs" in corrupted.stderr
+    result = run(push_args(tmp_path, "--skip-eval", "--create-pr", "--commit-message", "fp8 weights"), hub, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "pull request opened and verified" in result.stdout and "/acme/qwen2-bytes-hpu-fp8/discussions/2" in result.stdout
+    assert files_at(hub, "acme/qwen2-bytes-hpu-fp8", "refs/pr/2") == main_before
+    assert hub.repos["acme/qwen2-bytes-hpu-fp8"].branches["main"] != hub.repos["acme/qwen2-bytes-hpu-fp8"].branches["refs/pr/2"]
+
+
+@pytest.mark.parametrize("failure", ["HTTP 507", "dropped connection"])
+def test_a_failed_commit_never_reports_success(tmp_path, hub, failure):
+    if failure == "HTTP 507":
+        hub.fail_commit = 507
+    else:
+        hub.drop_commit = True
+    result = run(push_args(tmp_path, "--skip-eval"), hub, tmp_path)
+    assert result.returncode == 1 and "published" not in result.stdout and "Traceback" not in result.stderr
+    assert "run the same command again to resume" in result.stderr and len(result.stderr.strip().splitlines()[-1]) < 400
+    assert files_at(hub, "acme/qwen2-bytes-hpu-fp8", "main") == set()
 
 
 def test_an_interrupted_upload_resumes(tmp_path, hub):
@@ -92,8 +133,30 @@ def test_an_interrupted_upload_resumes(tmp_path, hub):
 def test_a_bad_token_gets_a_clear_message_without_the_token(tmp_path, hub):
     secret = "hf_this_token_is_wrong_123"
     result = run(push_args(tmp_path), hub, tmp_path, token=secret)
-    assert result.returncode == 1 and "refused the credentials (HTTP 401)" in result.stderr
+    assert result.returncode == 1 and "refused the credentials (HTTP 401) while checking the token" in result.stderr
     assert secret not in result.stdout + result.stderr
+    assert not (tmp_path / "work").exists() and "calibrating" not in result.stdout  # refused before any work
+
+
+@pytest.mark.parametrize(
+    ("token", "repo_id", "message"),
+    [
+        ("", "acme/x", "not logged in"),
+        ("hf_read_only", "acme/x", "the token is read-only"),
+        (TOKEN, "stranger/x", "stranger is neither the token's account (user) nor one of its organisations"),
+        (TOKEN, "readers/x", "user may only read in the organisation readers"),
+    ],
+)
+def test_no_write_access_is_refused_before_any_work(tmp_path, token, repo_id, message):
+    double = HubTestDouble(valid_tokens=[TOKEN], read_tokens=["hf_read_only"], orgs={"acme": "admin", "readers": "read"}).start()
+    try:
+        args = push_args(tmp_path)
+        args[args.index("--repo-id") + 1] = repo_id
+        result = run(args, double, tmp_path, token=token)
+    finally:
+        double.stop()
+    assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "work").exists() and double.repos == {} and double.unknown_routes == []
 
 
 def test_an_existing_repository_is_pushed_to(tmp_path, hub):
