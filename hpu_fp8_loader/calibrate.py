@@ -11,9 +11,8 @@ of wider expert ranges and about E/k times the expert work.
 from __future__ import annotations
 
 import datetime
-import resource
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,76 +33,7 @@ from .spec.measurements import (
     write_text_atomically,
 )
 
-__all__ = ["AmaxObserver", "CalibrationResult", "calibrate", "check_outputs", "memory_budget", "write_fastdeploy_file"]
-
-# (limit, usage) files of a cgroup, v2 then v1's memory controller; v1 writes "no limit" as a huge number.
-_CGROUP_MEMORY = (("", "memory.max", "memory.current"), ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes"))
-
-
-def _read_int(path: Path) -> int | None:
-    """The number in a one-number kernel file; None when absent, unreadable or ``max`` (no limit)."""
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdecimal() else None
-
-
-def _kib_field(path: Path, key: str) -> int:
-    """Bytes of a ``Key:  N kB`` line of /proc/meminfo or /proc/self/status; 0 when it cannot be read."""
-    try:
-        for line in path.read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    except (OSError, IndexError, ValueError):
-        pass
-    return 0
-
-
-def _cgroup_headroom(proc: Path, cgroup_root: Path) -> Iterator[int]:
-    """Limit minus usage of every memory limit over this process: its cgroup and each ancestor, v2 or v1.
-
-    The process's cgroup path comes from ``/proc/self/cgroup``; inside a container the mount's root is the
-    container's own cgroup, so the walk goes up to, and includes, the root of the mount.
-    """
-    try:
-        lines = (proc / "self" / "cgroup").read_text().splitlines()
-    except OSError:
-        return
-    for line in lines:
-        _, _, rest = line.partition(":")
-        controllers, _, relative = rest.partition(":")
-        for mount, limit_file, usage_file in _CGROUP_MEMORY:
-            if controllers != mount and mount not in controllers.split(","):
-                continue
-            base = cgroup_root / mount
-            directory = base / relative.lstrip("/")
-            for level in [directory, *directory.parents]:
-                limit = _read_int(level / limit_file)
-                if limit is not None:
-                    yield max(limit - (_read_int(level / usage_file) or 0), 0)
-                if level == base:
-                    break
-
-
-def _rlimit_headroom(proc: Path) -> Iterator[int]:
-    """What ``ulimit -v`` (RLIMIT_AS) and ``ulimit -d`` (RLIMIT_DATA) still allow beyond what this process uses."""
-    for limit, used in ((resource.RLIMIT_AS, "VmSize"), (resource.RLIMIT_DATA, "VmData")):
-        soft = resource.getrlimit(limit)[0]
-        if soft != resource.RLIM_INFINITY:
-            yield max(soft - _kib_field(proc / "self" / "status", used), 0)
-
-
-def memory_budget(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
-    """Bytes this process may still allocate: the least of the machine's available memory, the headroom
-    under ``ulimit -v``/``-d``, and under every cgroup memory limit above it (a container's, a job's).
-
-    Sized from MemAvailable alone, a cache meant to fit in RAM overruns a container or a ulimit and the
-    run dies mid-way; 0 when nothing can be read (then nothing is cached).
-    """
-    available = _kib_field(proc / "meminfo", "MemAvailable")
-    return min([available, *_rlimit_headroom(proc), *_cgroup_headroom(proc, cgroup_root)])
-
+__all__ = ["AmaxObserver", "CalibrationResult", "calibrate", "check_outputs", "write_fastdeploy_file"]
 
 class AmaxObserver(Observer):
     def __init__(self, prefix: str, all_experts: bool = False):
@@ -147,7 +77,7 @@ def calibrate(
 ) -> CalibrationResult:
     """Run the reference engine over ``samples`` windows of ``dataset`` and record every act amax."""
     started = time.perf_counter()
-    weights = open_weights(model, cache_bytes=memory_budget() // 4)
+    weights = open_weights(model)
     d = weights.descriptor
     limit = weights.checkpoint.config.get("max_position_embeddings")
     if limit and seq_len > int(limit):

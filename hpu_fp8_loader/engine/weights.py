@@ -17,32 +17,23 @@ from ..fusion import fuse_columns
 from ..io.checkpoint import Checkpoint
 from ..source_tensors import source_rows
 from ..spec import names
+from .memory import memory_budget
 
 __all__ = ["EngineWeights", "open_weights"]
-
-
-def _available_memory() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 class EngineWeights:
     """``get(weight)`` -> float32 array of a descriptor weight, from whichever kind of checkpoint.
 
-    When the whole model in float32 fits in ``cache_bytes`` (default: a quarter of the available
-    memory), layers are kept once converted, so repeated forwards (calibration batches) read and
+    When the whole model in float32 fits in ``cache_bytes`` (default: a quarter of what this
+    process may still use, :func:`memory_budget`), layers are kept once converted, so repeated forwards (calibration batches) read and
     convert every weight once; otherwise every forward streams the layers again.
     """
 
     def __init__(self, checkpoint: Checkpoint, descriptor: ModelDescriptor, cache_bytes: int | None = None):
         self.checkpoint = checkpoint
         self.descriptor = descriptor
-        budget = _available_memory() // 4 if cache_bytes is None else cache_bytes
+        budget = memory_budget() // 4 if cache_bytes is None else cache_bytes
         self._cache: dict[int | None, dict[str, np.ndarray]] | None = {} if 4 * descriptor.parameter_count() <= budget else None
         self.is_spec = isinstance(checkpoint.config.get("quantization_config"), dict) and (
             checkpoint.config["quantization_config"].get("quant_method") == "hpu_fp8"

@@ -1,0 +1,81 @@
+"""How much memory this process may still use: what a weight cache meant to fit in RAM is sized by.
+
+MemAvailable alone overstates it inside a container or under a ulimit, and a cache sized from it makes the
+run die mid-way, hours in.
+"""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["memory_budget"]
+
+# (limit, usage) files of a cgroup, v2 then v1's memory controller; v1 writes "no limit" as a huge number.
+_CGROUP_MEMORY = (("", "memory.max", "memory.current"), ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes"))
+
+
+def _read_int(path: Path) -> int | None:
+    """The number in a one-number kernel file; None when absent, unreadable or ``max`` (no limit)."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdecimal() else None
+
+
+def _kib_field(path: Path, key: str) -> int:
+    """Bytes of a ``Key:  N kB`` line of /proc/meminfo or /proc/self/status; 0 when it cannot be read."""
+    try:
+        for line in path.read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
+def _cgroup_headroom(proc: Path, cgroup_root: Path) -> Iterator[int]:
+    """Limit minus usage of every memory limit over this process: its cgroup and each ancestor, v2 or v1.
+
+    The process's cgroup path comes from ``/proc/self/cgroup``; inside a container the mount's root is the
+    container's own cgroup, so the walk goes up to, and includes, the root of the mount.
+    """
+    try:
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        _, _, rest = line.partition(":")
+        controllers, _, relative = rest.partition(":")
+        for mount, limit_file, usage_file in _CGROUP_MEMORY:
+            if controllers != mount and mount not in controllers.split(","):
+                continue
+            base = cgroup_root / mount
+            directory = base / relative.lstrip("/")
+            for level in [directory, *directory.parents]:
+                limit = _read_int(level / limit_file)
+                if limit is not None:
+                    yield max(limit - (_read_int(level / usage_file) or 0), 0)
+                if level == base:
+                    break
+
+
+def _rlimit_headroom(proc: Path) -> Iterator[int]:
+    """What ``ulimit -v`` (RLIMIT_AS) and ``ulimit -d`` (RLIMIT_DATA) still allow beyond what this process uses."""
+    for limit, used in ((resource.RLIMIT_AS, "VmSize"), (resource.RLIMIT_DATA, "VmData")):
+        soft = resource.getrlimit(limit)[0]
+        if soft != resource.RLIM_INFINITY:
+            yield max(soft - _kib_field(proc / "self" / "status", used), 0)
+
+
+def memory_budget(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """Bytes this process may still allocate: the least of the machine's available memory, the headroom
+    under ``ulimit -v``/``-d``, and under every cgroup memory limit above it (a container's, a job's).
+
+    Sized from MemAvailable alone, a cache meant to fit in RAM overruns a container or a ulimit and the
+    run dies mid-way; 0 when nothing can be read (then nothing is cached).
+    """
+    available = _kib_field(proc / "meminfo", "MemAvailable")
+    return min([available, *_rlimit_headroom(proc), *_cgroup_headroom(proc, cgroup_root)])
