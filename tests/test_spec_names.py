@@ -53,3 +53,18 @@ def test_unknown_fastdeploy_keys_are_refused(key):
 def test_every_act_module_of_a_real_model_has_a_fastdeploy_key(config):
     for module in describe(config).act_modules(attention_fp8=True):
         assert names.module_from_fastdeploy_key(names.fastdeploy_key_from_module(module)) == module
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "ernie.layers.01.self_attn.qkv_proj",  # would name layer 1 twice
+        "ernie.layers.\u0661.self_attn.qkv_proj",  # an Arabic-Indic one: int() reads it as 1
+        "ernie.layers.3.mlp.experts.007.down_proj",
+        "ernie.layers.3.mlp.experts.\uff17.down_proj",  # a fullwidth 7
+    ],
+)
+def test_layer_and_expert_numbers_are_plain_ascii_decimal(module):
+    assert not names.is_act_module(module)
+    with pytest.raises(ValueError, match="not a FastDeploy measurement key"):
+        names.module_from_fastdeploy_key(f"{module}.activation_scale")

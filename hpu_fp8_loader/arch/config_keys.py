@@ -166,8 +166,8 @@ def read_model_config(model: type[ModelConfig], config: dict, source: str) -> Mo
         raise ConfigError(f"{source}: {validation_error_text(exc)}") from None
 
 
-_LAYER = re.compile(r"\.layers\.(\d+)\.")
-_EXPERT = re.compile(r"\.experts\.(\d+)\.")
+_LAYER = re.compile(r"\.layers\.([0-9]+)\.")
+_EXPERT = re.compile(r"\.experts\.([0-9]+)\.")
 
 
 def check_against_tensors(config: ModelConfig, tensors: Iterable[str], source: str) -> None:

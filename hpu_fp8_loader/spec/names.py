@@ -76,12 +76,15 @@ def expert_tokens_key(prefix: str, index: int, expert_id: int) -> str:
     return f"{layer(prefix, index)}.mlp.experts.{expert_id}"
 
 
+# A layer or expert number in a name: plain ASCII decimal, so that "01" or a non-ASCII digit can never
+# name the same layer as "1" (int() reads all three alike).
+_NUMBER = r"(?:0|[1-9][0-9]*)"
 # Module names that carry an act_amax / act_scale.
 MODULE_PATTERN = re.compile(
-    r"^(?P<prefix>[a-z0-9_]+)\.layers\.(?P<layer>\d+)\."
+    rf"^(?P<prefix>[a-z0-9_]+)\.layers\.(?P<layer>{_NUMBER})\."
     r"(?:self_attn\.(?:qkv_proj|o_proj|cache_k|cache_v|q|s)"
     r"|mlp\.(?:up_gate_proj|down_proj|shared_experts\.(?:up_gate_proj|down_proj)"
-    r"|experts\.up_gate_proj|experts\.(?P<expert>\d+)\.down_proj))$"
+    rf"|experts\.up_gate_proj|experts\.(?P<expert>{_NUMBER})\.down_proj))$"
 )
 
 
@@ -103,7 +106,7 @@ def module_from_fastdeploy_key(key: str) -> str:
     head, _, last = module.rpartition(".")
     if head.endswith(".self_attn") and last in _FASTDEPLOY_POINTS:
         module = f"{head}.{_FASTDEPLOY_POINTS[last]}"
-    per_expert_input = re.match(r"^(.*\.mlp\.experts)\.\d+\.up_gate_proj$", module)
+    per_expert_input = re.match(rf"^(.*\.mlp\.experts)\.{_NUMBER}\.up_gate_proj$", module)
     if per_expert_input:
         module = f"{per_expert_input.group(1)}.up_gate_proj"
     if not is_act_module(module):
