@@ -395,6 +395,8 @@ def import_command(
     from .hub import resolve_checkpoint
     from .measurements import load_measurements
 
+    if run_calibration and measurement_paths:
+        raise click.UsageError("--measurements and --calibrate both given: pass one source of activation statistics")
     options = ConvertOptions(
         target=target,
         kv_cache=kv_cache,

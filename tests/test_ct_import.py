@@ -271,3 +271,12 @@ def test_a_nan_code_in_an_fp8_source_is_named_and_nothing_is_published(tmp_path,
     with pytest.raises(NonFiniteError, match=r"'model.layers.1.mlp.down_proj.weight' \[\d+, \d+\] holds nan at index \[3, 5\]"):
         import_compressed_tensors(root, tmp_path / "out", ConvertOptions(kv_cache="none", workers=workers))
     assert not (tmp_path / "out").exists()
+
+
+def test_measurements_and_calibrate_together_are_refused_before_any_work(tmp_path):
+    measurement = tmp_path / "m.json"
+    measurement.write_text("{}")
+    args = ["import", str(DYNAMIC), str(tmp_path / "out"), "--measurements", str(measurement), "--calibrate"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "--measurements and --calibrate both given" in result.output
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()

@@ -183,6 +183,11 @@ def test_dry_run_touches_nothing_remote(tmp_path):
 def test_push_needs_statistics_and_a_license(tmp_path):
     no_stats = run(["push", QWEN, "--repo-id", "a/b", "--base-model", "a/c", "--license", "mit", "--dry-run"], None, tmp_path)
     assert no_stats.returncode == 1 and "--measurements FILE or --calibrate" in no_stats.stderr
+    both = tmp_path / "m.json"
+    both.write_text("{}")
+    two = run(push_args(tmp_path, "--measurements", str(both), "--dry-run"), None, tmp_path)
+    assert two.returncode == 1 and "--measurements and --calibrate both given" in two.stderr
+    assert not (tmp_path / "work").exists()
     no_license = run(["push", QWEN, "--repo-id", "a/b", "--base-model", "a/c", "--calibrate", "--dry-run"], None, tmp_path)
     assert no_license.returncode == 1 and "--license" in no_license.stderr
 
