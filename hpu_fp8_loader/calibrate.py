@@ -23,15 +23,10 @@ from .datasets import BUILTIN, load_text, token_batches, tokenize
 from .engine.model import EngineConfig, Observer, forward
 from .engine.weights import open_weights
 from .errors import HpuFp8Error, NonFiniteError
+from .io.file_output import check_output_file, write_text_atomically
 from .spec import names
 from .spec.config import AmaxSourceKind
-from .spec.measurements import (
-    MeasurementProvenance,
-    Measurements,
-    ModelIdentity,
-    check_output_file,
-    write_text_atomically,
-)
+from .spec.measurements import MeasurementProvenance, Measurements, ModelIdentity
 
 __all__ = ["AmaxObserver", "CalibrationResult", "calibrate", "check_outputs", "write_fastdeploy_file"]
 

@@ -14,10 +14,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import HpuFp8Error, OutputExistsError
+from ..errors import HpuFp8Error
 from ..io.checkpoint import CONFIG_FILE
+from ..io.file_output import atomic_file, check_output_file
 from ..io.safetensors_file import dtype_name
-from ..io.writer import PlannedTensor, Shard, ShardFile, prepare_output_dir, publish_output_dir
+from ..io.writer import PlannedTensor, Shard, ShardFile, check_apart, clear_staging, prepare_output_dir, publish_output_dir
 from ..legacy import export_legacy
 from ..validate import open_validated
 from .mapping import MappedPiece, Parallelism, ParameterSpec, map_rank, parameter_specs
@@ -35,24 +36,18 @@ class RankFile:
 def write_rank_file(src: str | Path, out: str | Path, par: Parallelism, force: bool = False) -> RankFile:
     """One rank's FastDeploy parameters as a single safetensors file, written atomically."""
     out = Path(out)
-    if out.exists() and not force:
-        raise OutputExistsError(f"{out}: already exists; pass --force to replace it")
+    check_apart(out, [src])
+    out.absolute().parent.mkdir(parents=True, exist_ok=True)
+    check_output_file(out, force)
     opened = open_validated(src)
     checkpoint, qc, descriptor = opened.checkpoint, opened.qc, opened.descriptor
     specs = parameter_specs(descriptor, qc.kv_cache_scheme, par)
-    partial = out.with_name(out.name + ".partial")
-    shard = Shard(partial.name, tuple(PlannedTensor(name, spec.dtype, spec.shape) for name, spec in specs.items()))
-    target = ShardFile(
-        out.parent, shard, {"format": "pd", "tp": f"{par.tp_rank}/{par.tp_size}", "ep": f"{par.ep_rank}/{par.ep_size}"}
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    target.create()
-    try:
+    with atomic_file(out, replace=force) as staging:  # never a fixed FILE.partial, which may be a planted link
+        shard = Shard(staging.name, tuple(PlannedTensor(name, spec.dtype, spec.shape) for name, spec in specs.items()))
+        metadata = {"format": "pd", "tp": f"{par.tp_rank}/{par.tp_size}", "ep": f"{par.ep_rank}/{par.ep_size}"}
+        target = ShardFile(staging.parent, shard, metadata)
+        target.create()
         _write_pieces(target, map_rank(checkpoint, qc, descriptor, par), specs)
-    except BaseException:
-        partial.unlink(missing_ok=True)  # a refused checkpoint leaves nothing that looks like output
-        raise
-    partial.replace(out)
     return RankFile(out, len(specs), shard.nbytes)
 
 
@@ -84,11 +79,10 @@ def write_presharded(src: str | Path, out: str | Path, tp: int, force: bool = Fa
     """
     open_validated(src)
     staging = prepare_output_dir(out, force, [src])
-    for child in staging.iterdir():
-        shutil.rmtree(child) if child.is_dir() else child.unlink()
+    clear_staging(staging)
     ranks = []
     for r in range(tp):
         ranks.append(export_legacy(src, staging / f"rank{r}", rank=Parallelism(tp, r)).out)
     shutil.copyfile(staging / "rank0" / CONFIG_FILE, staging / CONFIG_FILE)
-    publish_output_dir(staging, out)
+    publish_output_dir(staging, out, manifest=True)
     return [Path(out) / p.name for p in ranks]

@@ -313,15 +313,19 @@ def _sync_tree(root: Path) -> None:
             _fsync(path)
 
 
-def publish_output_dir(partial: Path, out: str | Path) -> Path:
+def publish_output_dir(partial: Path, out: str | Path, manifest: bool = False) -> Path:
     """Replace ``OUT`` with the finished ``OUT.partial`` by renames, so ``OUT`` is never half-written.
 
-    An ``OUT`` being replaced is first moved into a fresh hidden directory beside it (never a fixed name
-    such as ``OUT.replaced``, which may hold a user's files) and deleted only after the new one is in place.
+    With ``manifest``, every staged file is first recorded in ``hpu_fp8_manifest.json`` (for outputs that
+    :func:`finish_output` does not write), which also lets ``--force`` replace the output later. An ``OUT``
+    being replaced is first moved into a fresh hidden directory beside it (never a fixed name such as
+    ``OUT.replaced``, which may hold a user's files) and deleted only after the new one is in place.
     """
     out = Path(out)
     (partial / _HOLDER_FILE).unlink(missing_ok=True)
     try:
+        if manifest:
+            write_manifest(partial)
         _sync_tree(partial)
         if out.exists() or out.is_symlink():
             retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-", dir=out.parent))

@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import tempfile
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..errors import MeasurementError, OutputExistsError
+from ..errors import MeasurementError
+from ..io.file_output import write_text_atomically
 from ..io.jsonfile import read_json_object
-from ..io.writer import WriteFailedError, check_apart
 from . import names
 from .config import Provenance as MeasurementProvenance
 
@@ -28,10 +25,8 @@ __all__ = [
     "Measurements",
     "ModelIdentity",
     "check_module_numbers",
-    "check_output_file",
     "read_measurements",
     "write_measurements",
-    "write_text_atomically",
 ]
 
 FORMAT = "hpu-fp8-measurements"
@@ -118,67 +113,6 @@ def read_measurements(path: str | Path) -> Measurements:
         return Measurements.model_validate_json(json.dumps(data), strict=True)
     except ValidationError as exc:
         raise MeasurementError(f"{path}: {_first_error(exc)}") from None
-
-
-def check_output_file(path: str | Path, force: bool, sources: Iterable[str | Path] = ()) -> None:
-    """Refuse, before any work, a file output that could not or must not be written: one of ``sources`` or
-    inside one, a directory, an existing file without ``force``, a directory that is missing or read-only."""
-    path = Path(path)
-    check_apart(path, sources)
-    if path.is_dir():
-        raise OutputExistsError(f"{path}: is a directory; name a file to write")
-    if os.path.lexists(path) and not force:
-        raise OutputExistsError(f"{path}: already exists; pass --force to replace it")
-    parent = path.absolute().parent
-    if not parent.is_dir():
-        why = "is not a directory" if parent.exists() else "does not exist"
-        raise WriteFailedError(f"{path}: {parent} {why}")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise WriteFailedError(f"{path}: the directory {parent} is not writable")
-
-
-def _publish(temporary: str, path: Path, replace: bool) -> None:
-    """Rename the finished file into place; without ``replace`` a hard link, which fails if ``path`` appeared meanwhile."""
-    if replace:
-        os.replace(temporary, path)
-        return
-    try:
-        os.link(temporary, path)
-    except FileExistsError:
-        raise OutputExistsError(f"{path}: already exists (created while this ran); pass --force to replace it") from None
-    os.unlink(temporary)
-
-
-def write_text_atomically(path: str | Path, text: str, replace: bool = True) -> None:
-    """``path`` holds either what it held before or all of ``text``, never a part, even after a crash.
-
-    The text goes to a temporary file created exclusively under a random name beside ``path``
-    (``mkstemp``: a planted ``path.partial`` or link is never followed), is synced, then renamed onto
-    ``path``; a link at ``path`` itself is replaced, not written through.
-    """
-    path = Path(path)
-    try:
-        descriptor, temporary = tempfile.mkstemp(dir=path.absolute().parent, prefix=f".{path.name}.", suffix=".partial")
-    except OSError as exc:
-        raise WriteFailedError(f"{path}: cannot create a file beside it: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.fchmod(file.fileno(), 0o666 & ~umask)
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        _publish(temporary, path, replace)
-    except OSError as exc:
-        raise WriteFailedError(f"{path}: writing failed: {exc.strerror or exc}; nothing was written") from None
-    finally:
-        Path(temporary).unlink(missing_ok=True)
-    directory = os.open(path.absolute().parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
 
 
 def write_measurements(path: str | Path, measurements: Measurements, replace: bool = True) -> None:

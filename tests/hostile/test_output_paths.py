@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from safetensors import safe_open
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
 from hpu_fp8_loader.spec.measurements import write_measurements
@@ -101,6 +102,45 @@ def test_a_planted_staging_link_is_refused_by_synth(tmp_path):
     (tmp_path / "out.partial").symlink_to(victim)
     assert_refused(run_cli("synth", tmp_path / "out", "--preset", "qwen2-tiny", "-q"), "out.partial")
     assert (victim / "precious.txt").read_text() == "keep me" and not (tmp_path / "out").exists()
+
+
+def test_map_to_a_file_never_writes_through_a_planted_partial_link(tmp_path, ckpt):
+    victim = tmp_path / "victim.bin"
+    victim.write_bytes(b"keep me")
+    out = tmp_path / "rank0.safetensors"
+    out.with_name(out.name + ".partial").symlink_to(victim)
+    result = run_cli("map", ckpt, "-o", out)
+    assert result.exit_code == 0, result.stderr
+    assert victim.read_bytes() == b"keep me"
+    with safe_open(out, "np") as rank_file:  # the library FastDeploy reads with
+        held = rank_file.keys()
+    assert any(name.endswith("qkv_proj.weight_scale") for name in held)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["project", "rank0.safetensors", "rank0.safetensors.partial", "victim.bin"]
+
+
+def test_map_to_a_file_refuses_an_existing_one_and_replaces_a_link_not_its_target(tmp_path, ckpt):
+    victim = tmp_path / "victim.bin"
+    victim.write_bytes(b"keep me")
+    out = tmp_path / "rank0.safetensors"
+    out.symlink_to(victim)
+    assert_refused(run_cli("map", ckpt, "-o", out), str(out), "--force")
+    assert run_cli("map", ckpt, "-o", out, "--force").exit_code == 0
+    assert victim.read_bytes() == b"keep me" and not out.is_symlink() and out.stat().st_size > 1000
+
+
+def test_map_refuses_a_rank_file_inside_the_checkpoint(tmp_path, ckpt):
+    before = tree_digest(ckpt)
+    assert_refused(run_cli("map", ckpt, "-o", ckpt / "rank0.safetensors"), "inside the source")
+    assert tree_digest(ckpt) == before
+
+
+def test_pre_sharded_ranks_can_be_replaced_with_force(tmp_path, ckpt):
+    out = tmp_path / "ranks"
+    assert run_cli("map", ckpt, "--all-ranks", "--tp", "2", "-o", out).exit_code == 0
+    assert_refused(run_cli("map", ckpt, "--all-ranks", "--tp", "2", "-o", out), str(out), "--force")
+    result = run_cli("map", ckpt, "--all-ranks", "--tp", "1", "-o", out, "--force")
+    assert result.exit_code == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "hpu_fp8_manifest.json", "rank0"]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,89 @@
+"""Single-file outputs (a measurement file, FastDeploy's text file, one rank's parameters for ``map -o``):
+checked before any work, written atomically, never through a planted name.
+
+A predictable staging name such as ``FILE.partial`` can be planted as a link to a file the user cares
+about; the staging file here is created exclusively under a random name beside ``FILE`` (``mkstemp``), so
+nothing is ever written through a link, and ``FILE`` holds either what it held before or all of the new
+content, even after a crash.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..errors import OutputExistsError
+from .writer import WriteFailedError, check_apart
+
+__all__ = ["atomic_file", "check_output_file", "write_text_atomically"]
+
+
+def check_output_file(path: str | Path, force: bool, sources: Iterable[str | Path] = ()) -> None:
+    """Refuse, before any work, a file output that could not or must not be written: one of ``sources`` or
+    inside one, a directory, an existing file without ``force``, a directory that is missing or read-only."""
+    path = Path(path)
+    check_apart(path, sources)
+    if path.is_dir():
+        raise OutputExistsError(f"{path}: is a directory; name a file to write")
+    if os.path.lexists(path) and not force:
+        raise OutputExistsError(f"{path}: already exists; pass --force to replace it")
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        why = "is not a directory" if parent.exists() else "does not exist"
+        raise WriteFailedError(f"{path}: {parent} {why}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise WriteFailedError(f"{path}: the directory {parent} is not writable")
+
+
+def _fsync(path: str | Path, flags: int = os.O_RDONLY) -> None:
+    descriptor = os.open(path, flags)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _publish(temporary: Path, path: Path, replace: bool) -> None:
+    """Rename the finished file into place; without ``replace`` a hard link, which fails if ``path`` appeared meanwhile."""
+    if replace:
+        os.replace(temporary, path)
+        return
+    try:
+        os.link(temporary, path)
+    except FileExistsError:
+        raise OutputExistsError(f"{path}: already exists (created while this ran); pass --force to replace it") from None
+    os.unlink(temporary)
+
+
+@contextmanager
+def atomic_file(path: str | Path, replace: bool = True) -> Iterator[Path]:
+    """A fresh, empty staging file beside ``path`` for the caller to fill; synced and renamed onto ``path``
+    when the block ends, removed when it raises. A link at ``path`` itself is replaced, not written through."""
+    path = Path(path)
+    try:
+        descriptor, name = tempfile.mkstemp(dir=path.absolute().parent, prefix=f".{path.name}.", suffix=".partial")
+    except OSError as exc:
+        raise WriteFailedError(f"{path}: cannot create a file beside it: {exc.strerror or exc}") from None
+    temporary = Path(name)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(descriptor, 0o666 & ~umask)  # mkstemp makes it 0600; an output gets the usual permissions
+        os.close(descriptor)
+        yield temporary
+        _fsync(temporary)
+        _publish(temporary, path, replace)
+        _fsync(path.absolute().parent, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise WriteFailedError(f"{path}: writing failed: {exc.strerror or exc}; nothing was written") from None
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def write_text_atomically(path: str | Path, text: str, replace: bool = True) -> None:
+    """``path`` holds either what it held before or all of ``text``, never a part (see :func:`atomic_file`)."""
+    with atomic_file(path, replace) as temporary:
+        temporary.write_text(text, encoding="utf-8")
