@@ -47,8 +47,8 @@ def _parse_line(line: str) -> tuple[str, str, float]:
     if not tab:
         raise ValueError("no TAB between key and value")
     key, value = key.strip(), value.strip()
+    check_module_numbers(key)  # first: its message says what is wrong with the number
     module = names.module_from_fastdeploy_key(key)
-    check_module_numbers(module)
     if not _AMAX.fullmatch(value) or not math.isfinite(float(value)):
         raise ValueError(f"amax {value[:40]!r} for {key} is not a finite decimal number >= 0")
     return key, module, float(value)

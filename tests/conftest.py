@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,13 @@ def spec_copy(tmp_path, spec_factory):
         return target
 
     return make
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """How many hostile inputs were refused cleanly: one named line each, no traceback, nothing accepted silently."""
+    refusal = sys.modules.get("hostile.refusal")
+    if refusal is not None and refusal.REFUSED:
+        distinct = len(set(refusal.REFUSED))
+        terminalreporter.write_line(
+            f"hostile inputs: {len(refusal.REFUSED)} refusals asserted, each one named line ({distinct} distinct messages)"
+        )

@@ -6,6 +6,7 @@ opened, so a hostile index cannot make us read /etc/passwd or follow a symlink o
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,7 +71,7 @@ def safe_member(root: Path, relative: str) -> Path:
     message it would forge a second line.
     """
     if not isinstance(relative, str) or not relative or Path(relative).is_absolute() or "\\" in relative:
-        raise UnsafePathError(f"{root}: index names {relative!r}, which is not a relative path inside the checkpoint")
+        raise UnsafePathError(f"{root}: index names {json.dumps(relative)}, which is not a relative path inside the checkpoint")
     if not printable(relative):
         raise UnsafePathError(f"{root}: index names {relative!r}, which holds a control character (a NUL byte?)")
     if any(part == ".." for part in Path(relative).parts):
@@ -110,7 +111,7 @@ def read_index(root: Path) -> tuple[dict[str, str], dict]:
         if not printable(name):
             raise CheckpointIndexError(f"{path}: tensor name {name!r} holds a control character (a NUL byte?)")
         if not isinstance(file, str) or not file:
-            raise CheckpointIndexError(f"{path}: tensor '{name}' maps to {file!r}, not a file name")
+            raise CheckpointIndexError(f"{path}: tensor '{name}' maps to {json.dumps(file)}, not a file name")
         if not printable(file):
             raise CheckpointIndexError(f"{path}: tensor '{name}' maps to {file!r}, which holds a control character (a NUL byte?)")
     metadata = index.get("metadata")

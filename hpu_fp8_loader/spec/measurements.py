@@ -66,9 +66,9 @@ class Measurements(_Strict):
     @classmethod
     def _amax_keys_and_values(cls, amax: dict[str, float]) -> dict[str, float]:
         for key, value in amax.items():
+            check_module_numbers(key)  # first: its message says what is wrong with the number
             if not names.is_act_module(key):
                 raise ValueError(f"amax key {key!r} is not a spec activation module (e.g. 'ernie.layers.3.self_attn.qkv_proj')")
-            check_module_numbers(key)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"amax[{key!r}] = {value} must be finite and >= 0")
         return amax

@@ -8,6 +8,7 @@ fault. ``tree_digest`` before and after proves the input was not modified and no
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 from click.testing import CliRunner, Result
@@ -33,7 +34,18 @@ def assert_refused(result: Result, *names: str, code: int | None = None) -> str:
     assert len(errors) == 1, f"expected one error line, got:\n{result.stderr}"
     for name in names:
         assert name in errors[0], f"{name!r} not named in: {errors[0]}"
+    for leak in _NOT_FOR_HUMANS.findall(errors[0]):
+        raise AssertionError(f"the message shows Python internals ({leak!r}): {errors[0]}")
+    REFUSED.append(errors[0])
     return errors[0]
+
+
+# Every refusal asserted in this session, for the summary line tests/conftest.py prints.
+REFUSED: list[str] = []
+
+
+# What a message must never show a user: numpy reprs, pydantic's prefixes, a bare Python None or a class repr.
+_NOT_FOR_HUMANS = re.compile(r"np\.(?:float|int|uint|bool)\w*\(|Value error, |Assertion failed, |\bNone\b|<class '")
 
 
 def tree_digest(root: Path) -> dict[str, str]:

@@ -196,7 +196,7 @@ BAD_INDEX: list[tuple[str, Content, str]] = [
     ("newline-in-shard-name", _index_edit(_first_entry_to("a\nb.safetensors")), "holds a control character"),
     ("escape-in-shard-name", _index_edit(_first_entry_to("\x1b[2Ja.safetensors")), "holds a control character"),
     ("delete-char-in-shard-name", _index_edit(_first_entry_to("a\x7f.safetensors")), "holds a control character"),
-    ("empty-shard-name", _index_edit(_first_entry_to("")), "maps to '', not a file name"),
+    ("empty-shard-name", _index_edit(_first_entry_to("")), 'maps to "", not a file name'),
     ("number-as-shard-name", _index_edit(_first_entry_to(7)), "maps to 7, not a file name"),
     ("null-as-shard-name", _index_edit(_first_entry_to(None)), "not a file name"),
     ("list-as-shard-name", _index_edit(_first_entry_to(["a.safetensors"])), "not a file name"),
