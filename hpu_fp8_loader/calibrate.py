@@ -11,6 +11,7 @@ of wider expert ranges and about E/k times the expert work.
 from __future__ import annotations
 
 import datetime
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -29,6 +30,9 @@ from .spec.config import AmaxSourceKind
 from .spec.measurements import MeasurementProvenance, Measurements, ModelIdentity
 
 __all__ = ["AmaxObserver", "CalibrationResult", "calibrate", "check_outputs", "write_fastdeploy_file"]
+
+log = logging.getLogger(__name__)
+
 
 class AmaxObserver(Observer):
     def __init__(self, prefix: str, all_experts: bool = False):
@@ -85,6 +89,15 @@ def calibrate(
         raise HpuFp8Error(f"{tokenizer} gives token id {int(ids.max())} >= vocab_size {d.vocab_size}")
     observer = AmaxObserver(d.prefix, all_experts)
     config = EngineConfig.from_config(weights.checkpoint.config, d)
+    log.info(
+        "%s: %d tokens of text (%s tokens) for %d window(s) of %d; weights %s",
+        model,
+        ids.size,
+        tokenizer,
+        samples,
+        seq_len,
+        "cached in memory" if weights.cached else "streamed per forward",
+    )
     tokens = 0
     count = 0
     for batch in token_batches(ids, samples, seq_len, batch_size):

@@ -5,7 +5,9 @@ Every :class:`~hpu_fp8_loader.errors.HpuFp8Error` becomes one line on stderr and
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import math
 import os
 import sys
@@ -13,11 +15,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import click
-from tqdm import tqdm
 
 from . import __version__
 from .arch import Layout
+from .console import LEVELS, LOGGER, configure, emit_json, progress_bar
 from .errors import HpuFp8Error
+
+log = logging.getLogger(LOGGER)
 
 EXIT_INVALID = 1
 EXIT_UNREADABLE = 2
@@ -41,8 +45,14 @@ def _errors(code: int = EXIT_INVALID):
         _fail("interrupted; nothing was published (run the same command again: a conversion resumes)", EXIT_INTERRUPTED)
 
 
-def _bar(total: int, desc: str, quiet: bool) -> tqdm:
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, disable=quiet, file=sys.stderr, leave=False)
+def _say(as_json: bool):
+    """Where a long command's step lines go: stdout, or stderr when stdout holds the JSON result."""
+    return (lambda line: click.echo(line, err=True)) if as_json else click.echo
+
+
+def _warn_each(warnings) -> None:
+    for warning in warnings:
+        log.warning(warning)
 
 
 def _parse_overrides(pairs: tuple[str, ...]) -> dict:
@@ -79,6 +89,9 @@ def _parse_size(text: str) -> int:
 # Options several commands share, declared once.
 force_option = click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print the result as one JSON document on stdout (messages stay on stderr)."
+)
 shard_size_option = click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard file.")
 target_option = click.option(
     "--target",
@@ -108,12 +121,31 @@ dead_experts_option = click.option(
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="hpu-fp8")
-def main() -> None:
+@click.option("-v", "--verbose", count=True, help="More on stderr: -v the steps of long work, -vv debug detail.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars and no step messages; warnings and errors still show.")
+@click.option(
+    "--log-level",
+    type=click.Choice(list(LEVELS)),
+    envvar="HPU_FP8_LOG_LEVEL",
+    help="Set the level outright (error hides warnings too). [env: HPU_FP8_LOG_LEVEL]",
+)
+@click.pass_context
+def main(ctx: click.Context, verbose: int, quiet: bool, log_level: str | None) -> None:
     """FP8 checkpoints for FastDeploy on Intel Gaudi, made and checked on a CPU.
 
     The hpu-fp8 format (docs/spec.md) stores FP8 weights, fp32 dequantization scales and raw
     activation amax, and records the FP8 range, target and calibration provenance.
+
+    stdout holds each command's result (with --json, one JSON document); warnings, errors and progress
+    go to stderr. Progress bars are drawn only on a terminal, and never with TQDM_DISABLE or
+    HF_HUB_DISABLE_PROGRESS_BARS set.
     """
+    from_command_line = ctx.get_parameter_source("log_level") == click.core.ParameterSource.COMMANDLINE
+    if log_level and (from_command_line or not (verbose or quiet)):
+        level = LEVELS[log_level]
+    else:
+        level = logging.DEBUG if verbose >= 2 else logging.INFO if verbose == 1 else logging.WARNING
+    configure(level, quiet)
 
 
 @main.command()
@@ -136,16 +168,16 @@ def validate(directory: Path, quick: bool, hashes: bool, as_json: bool, quiet: b
     from .validate import validate as run_validation
 
     try:
-        with _bar(0, "scanning weights", quiet or quick or as_json) as bar:
+        with progress_bar("scanning weights", quiet or quick or as_json) as bar:
             report = run_validation(directory, full=not quick, hashes=hashes, progress=bar.update)
     except (HpuFp8Error, OSError) as exc:  # OSError: permissions, I/O errors; named like _errors() names them
         message = str(exc) if isinstance(exc, HpuFp8Error) else f"{exc.filename or directory}: {exc.strerror or exc}"
         if as_json:
-            click.echo(json.dumps({"root": str(directory), "valid": False, "unreadable": message}, indent=2))
+            emit_json({"root": directory, "valid": False, "unreadable": message})
             sys.exit(EXIT_UNREADABLE)
         _fail(message, EXIT_UNREADABLE)
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        emit_json(report.to_dict())
     else:
         for warning in report.warnings:
             click.echo(f"warning: {warning}")
@@ -166,7 +198,7 @@ def inspect(directory: Path, as_json: bool) -> None:
     with _errors(EXIT_UNREADABLE):
         result = inspect_checkpoint(directory)
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        emit_json(result.to_dict())
         return
     _print_inspection(result)
 
@@ -217,8 +249,17 @@ def _print_inspection(result) -> None:
 @shard_size_option
 @force_option
 @quiet_option
+@json_option
 def synth(
-    out: Path, preset: str, overrides: tuple[str, ...], layout: str, seed: int, max_shard_size: str, force: bool, quiet: bool
+    out: Path,
+    preset: str,
+    overrides: tuple[str, ...],
+    layout: str,
+    seed: int,
+    max_shard_size: str,
+    force: bool,
+    quiet: bool,
+    as_json: bool,
 ) -> None:
     """Write a deterministic random-init BF16 source checkpoint to OUT."""
     from .arch import describe
@@ -227,8 +268,19 @@ def synth(
     with _errors():
         config = preset_config(preset, _parse_overrides(overrides))
         descriptor = describe(config, f"synth --preset {preset}")
-        with _bar(2 * descriptor.parameter_count(), "synth", quiet) as bar:
+        with progress_bar("synth", quiet or as_json, total=2 * descriptor.parameter_count()) as bar:
             synthesize(out, config, Layout(layout), seed, _parse_size(max_shard_size), force, progress=bar.update)
+    if as_json:
+        emit_json(
+            {
+                "out": out,
+                "model_type": descriptor.model_type,
+                "parameters": descriptor.parameter_count(),
+                "layout": layout,
+                "seed": seed,
+            }
+        )
+        return
     click.echo(f"{out}: {descriptor.model_type} ({descriptor.parameter_count():,} parameters) in {layout} layout, seed {seed}")
 
 
@@ -261,6 +313,7 @@ def synth(
 @click.option("--revision", default=None, help="Revision of SRC when it is a Hub repo id.")
 @force_option
 @quiet_option
+@json_option
 def convert(
     src: str,
     out: Path,
@@ -274,6 +327,7 @@ def convert(
     revision: str | None,
     force: bool,
     quiet: bool,
+    as_json: bool,
 ) -> None:
     """Convert the BF16 checkpoint SRC into an hpu-fp8 v1 checkpoint at OUT.
 
@@ -291,9 +345,8 @@ def convert(
         source = resolve_checkpoint(src, revision)
         loaded = [load_measurements(p) for p in measurement_paths]
         for item in loaded:
-            for warning in item.warnings:
-                click.echo(f"warning: {warning}", err=True)
-        with _bar(0, "convert", quiet) as bar:
+            _warn_each(item.warnings)
+        with progress_bar("convert", quiet or as_json) as bar:
 
             def show(p) -> None:
                 bar.total = p.bytes_total
@@ -301,6 +354,9 @@ def convert(
                 bar.set_postfix_str(f"{p.tensors_done}/{p.tensors_total} tensors", refresh=False)
 
             result = run_convert(source, out, [item.measurements for item in loaded], options, progress=show)
+    if as_json:
+        emit_json({**dataclasses.asdict(result), "ratio": result.ratio, "target": target, "kv_cache": kv_cache})
+        return
     filled = f"; {len(result.filled_experts)} dead expert(s) given their siblings' max" if result.filled_experts else ""
     reused = f"; resumed, {result.reused_shards} shard(s) reused" if result.reused_shards else ""
     click.echo(
@@ -324,8 +380,15 @@ def convert(
 @dead_experts_option
 @shard_size_option
 @force_option
+@json_option
 def import_legacy(
-    src: Path, out: Path, measurement_paths: tuple[Path, ...], dead_experts: str, max_shard_size: str, force: bool
+    src: Path,
+    out: Path,
+    measurement_paths: tuple[Path, ...],
+    dead_experts: str,
+    max_shard_size: str,
+    force: bool,
+    as_json: bool,
 ) -> None:
     """Bring a checkpoint of FastDeploy's legacy converter (Model_convert.py) into hpu-fp8 v1.
 
@@ -339,8 +402,10 @@ def import_legacy(
     with _errors():
         extra = [load_measurements(p).measurements for p in measurement_paths]
         report = run_import(src, out, extra, dead_experts, _parse_size(max_shard_size), force)
-    for warning in report.warnings:
-        click.echo(f"warning: {warning}", err=True)
+    _warn_each(report.warnings)
+    if as_json:
+        emit_json(report)
+        return
     click.echo(
         f"{out}: hpu-fp8 v1 from a legacy {report.layout.value}-layout checkpoint; expert scales: {report.expert_scales}; "
         f"KV cache {report.kv_cache.value}"
@@ -373,6 +438,7 @@ def import_legacy(
 @dead_experts_option
 @shard_size_option
 @force_option
+@json_option
 def import_command(
     src: str,
     out: Path,
@@ -383,6 +449,7 @@ def import_command(
     dead_experts: str,
     max_shard_size: str,
     force: bool,
+    as_json: bool,
 ) -> None:
     """Bring a compressed-tensors FP8 checkpoint (llm-compressor's, vLLM's) to hpu-fp8 v1 for Gaudi.
 
@@ -408,8 +475,10 @@ def import_command(
     with _errors():
         extra = [load_measurements(p).measurements for p in measurement_paths]
         result = import_compressed_tensors(resolve_checkpoint(src), out, options, extra, run_calibration)
-    for warning in result.warnings:
-        click.echo(f"warning: {warning}", err=True)
+    _warn_each(result.warnings)
+    if as_json:
+        emit_json({**dataclasses.asdict(result), "target": target, "kv_cache": kv_cache})
+        return
     click.echo(f"{out}: hpu-fp8 v1 ({target}, KV cache {kv_cache}) from compressed-tensors ({result.scheme})")
     click.echo("relative RMSE the import adds to the source's own quantization, worst ten:")
     for name, error in result.errors[:10]:
@@ -427,7 +496,8 @@ def import_command(
 )
 @shard_size_option
 @force_option
-def export_legacy(src: Path, out: Path, tp: int, max_shard_size: str, force: bool) -> None:
+@json_option
+def export_legacy(src: Path, out: Path, tp: int, max_shard_size: str, force: bool, as_json: bool) -> None:
     """Write hpu-fp8 checkpoint SRC in the legacy layout stock FastDeploy reads without the hook.
 
     Serve it with FastDeploy's v0 loader (--load-choices default), without expert parallelism.
@@ -437,8 +507,10 @@ def export_legacy(src: Path, out: Path, tp: int, max_shard_size: str, force: boo
 
     with _errors():
         report = run_export(src, out, tp, _parse_size(max_shard_size), force)
-    for warning in report.warnings:
-        click.echo(f"warning: {warning}", err=True)
+    _warn_each(report.warnings)
+    if as_json:
+        emit_json(report)
+        return
     click.echo(
         f"{out}: legacy FastDeploy FP8 layout, {report.tensors} tensors; activation amax stored in bf16 as the layout does"
     )
@@ -455,12 +527,16 @@ def export_legacy(src: Path, out: Path, tp: int, max_shard_size: str, force: boo
 )
 @shard_size_option
 @force_option
-def retarget(src: Path, out: Path, target: str, max_shard_size: str, force: bool) -> None:
+@json_option
+def retarget(src: Path, out: Path, target: str, max_shard_size: str, force: bool, as_json: bool) -> None:
     """Move hpu-fp8 checkpoint SRC between the Gaudi3 (±448) and Gaudi2 (±240) FP8 ranges."""
     from .retarget import retarget as run_retarget
 
     with _errors():
         report = run_retarget(src, out, target, _parse_size(max_shard_size), force)
+    if as_json:
+        emit_json(report)
+        return
     click.echo(report.message)
 
 
@@ -477,7 +553,10 @@ def retarget(src: Path, out: Path, target: str, max_shard_size: str, force: bool
     "-o", "--out", type=click.Path(path_type=Path), required=True, help="FILE.safetensors, or a directory with --all-ranks."
 )
 @force_option
-def map_command(checkpoint: Path, tp: int, rank: int, ep: int, ep_rank: int, all_ranks: bool, out: Path, force: bool) -> None:
+@json_option
+def map_command(
+    checkpoint: Path, tp: int, rank: int, ep: int, ep_rank: int, all_ranks: bool, out: Path, force: bool, as_json: bool
+) -> None:
     """Write exactly the parameters the hook hands FastDeploy on one rank (names, dtypes, values).
 
     Names are FastDeploy's parameter paths (e.g. ernie.layers.0.self_attn.qkv_proj.act_scale,
@@ -492,9 +571,15 @@ def map_command(checkpoint: Path, tp: int, rank: int, ep: int, ep_rank: int, all
             if ep > 1:
                 raise click.UsageError("--all-ranks writes tensor-parallel ranks; expert parallelism is not pre-sharded")
             folders = write_presharded(checkpoint, out, tp, force)
-            click.echo(f"{out}: {len(folders)} pre-sharded rank folder(s) in the legacy layout")
+            if as_json:
+                emit_json({"out": out, "tp": tp, "rank_folders": folders})
+            else:
+                click.echo(f"{out}: {len(folders)} pre-sharded rank folder(s) in the legacy layout")
             return
         result = write_rank_file(checkpoint, out, Parallelism(tp, rank, ep, ep_rank), force)
+    if as_json:
+        emit_json({**dataclasses.asdict(result), "tp": tp, "rank": rank, "ep": ep, "ep_rank": ep_rank})
+        return
     click.echo(
         f"{result.path}: {result.parameters} FastDeploy parameters of TP rank {rank}/{tp}, EP rank {ep_rank}/{ep}; "
         f"{result.bytes / 2**20:.1f} MiB"
@@ -529,7 +614,7 @@ def doctor(checkpoint: str | None, tp: int, ep: int, revision: str | None, no_bu
 
     report = run_doctor(checkpoint, tp, ep, revision, build=not no_build)
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        emit_json(report.to_dict())
     else:
         for check in report.checks:
             click.echo(f"[{check.status:>4}] {check.name}: {check.detail}")
@@ -567,7 +652,7 @@ def plan(model: Path, tp: int, ep: int, kv_cache: str, as_json: bool) -> None:
             config, source, tensors = read_json_object(model, ConfigError), str(model), None
         result = plan_deployment(describe(config, source, tensors), tp, ep, kv_cache)
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        emit_json(result.to_dict())
         return
     click.echo(f"{result.model_type}: {result.parameters / 1e9:.2f} B parameters; TP {tp} x EP {ep}; per rank:")
     for group, size in result.bytes_per_rank.items():
@@ -583,7 +668,8 @@ def plan(model: Path, tp: int, ep: int, kv_cache: str, as_json: bool) -> None:
 @main.command()
 @click.argument("repo_id")
 @click.option("--revision", default=None, help="Branch, tag or commit.")
-def pull(repo_id: str, revision: str | None) -> None:
+@json_option
+def pull(repo_id: str, revision: str | None, as_json: bool) -> None:
     """Download (or find in the local cache) the hpu-fp8 checkpoint REPO_ID and check it.
 
     Checks the format version, every file's size and sha256 against the manifest, and the quick
@@ -594,9 +680,13 @@ def pull(repo_id: str, revision: str | None) -> None:
 
     with _errors():
         loaded = load(repo_id, revision)
-    for warning in loaded.warnings:
-        click.echo(f"warning: {warning}", err=True)
+    _warn_each(loaded.warnings)
     qc = loaded.quantization_config
+    if as_json:
+        emit_json(
+            {"path": loaded.path, "repo_id": repo_id, "revision": revision, "quantization_config": qc.model_dump(mode="json")}
+        )
+        return
     click.echo(f"{loaded.path}")
     click.echo(
         f"hpu-fp8 v{qc.format_version}, {qc.target.value} (±{qc.fp8_max:g}), KV cache {qc.kv_cache_scheme.value}: checked",
@@ -636,6 +726,7 @@ def pull(repo_id: str, revision: str | None) -> None:
 )
 @click.option("--force", is_flag=True, help="Replace the -o (and --fastdeploy-format) file if it exists.")
 @quiet_option
+@json_option
 def calibrate(
     model: Path,
     out: Path,
@@ -647,6 +738,7 @@ def calibrate(
     fastdeploy_file: Path | None,
     force: bool,
     quiet: bool,
+    as_json: bool,
 ) -> None:
     """Record activation amax at FastDeploy's measurement points with the float32 reference engine.
 
@@ -663,22 +755,34 @@ def calibrate(
         raise click.BadParameter(f"{fastdeploy_file} is also the -o file; name another", param_hint="--fastdeploy-format")
     with _errors():
         check_outputs(model, dataset, [out, *([fastdeploy_file] if fastdeploy_file else [])], force)
-        with tqdm(desc="calibrate", unit="tok", unit_scale=True, disable=quiet, file=sys.stderr, leave=False) as bar:
+        with progress_bar("calibrate", quiet or as_json, unit="tok") as bar:
             result = run_calibration(model, dataset, samples, seq_len, batch_size, all_experts, progress=bar.update)
         write_measurements(out, result.measurements, replace=force)
         if fastdeploy_file:
             write_fastdeploy_file(fastdeploy_file, result.measurements, replace=force)
+    if result.dead_experts:
+        listing = ", ".join(f"layer {layer} expert {e}" for layer, e in result.dead_experts)
+        log.warning(
+            f"no calibration token was routed to {len(result.dead_experts)} expert(s): {listing}. "
+            "Calibrate with more data or --all-experts, or convert with --dead-experts sibling-max."
+        )
+    if as_json:
+        emit_json(
+            {
+                "out": out,
+                "fastdeploy_file": fastdeploy_file,
+                "points": len(result.measurements.amax),
+                "tokens": result.tokens,
+                "tokenizer": result.tokenizer,
+                "seconds": result.seconds,
+                "dead_experts": [{"layer": layer, "expert": e} for layer, e in result.dead_experts],
+            }
+        )
+        return
     click.echo(
         f"{out}: {len(result.measurements.amax)} points from {result.tokens:,} tokens ({result.tokenizer} tokens), "
         f"{result.tokens / max(result.seconds, 1e-9):,.0f} tokens/s"
     )
-    if result.dead_experts:
-        listing = ", ".join(f"layer {layer} expert {e}" for layer, e in result.dead_experts)
-        click.echo(
-            f"warning: no calibration token was routed to {len(result.dead_experts)} expert(s): {listing}. "
-            "Calibrate with more data or --all-experts, or convert with --dead-experts sibling-max.",
-            err=True,
-        )
 
 
 @main.command("eval")
@@ -728,11 +832,10 @@ def eval_command(
     with _errors():
         report = evaluate(bf16_source, fp8_checkpoint, dataset, samples, seq_len, tp, variants, decode_attention)
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        emit_json(report.to_dict())
     else:
         print_eval(report)
-    for warning in report.warnings:
-        click.echo(f"warning: {warning}", err=True)
+    _warn_each(report.warnings)
 
 
 def print_eval(report) -> None:
@@ -780,6 +883,7 @@ def print_eval(report) -> None:
     is_flag=True,
     help="Do everything locally, print every file with size and sha256 and the planned commit; touch nothing remote.",
 )
+@json_option
 def push(
     src: str,
     repo_id: str,
@@ -798,6 +902,7 @@ def push(
     commit_message: str | None,
     work_dir: Path | None,
     dry_run: bool,
+    as_json: bool,
 ) -> None:
     """Convert SRC, validate, evaluate, write the model card and upload to the Hugging Face Hub, then verify.
 
@@ -826,7 +931,22 @@ def push(
         convert=ConvertOptions(target=target, kv_cache=kv_cache, dead_experts=dead_experts, workers=1),
     )
     with _errors():
-        result = run_push(src, options, say=click.echo)
+        result = run_push(src, options, say=_say(as_json))
+    if as_json:
+        emit_json(
+            {
+                "repo_id": repo_id,
+                "revision": revision,
+                "dry_run": dry_run,
+                "private": private,
+                "checkpoint": result.checkpoint,
+                "files": result.files,
+                "evaluation": result.evaluation.to_dict() if result.evaluation else None,
+                "commit_url": result.commit_url,
+                "pull_request_url": result.pull_request_url,
+            }
+        )
+        return
     if dry_run:
         click.echo(
             f"dry run: would commit {len(result.files)} file(s) to {repo_id}"
@@ -860,15 +980,26 @@ def push(
 )
 @click.option("--kv-cache", type=click.Choice(["fp8", "none"]), default="fp8", show_default=True)
 @click.option("--force", is_flag=True, help="Replace --out even if the demo did not make it.")
-def demo(work_dir: Path, model: str, kv_cache: str, force: bool) -> None:
+@json_option
+def demo(work_dir: Path, model: str, kv_cache: str, force: bool, as_json: bool) -> None:
     """Run the main job on the embedded default: calibrate, convert, validate and evaluate a tiny trained model."""
     from .demo import run_demo
 
     with _errors():
-        result = run_demo(work_dir, model, kv_cache, say=click.echo, force=force)
-    print_eval(result.evaluation)
-    for warning in result.evaluation.warnings:
-        click.echo(f"warning: {warning}", err=True)
+        result = run_demo(work_dir, model, kv_cache, say=_say(as_json), force=force)
+    if as_json:
+        emit_json(
+            {
+                "source": result.source,
+                "measurements": result.measurements,
+                "checkpoint": result.checkpoint,
+                "validation": result.report.to_dict(),
+                "evaluation": result.evaluation.to_dict(),
+            }
+        )
+    else:
+        print_eval(result.evaluation)
+    _warn_each(result.evaluation.warnings)
     sys.exit(0 if result.report.valid else EXIT_INVALID)
 
 
@@ -880,4 +1011,4 @@ def schema(what: str) -> None:
     from .spec.measurements import Measurements
 
     model = QuantizationConfig if what == "quantization-config" else Measurements
-    click.echo(json.dumps(model.model_json_schema(), indent=2))
+    emit_json(model.model_json_schema())

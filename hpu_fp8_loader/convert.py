@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import multiprocessing
 import os
@@ -75,6 +76,7 @@ __all__ = [
     "quantization_config_for",
 ]
 
+log = logging.getLogger(__name__)
 _JOURNAL = ".hpu_fp8_progress.json"
 
 
@@ -537,6 +539,23 @@ def convert(
     staging = prepare_output_dir(out, options.force, [src])
     fingerprint = _fingerprint(checkpoint, shards, qc, act)
     done = _reusable_shards(staging, fingerprint)
+    log.info(
+        "%s: %s, %s layout, %d tensors -> %d shard(s) of at most %d bytes, %d worker(s)",
+        src,
+        descriptor.model_type,
+        layout.value,
+        len(descriptor.weights()),
+        len(shards),
+        options.max_shard_bytes,
+        options.workers,
+    )
+    if done:
+        log.info(
+            "resuming %s: %d of %d shard(s) finished earlier from the same source and options are kept",
+            out,
+            len(done),
+            len(shards),
+        )
     metadata = {"format": "pd", "producer": f"hpu-fp8-loader {__version__}"}
     context = _Context(os.getpid(), src, staging, layout, descriptor.prefix, options, tuple(shards), frozenset(done), metadata)
     files = {s.file_name: ShardFile(staging, s, metadata) for s in shards if s.file_name not in done}
@@ -563,6 +582,7 @@ def convert(
         copy_from=src,
         digests={name: (entry["size"], entry["sha256"]) for name, entry in done.items()},
     )
+    log.info("%s: published", out)
     weights = descriptor.weights()
     return ConvertResult(
         out=out,
@@ -606,6 +626,7 @@ def _run_jobs(
                 size, sha = file_digest(context.staging / shard)
                 done[shard] = {"size": size, "sha256": sha}
                 del pending_in_shard[shard]
+                log.debug("%s finished (%d bytes, sha256 %s)", shard, size, sha)
                 _save_journal(context.staging, fingerprint, done)
         state["bytes"] += bytes_in
         state["tensors"] += 1
@@ -625,7 +646,10 @@ def _run_jobs(
             while queue or running:
                 while queue and len(running) < 2 * context.options.workers:
                     w = queue.pop()
-                    running[pool.submit(_convert_tensor, w)] = w
+                    try:
+                        running[pool.submit(_convert_tensor, w)] = w
+                    except BrokenProcessPool:  # a worker died before its result was collected
+                        raise _worker_died(next(iter(running.values()), w)) from None
                 finished_now, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in finished_now:
                     w = running.pop(future)
@@ -646,10 +670,14 @@ def _worker_result(future: Future, weight: WeightTensor) -> tuple[int, float | N
     try:
         return future.result()
     except BrokenProcessPool:
-        raise WorkerDiedError(
-            f"a worker process died while converting {weight.name} (killed by a signal; out of memory?). "
-            "Nothing was published; run the same command again to resume, perhaps with fewer --workers"
-        ) from None
+        raise _worker_died(weight) from None
+
+
+def _worker_died(weight: WeightTensor) -> WorkerDiedError:
+    return WorkerDiedError(
+        f"a worker process died while converting {weight.name} (killed by a signal; out of memory?). "
+        "Nothing was published; run the same command again to resume, perhaps with fewer --workers"
+    )
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .console import hub_bars_follow_ours
 from .errors import CheckpointNotFoundError, HpuFp8Error
 
 __all__ = ["SOURCE_PATTERNS", "SPEC_PATTERNS", "LoadedCheckpoint", "check_repo_id", "load", "resolve_checkpoint"]
@@ -59,6 +60,7 @@ def resolve_checkpoint(location: str | Path, revision: str | None = None, allow_
         RevisionNotFoundError,
     )
 
+    hub_bars_follow_ours()
     try:
         return Path(snapshot_download(text, revision=revision, allow_patterns=allow_patterns or SOURCE_PATTERNS))
     except GatedRepoError:

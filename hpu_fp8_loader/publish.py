@@ -26,6 +26,7 @@ from pathlib import Path, PurePath
 
 from .calibrate import calibrate
 from .cards import CardFile, check_license, render_card
+from .console import hub_bars_follow_ours
 from .convert import ConvertOptions, convert
 from .errors import HpuFp8Error, OutputExistsError, UnsafePathError
 from .evaluate import EvalReport, evaluate
@@ -328,6 +329,7 @@ def remote_problems(api, repo_id: str, revision: str, checkpoint: Path) -> list[
 
 def _upload(api, checkpoint: Path, options: PushOptions, say: Callable[[str], None]) -> tuple[str, str | None]:
     """Commit the checkpoint (or open a pull request), then verify the revision the Hub says holds it."""
+    hub_bars_follow_ours()
     try:
         api.create_repo(options.repo_id, private=options.private, exist_ok=True)
         if options.revision:

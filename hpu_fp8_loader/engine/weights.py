@@ -43,6 +43,11 @@ class EngineWeights:
         for w in descriptor.weights():
             self._by_layer.setdefault(w.layer, []).append(w)
 
+    @property
+    def cached(self) -> bool:
+        """Whether converted layers are kept for the next forward (the model fits the memory budget)."""
+        return self._cache is not None
+
     def get(self, weight: WeightTensor) -> np.ndarray:
         if self.is_spec and weight.is_linear:
             scale = np.asarray(self.checkpoint.get(names.tensor(weight.module, names.WEIGHT_SCALE)), np.float32)

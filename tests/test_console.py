@@ -1,0 +1,122 @@
+"""What the CLI writes besides its result: --json on every command, log levels, and progress bars only on a terminal."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hpu_fp8_loader.cli import main
+from hpu_fp8_loader.spec import names
+from hpu_fp8_loader.spec.measurements import write_measurements
+from hpu_fp8_loader.synth import preset_config, synthetic_measurements
+
+HPU_FP8 = str(Path(sys.executable).with_name("hpu-fp8"))
+
+
+def invoke(*args: object, env: dict | None = None):
+    return CliRunner().invoke(main, [str(a) for a in args], env=env)
+
+
+def test_every_command_offers_json_output():
+    lacking = sorted(name for name, command in main.commands.items() if not any(p.name == "as_json" for p in command.params))
+    assert lacking == ["schema"]  # schema prints a JSON Schema anyway
+
+
+@pytest.fixture
+def measurements(tmp_path):
+    path = tmp_path / "m.json"
+    write_measurements(path, synthetic_measurements(preset_config("qwen2-tiny")))
+    return path
+
+
+def test_json_results_are_one_document_on_stdout(tmp_path, source_factory, measurements):
+    source, out = source_factory("qwen2-tiny"), tmp_path / "out"
+    converted = invoke("convert", source, out, "--measurements", measurements, "--json")
+    assert converted.exit_code == 0, converted.stderr
+    result = json.loads(converted.stdout)
+    assert result["out"] == str(out) and result["tensors_quantized"] > 0 and result["target"] == "gaudi2"
+
+    mapped = invoke("map", out, "-o", tmp_path / "rank0.safetensors", "--json")
+    assert json.loads(mapped.stdout)["parameters"] > 0
+    exported = invoke("export-legacy", out, tmp_path / "legacy", "--json")
+    assert json.loads(exported.stdout)["tensors"] > 0
+    retargeted = invoke("retarget", out, tmp_path / "g3", "--target", "gaudi3", "--json")
+    assert json.loads(retargeted.stdout)["action"] == "relabelled"
+    calibrated = invoke("calibrate", source, "-o", tmp_path / "c.json", "--samples", "1", "--seq-len", "8", "--json")
+    assert json.loads(calibrated.stdout)["points"] > 0, calibrated.stderr
+    synthesized = invoke("synth", tmp_path / "s", "--preset", "qwen2-tiny", "--json")
+    assert json.loads(synthesized.stdout)["model_type"] == "qwen2"
+
+
+def _fastdeploy_file_with_a_warning(tmp_path: Path) -> Path:
+    """FastDeploy's measurement text with an s_matmul amax other than 1.0: converts, with a warning."""
+    amax = synthetic_measurements(preset_config("ernie-moe-tiny")).amax
+    path = tmp_path / "model_measurement.txt"
+    path.write_text("".join(f"{names.fastdeploy_key_from_module(m)}\t{0.3 if m.endswith('.s') else v}\n" for m, v in amax.items()))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "shows_warning", "shows_info"),
+    [
+        ((), {}, True, False),
+        (("-v",), {}, True, True),
+        (("--log-level", "error"), {}, False, False),
+        ((), {"HPU_FP8_LOG_LEVEL": "error"}, False, False),
+        (("-v",), {"HPU_FP8_LOG_LEVEL": "error"}, True, True),  # the command line beats the environment
+        (("--log-level", "info", "-q"), {}, True, True),
+    ],
+)
+def test_log_levels(tmp_path, source_factory, flags, env, shows_warning, shows_info):
+    measurement = _fastdeploy_file_with_a_warning(tmp_path)
+    result = invoke(*flags, "convert", source_factory(), tmp_path / "out", "--measurements", measurement, env=env)
+    assert result.exit_code == 0, result.stderr
+    assert ("hpu-fp8: warning:" in result.stderr and "s_matmul" in result.stderr) == shows_warning
+    assert ("hpu-fp8: info:" in result.stderr and "published" in result.stderr) == shows_info
+
+
+def _convert_with_stderr(tmp_path: Path, source: Path, measurements: Path, terminal: bool, env: dict) -> str:
+    """Run convert with stderr on a pipe or on a pseudo-terminal; returns what reached stderr."""
+    out = tmp_path / f"out-{len(list(tmp_path.iterdir()))}"
+    argv = [HPU_FP8, "convert", str(source), str(out), "--measurements", str(measurements), "--workers", "1"]
+    environment = {name: value for name, value in os.environ.items() if name not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
+    environment.update(env)
+    if not terminal:
+        done = subprocess.run(argv, capture_output=True, text=True, env=environment, check=True)
+        return done.stderr
+    controller, terminal_end = pty.openpty()
+    fcntl.ioctl(terminal_end, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a new pty is 0 columns wide
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=terminal_end, env=environment)
+    os.close(terminal_end)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # the pty's far end closed: the process is gone
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(controller)
+    assert process.wait() == 0
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_progress_bars_only_on_a_terminal_and_never_when_switched_off(tmp_path, source_factory, measurements):
+    source = source_factory("qwen2-tiny")
+    on_terminal = _convert_with_stderr(tmp_path, source, measurements, True, {})
+    assert "\r" in on_terminal and "convert" in on_terminal  # the bar is drawn where a person watches
+    assert "\r" not in _convert_with_stderr(tmp_path, source, measurements, False, {})  # a pipe or log: no debris
+    for switch in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS"):
+        assert "\r" not in _convert_with_stderr(tmp_path, source, measurements, True, {switch: "1"}), switch
+    assert "\r" in _convert_with_stderr(tmp_path, source, measurements, True, {"TQDM_DISABLE": "0"})
