@@ -179,3 +179,14 @@ def test_every_reader_refuses_it_in_one_line_and_writes_nothing(damaged, source_
         assert all(name.endswith(".partial") for name in left), left
     else:  # found by the quick check, before anything is written
         assert not left, left
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.rule != "container.manifest"], ids=lambda c: c.id)
+def test_pull_refuses_it_even_when_the_publisher_wrote_a_matching_manifest(tmp_path, spec_factory, case):
+    """A damaged checkpoint whose manifest vouches for it (as a careless publisher's would): pull reads every
+    byte for the sha256 anyway, and checks the values on the way. A local directory gets a download's checks."""
+    root = tmp_path / case.id
+    shutil.copytree(spec_factory(case.preset), root)
+    case.damage(root)
+    write_manifest(root)
+    assert_refused(run_cli("pull", root), case.named)
