@@ -279,6 +279,24 @@ def _wait_for_first_shard(process: subprocess.Popen, out: Path) -> None:
     pytest.fail("the conversion finished (or hung) before a shard was recorded; make SLOW larger")
 
 
+def test_two_real_converts_to_one_output_one_refused_the_other_publishes_a_sound_checkpoint(tmp_path, slow_src):
+    """The race the issue measured (6 of 20 corrupt): both started for real, the second while the first writes."""
+    out = tmp_path / "out"
+    first = _start_convert(slow_src, out)
+    _wait_for_first_shard(first, out)
+    os.killpg(first.pid, signal.SIGSTOP)  # held mid-write, so the second surely meets it however slow its start
+    try:
+        second = _start_convert(slow_src, out)
+        _, second_err = second.communicate(timeout=60)
+    finally:
+        os.killpg(first.pid, signal.SIGCONT)
+    _, first_err = first.communicate(timeout=120)
+    assert first.returncode == 0, first_err
+    assert second.returncode == 1 and second_err.count("\n") == 1, second_err
+    assert f"pid {first.pid}" in second_err and "another hpu-fp8 run is writing it" in second_err
+    assert run_cli("validate", "--hashes", out).exit_code == 0
+
+
 def _worker_pids(process: subprocess.Popen) -> list[int]:
     """The convert's worker processes: children of its forkserver, itself a child of the convert."""
     group = _running_in_group(process.pid)
