@@ -26,6 +26,7 @@ log = logging.getLogger(LOGGER)
 EXIT_INVALID = 1
 EXIT_UNREADABLE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+INTERRUPTED = "interrupted; nothing was published (run the same command again: a conversion resumes)"
 
 
 def _fail(message: str, code: int = EXIT_INVALID) -> None:
@@ -41,8 +42,6 @@ def _errors(code: int = EXIT_INVALID):
         _fail(str(exc), code)
     except OSError as exc:  # permissions, a full disk: the file and the reason, not a traceback
         _fail(f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc.strerror or exc), code)
-    except KeyboardInterrupt:
-        _fail("interrupted; nothing was published (run the same command again: a conversion resumes)", EXIT_INTERRUPTED)
 
 
 def _say(as_json: bool):
@@ -119,7 +118,18 @@ dead_experts_option = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Commands(click.Group):
+    """The command group; Ctrl-C anywhere (not only where a command writes) is one line and exit 130,
+    not click's "Aborted!" and exit 1."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            _fail(INTERRUPTED, EXIT_INTERRUPTED)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="hpu-fp8")
 @click.option("-v", "--verbose", count=True, help="More on stderr: -v the steps of long work, -vv debug detail.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars and no step messages; warnings and errors still show.")
@@ -153,7 +163,8 @@ def main(ctx: click.Context, verbose: int, quiet: bool, log_level: str | None) -
 @click.option(
     "--quick",
     is_flag=True,
-    help="Check headers, scales, index and file sizes only (seconds on any size); skip the weight scan and sha256.",
+    help="Check headers, scales, index and file sizes only (seconds on any size); skip the weight scan "
+    "(with --hashes the values are checked anyway, on the same read as the sha256).",
 )
 @click.option("--hashes", is_flag=True, help="Also compare every file's sha256 with hpu_fp8_manifest.json (reads every byte).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")

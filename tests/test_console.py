@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from hpu_fp8_loader.cli import main
+from hpu_fp8_loader.cli import INTERRUPTED, main
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.measurements import write_measurements
 from hpu_fp8_loader.synth import preset_config, synthetic_measurements
@@ -120,3 +120,17 @@ def test_progress_bars_only_on_a_terminal_and_never_when_switched_off(tmp_path, 
     for switch in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS"):
         assert "\r" not in _convert_with_stderr(tmp_path, source, measurements, True, {switch: "1"}), switch
     assert "\r" in _convert_with_stderr(tmp_path, source, measurements, True, {"TQDM_DISABLE": "0"})
+
+
+@pytest.mark.parametrize("command", [("validate", "x"), ("schema", "measurements"), ("inspect", "x")])
+def test_ctrl_c_in_any_command_is_one_line_and_exit_130(monkeypatch, command):
+    """Ctrl-C arrives as KeyboardInterrupt wherever the command is; stood in for by raising it from click's echo."""
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("hpu_fp8_loader.validate.validate", interrupted)
+    monkeypatch.setattr("hpu_fp8_loader.inspection.inspect_checkpoint", interrupted)
+    monkeypatch.setattr("hpu_fp8_loader.cli.emit_json", interrupted)
+    result = invoke(*command)
+    assert result.exit_code == 130 and result.stderr.strip() == f"hpu-fp8: error: {INTERRUPTED}", result.stderr
