@@ -106,8 +106,11 @@ kv_cache_option = click.option(
     show_default=True,
     help="fp8: fp8 KV cache and fp8 attention; none: attention stays BF16 (safer for Qwen2).",
 )
-tp_option = click.option("--tp", default=1, show_default=True, help="Tensor-parallel size.")
-ep_option = click.option("--ep", default=1, show_default=True, help="Expert-parallel size (MoE).")
+# Counts are at least 1 and ranks at least 0: click refuses anything else as a usage error naming the option.
+COUNT = click.IntRange(min=1)
+RANK = click.IntRange(min=0)
+tp_option = click.option("--tp", type=COUNT, default=1, show_default=True, help="Tensor-parallel size.")
+ep_option = click.option("--ep", type=COUNT, default=1, show_default=True, help="Expert-parallel size (MoE).")
 dead_experts_option = click.option(
     "--dead-experts",
     type=click.Choice(["error", "sibling-max"]),
@@ -256,7 +259,7 @@ def _print_inspection(result) -> None:
     show_default=True,
     help="paddle: FastDeploy's fused [in, out] names; torch: Hugging Face [out, in], separate q/k/v and gate/up.",
 )
-@click.option("--seed", default=0, show_default=True, help="Values depend only on the seed and the tensor's name.")
+@click.option("--seed", type=RANK, default=0, show_default=True, help="Values depend only on the seed and the tensor's name.")
 @shard_size_option
 @force_option
 @quiet_option
@@ -318,7 +321,7 @@ def synth(
 )
 @dead_experts_option
 @click.option(
-    "--workers", type=click.IntRange(min=1), default=min(2, os.cpu_count() or 1), show_default=True, help="Worker processes."
+    "--workers", type=COUNT, default=min(2, os.cpu_count() or 1), show_default=True, help="Worker processes."
 )
 @shard_size_option
 @click.option("--revision", default=None, help="Revision of SRC when it is a Hub repo id.")
@@ -501,6 +504,7 @@ def import_command(
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option(
     "--tp",
+    type=COUNT,
     default=1,
     show_default=True,
     help="Tensor parallelism it will be served at; >1 is refused where FastDeploy's v0 loader splits wrongly.",
@@ -554,9 +558,9 @@ def retarget(src: Path, out: Path, target: str, max_shard_size: str, force: bool
 @main.command("map")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @tp_option
-@click.option("--rank", default=0, show_default=True, help="Tensor-parallel rank to map.")
+@click.option("--rank", type=RANK, default=0, show_default=True, help="Tensor-parallel rank to map.")
 @ep_option
-@click.option("--ep-rank", default=0, show_default=True, help="Expert-parallel rank.")
+@click.option("--ep-rank", type=RANK, default=0, show_default=True, help="Expert-parallel rank.")
 @click.option(
     "--all-ranks", is_flag=True, help="Write FastDeploy's pre-sharded layout: OUT/rank{r}/ for every TP rank (legacy keys)."
 )
@@ -714,15 +718,15 @@ def pull(repo_id: str, revision: str | None, as_json: bool) -> None:
     show_default=True,
     help="builtin (Python's own documentation, offline; its last 10% is held out for eval), FILE.txt, or FILE.jsonl with a 'text' field.",
 )
-@click.option("--samples", default=32, type=click.IntRange(min=1), show_default=True, help="Windows of --seq-len tokens to run.")
+@click.option("--samples", default=32, type=COUNT, show_default=True, help="Windows of --seq-len tokens to run.")
 @click.option(
     "--seq-len",
     default=256,
-    type=click.IntRange(min=1),
+    type=COUNT,
     show_default=True,
     help="Tokens per window (at most max_position_embeddings).",
 )
-@click.option("--batch-size", default=4, type=click.IntRange(min=1), show_default=True, help="Windows per forward.")
+@click.option("--batch-size", default=4, type=COUNT, show_default=True, help="Windows per forward.")
 @click.option(
     "--all-experts",
     is_flag=True,
@@ -805,10 +809,10 @@ def calibrate(
     show_default=True,
     help="builtin uses its held-out part (never the calibration text), or FILE.txt/.jsonl.",
 )
-@click.option("--samples", default=8, show_default=True, help="Windows of --seq-len tokens.")
-@click.option("--seq-len", default=128, show_default=True)
+@click.option("--samples", type=COUNT, default=8, show_default=True, help="Windows of --seq-len tokens.")
+@click.option("--seq-len", type=COUNT, default=128, show_default=True)
 @click.option(
-    "--tp", default=1, show_default=True, help="Emulate this tensor parallelism (bf16 partial sums reduced as FastDeploy would)."
+    "--tp", type=COUNT, default=1, show_default=True, help="Emulate this tensor parallelism (bf16 partial sums reduced as FastDeploy would)."
 )
 @click.option("--weights-only", "only_weights", is_flag=True, help="Ablation row: FP8 weights, float32 activations.")
 @click.option("--no-kv-fp8", "only_no_kv", is_flag=True, help="Ablation row: FP8 linears, BF16 attention and KV cache.")

@@ -1,0 +1,39 @@
+"""Counts and ranks out of range are usage errors naming the option (exit 2), before anything is read or written.
+
+Found by a hostile run: `synth --seed -1` ended in numpy's traceback, `plan --tp -2` said "rank 0 is not in 0..-3"."""
+
+from __future__ import annotations
+
+import pytest
+
+from hostile.refusal import assert_refused, run_cli
+
+# (argv before the option, option, bad values)
+CASES = [
+    (("plan", "{d}"), "--tp", ["0", "-2"]),
+    (("plan", "{d}"), "--ep", ["0"]),
+    (("map", "{d}", "-o", "{d}/r.safetensors"), "--tp", ["0", "-1"]),
+    (("map", "{d}", "-o", "{d}/r.safetensors"), "--rank", ["-1"]),
+    (("map", "{d}", "-o", "{d}/r.safetensors"), "--ep", ["0"]),
+    (("map", "{d}", "-o", "{d}/r.safetensors"), "--ep-rank", ["-1"]),
+    (("export-legacy", "{d}", "{d}/out"), "--tp", ["0"]),
+    (("eval", "{d}", "{d}"), "--samples", ["0", "-4"]),
+    (("eval", "{d}", "{d}"), "--seq-len", ["0"]),
+    (("eval", "{d}", "{d}"), "--tp", ["0"]),
+    (("calibrate", "{d}", "-o", "{d}/m.json"), "--batch-size", ["0"]),
+    (("synth", "{d}/out"), "--seed", ["-1"]),
+    (("doctor",), "--tp", ["0"]),
+    (("convert", "{d}", "{d}/out", "--measurements", "{d}/m.json"), "--workers", ["0"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "option", "value"),
+    [(argv, option, value) for argv, option, values in CASES for value in values],
+    ids=lambda part: part if isinstance(part, str) else part[0],
+)
+def test_an_out_of_range_count_or_rank_is_a_usage_error(tmp_path, argv, option, value):
+    before = sorted(tmp_path.iterdir())
+    args = [a.replace("{d}", str(tmp_path)) for a in argv]
+    assert_refused(run_cli(*args, option, value), option, code=2)
+    assert sorted(tmp_path.iterdir()) == before
