@@ -19,7 +19,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -32,7 +32,7 @@ from .activations import merge_measurements, resolve_act_amax
 from .arch import Layout, ModelDescriptor, WeightTensor, describe
 from .errors import ConfigError, HpuFp8Error, NonFiniteError, WorkerDiedError
 from .fusion import fuse_columns, transposed
-from .io.checkpoint import Checkpoint
+from .io.checkpoint import CONFIG_FILE, Checkpoint, copied_source_files
 from .io.fingerprint import file_fingerprint
 from .io.manifest import file_digest
 from .io.safetensors_file import row_blocks
@@ -47,7 +47,7 @@ from .io.writer import (
     prepare_output_dir,
 )
 from .requantize import requantize_rows, row_amax
-from .source_tensors import source_problem, source_rows, source_scale
+from .source_tensors import check_source, source_rows, source_scale
 from .spec import names
 from .spec.config import (
     FP8_MAX_BY_TARGET,
@@ -62,6 +62,7 @@ from .spec.config import (
     QuantizationConfig,
     ScaleRounding,
     Target,
+    is_hpu_fp8,
 )
 from .spec.measurements import Measurements
 
@@ -152,29 +153,11 @@ def detect_layout(checkpoint: Checkpoint, descriptor: ModelDescriptor) -> Layout
 
 def _refuse_hpu_fp8_source(checkpoint: Checkpoint) -> None:
     """An hpu-fp8 checkpoint is an output, not a source: say so once, instead of one complaint per scale tensor."""
-    quantization = checkpoint.config.get("quantization_config")
-    if isinstance(quantization, dict) and quantization.get("quant_method") == "hpu_fp8":
+    if is_hpu_fp8(checkpoint.config):
         raise ConfigError(
             f"{checkpoint.root}: already an hpu-fp8 checkpoint; convert reads the BF16 (or compressed-tensors) model, "
             "and `hpu-fp8 retarget` changes an hpu-fp8 checkpoint's target"
         )
-
-
-def _check_sources(checkpoint: Checkpoint, descriptor: ModelDescriptor, layout: Layout) -> None:
-    """Every source part exists with the shape config.json implies and a float dtype; list what does not."""
-    problems = []
-    for w in descriptor.weights():
-        for part in w.source_parts(layout, descriptor.prefix):
-            info = checkpoint.tensors.get(part.name)
-            if info is None:
-                problems.append(f"tensor '{part.name}' is missing")
-            elif info.shape != part.shape:
-                problems.append(f"tensor '{part.name}' has shape {list(info.shape)}, config.json implies {list(part.shape)}")
-            elif (problem := source_problem(checkpoint, part.name)) is not None:
-                problems.append(problem)
-    if problems:
-        more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
-        raise ConfigError(f"{checkpoint.root}: " + "; ".join(problems[:10]) + more)
 
 
 def plan_tensors(descriptor: ModelDescriptor, act_modules: Sequence[str]) -> list[PlannedTensor]:
@@ -515,21 +498,25 @@ def convert(
     measurements: Sequence[Measurements],
     options: ConvertOptions = ConvertOptions(),
     progress: Callable[[ConvertProgress], None] | None = None,
+    used_elsewhere: Collection[str] = (),
 ) -> ConvertResult:
     """Convert ``src`` into an hpu-fp8 v1 checkpoint at ``out``.
 
-    Everything that can be refused (measurements, shapes, dtypes, an existing ``out``) is refused
-    before any output is written. On failure ``out`` is untouched and ``out.partial`` holds what was
-    finished; the same call resumes from it.
+    Everything that can be refused (measurements, shapes, dtypes, tensors the model does not account
+    for, a corrupt tokenizer file, an existing ``out``) is refused before any output is written. On
+    failure ``out`` is untouched and ``out.partial`` holds what was finished; the same call resumes
+    from it. ``used_elsewhere``: source tensors a caller read itself (``import``'s input scales).
     """
     started = time.perf_counter()
     src, out = Path(src), Path(out)
     check_apart(out, [src])
     checkpoint = Checkpoint.open(src)
     _refuse_hpu_fp8_source(checkpoint)
-    descriptor = describe(checkpoint.config)
+    descriptor = describe(checkpoint.config, str(src / CONFIG_FILE), checkpoint.tensors)
     layout = detect_layout(checkpoint, descriptor)
-    _check_sources(checkpoint, descriptor, layout)
+    for note in check_source(checkpoint, descriptor, layout, used_elsewhere):
+        log.warning("%s: %s", src, note)
+    copied_source_files(src)
     attention_fp8 = options.kv_cache is KvCacheScheme.FP8
     modules = descriptor.act_modules(attention_fp8)
     amax, origin, sources = merge_measurements(measurements, descriptor)

@@ -56,6 +56,7 @@ class _QuantizationArgs(_Lenient):
     strategy: str | None = None
     block_structure: list[int] | str | None = None
     group_size: int | None = None
+    symmetric: bool = True
     dynamic: bool | str = False  # compressed-tensors also writes "local"
 
 
@@ -69,6 +70,7 @@ class _CompressedTensorsConfig(_Lenient):
     quant_method: str | None = None
     format: str | None = None
     config_groups: dict[str, _ConfigGroup] = Field(default_factory=dict)
+    sparsity_config: dict | None = None
 
 
 def _parse_config(src: Path, raw: object) -> _CompressedTensorsConfig:
@@ -91,6 +93,9 @@ def _parse_config(src: Path, raw: object) -> _CompressedTensorsConfig:
 
 def _check_scheme(src: Path, qc: _CompressedTensorsConfig) -> str:
     """The FP8 scheme found, or a refusal naming what was found instead."""
+    sparsity = (qc.sparsity_config or {}).get("format")
+    if sparsity not in (None, "dense"):
+        raise ConfigError(f"{src}: sparsity_config.format is {sparsity!r}; only dense weights import (no 2:4 or bitmask sparsity)")
     described = []
     for name, group in qc.config_groups.items():
         weights, group_format = group.weights, group.format or qc.format
@@ -100,6 +105,8 @@ def _check_scheme(src: Path, qc: _CompressedTensorsConfig) -> str:
                 f"{src}: config group {name!r} is {found} ({group_format or 'no format'}); "
                 "only FP8 (float, 8 bits, float-quantized) imports"
             )
+        if not weights.symmetric:
+            raise ConfigError(f"{src}: config group {name!r} is asymmetric (zero points); only symmetric FP8 imports")
         if weights.block_structure or weights.group_size or weights.strategy not in ("tensor", "channel"):
             shape = ", ".join(
                 f"{key} {value}" for key, value in (("block", weights.block_structure), ("group", weights.group_size)) if value
@@ -121,9 +128,11 @@ def _check_scheme(src: Path, qc: _CompressedTensorsConfig) -> str:
     return "; ".join(sorted(set(described)))
 
 
-def _imported_amax(checkpoint: Checkpoint, d: ModelDescriptor) -> dict[str, float]:
-    """input_scale x 448 per act module (max over the parts that share the input), k/v scales likewise."""
+def _imported_amax(checkpoint: Checkpoint, d: ModelDescriptor) -> tuple[dict[str, float], set[str]]:
+    """input_scale x 448 per act module (max over the parts that share the input), k/v scales likewise;
+    and the names of the scale tensors read."""
     amax: dict[str, float] = {}
+    read: set[str] = set()
 
     def add(module: str, tensor: str) -> None:
         value = float(np.asarray(checkpoint.get(tensor)).astype(np.float32).reshape(-1).max())
@@ -133,6 +142,7 @@ def _imported_amax(checkpoint: Checkpoint, d: ModelDescriptor) -> dict[str, floa
         if problem:
             raise ConfigError(f"{checkpoint.root}: '{tensor}' is {value:g}, so its {problem}")
         amax[module] = max(amax.get(module, 0.0), value * OCP_FP8_MAX)
+        read.add(tensor)
 
     for w in d.weights():
         if not w.is_linear:
@@ -148,7 +158,7 @@ def _imported_amax(checkpoint: Checkpoint, d: ModelDescriptor) -> dict[str, floa
                 for tensor in (f"{base}.{stem}_scale", f"{base}.{stem}_proj.output_scale"):
                     if tensor in checkpoint.tensors:
                         add(names.attention_point(d.prefix, w.layer, point), tensor)
-    return amax
+    return amax, read
 
 
 def import_compressed_tensors(
@@ -165,7 +175,7 @@ def import_compressed_tensors(
     scheme = _check_scheme(Path(src), _parse_config(Path(src), raw))
     d = describe(checkpoint.config)
     result = ImportResult(Path(out), scheme)
-    imported = _imported_amax(checkpoint, d)
+    imported, scale_tensors = _imported_amax(checkpoint, d)
     sources = []
     if imported:
         sources.append(
@@ -189,6 +199,6 @@ def import_compressed_tensors(
                 f"{part.name}: quantized in the source (its ignore list {raw.get('ignore')} misses the router); "
                 "dequantized to float32, as FastDeploy keeps the router unquantized"
             )
-    converted = convert(src, out, sources, options)  # the converter reads FP8 sources as fp8 x weight_scale
+    converted = convert(src, out, sources, options, used_elsewhere=scale_tensors)  # the converter reads FP8 sources as fp8 x weight_scale
     result.errors = list(converted.requantization_errors.items())
     return result

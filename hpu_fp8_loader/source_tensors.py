@@ -8,13 +8,17 @@ a source like any BF16 one, and requantize from the source's own FP8 values exac
 
 from __future__ import annotations
 
+import re
+from collections.abc import Collection
+
 import numpy as np
 
+from .arch import Layout, ModelDescriptor
 from .errors import ConfigError
 from .io.checkpoint import Checkpoint
 from .numerics import fp8_to_float32
 
-__all__ = ["SOURCE_DTYPES", "scale_name", "source_problem", "source_rows", "source_scale"]
+__all__ = ["SOURCE_DTYPES", "check_source", "scale_name", "source_problem", "source_rows", "source_scale"]
 
 SOURCE_DTYPES = ("BF16", "F16", "F32", "F8_E4M3")
 
@@ -60,3 +64,60 @@ def source_rows(checkpoint: Checkpoint, name: str, start: int, stop: int) -> np.
     values = fp8_to_float32(rows)
     values *= per_row
     return values
+
+
+# Source tensors that are known and deliberately not carried into an hpu-fp8 checkpoint, each with the reason
+# a user is told. Any other tensor the model's config.json does not account for is refused: dropping it
+# silently would publish a different model (a bias, a norm or a layer this format has no place for).
+_NOT_CARRIED = (
+    (re.compile(r"(^|\.)mtp_"), "ERNIE multi-token-prediction (MTP) draft weights, which the format does not carry"),
+    (re.compile(r"\.rotary_emb\.inv_freq$"), "rotary inv_freq buffers, which are recomputed from rope_theta"),
+    (
+        re.compile(r"\.(input_scale|k_scale|v_scale|output_scale)$"),
+        "compressed-tensors activation scales: convert takes activation statistics from --measurements "
+        "(`hpu-fp8 import` keeps the source's own)",
+    ),
+)
+
+
+def check_source(
+    checkpoint: Checkpoint, descriptor: ModelDescriptor, layout: Layout, used_elsewhere: Collection[str] = ()
+) -> list[str]:
+    """Check that a source checkpoint is the model its config.json describes; returns what is left out, in words.
+
+    Every tensor the model is made of must exist with the shape config.json implies and a readable
+    dtype; every other tensor must be one the format knowingly leaves out (``_NOT_CARRIED``, an
+    lm_head that config.json ties to the embedding) or be read by the caller (``used_elsewhere``).
+    Anything else is a :class:`ConfigError` listing the first problems: a model variant this tool does
+    not know would otherwise be converted without the tensors it does not know.
+    """
+    problems = []
+    needed = set()
+    for w in descriptor.weights():
+        for part in w.source_parts(layout, descriptor.prefix):
+            needed.add(part.name)
+            info = checkpoint.tensors.get(part.name)
+            if info is None:
+                problems.append(f"tensor '{part.name}' is missing")
+            elif info.shape != part.shape:
+                problems.append(f"tensor '{part.name}' has shape {list(info.shape)}, config.json implies {list(part.shape)}")
+            elif (problem := source_problem(checkpoint, part.name)) is not None:
+                problems.append(problem)
+            elif info.dtype == "F8_E4M3":
+                needed.add(scale_name(part.name))
+    left_out: dict[str, int] = {}
+    for name in sorted(set(checkpoint.tensors) - needed - set(used_elsewhere)):
+        reason = next((why for pattern, why in _NOT_CARRIED if pattern.search(name)), None)
+        if reason is None and descriptor.tie_word_embeddings and name.endswith("lm_head.weight"):
+            reason = "lm_head, which config.json ties to the embedding (tie_word_embeddings), as FastDeploy does"
+        if reason is None:
+            problems.append(
+                f"tensor '{name}' is not part of a {descriptor.model_type} model as config.json describes it "
+                "(a variant this tool does not know?)"
+            )
+        else:
+            left_out[reason] = left_out.get(reason, 0) + 1
+    if problems:
+        more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+        raise ConfigError(f"{checkpoint.root}: " + "; ".join(problems[:10]) + more)
+    return [f"{count} tensor(s) not carried over: {reason}" for reason, count in left_out.items()]

@@ -14,9 +14,11 @@ import numpy as np
 from ..arch import Layout, ModelDescriptor, WeightTensor, describe
 from ..convert import detect_layout
 from ..fusion import fuse_columns
-from ..io.checkpoint import Checkpoint
-from ..source_tensors import source_rows
+from ..io.checkpoint import CONFIG_FILE, Checkpoint
+from ..source_tensors import check_source, source_rows
 from ..spec import names
+from ..spec.config import is_hpu_fp8
+from ..validate import open_validated
 from .memory import memory_budget
 
 __all__ = ["EngineWeights", "open_weights"]
@@ -35,9 +37,7 @@ class EngineWeights:
         self.descriptor = descriptor
         budget = memory_budget() // 4 if cache_bytes is None else cache_bytes
         self._cache: dict[int | None, dict[str, np.ndarray]] | None = {} if 4 * descriptor.parameter_count() <= budget else None
-        self.is_spec = isinstance(checkpoint.config.get("quantization_config"), dict) and (
-            checkpoint.config["quantization_config"].get("quant_method") == "hpu_fp8"
-        )
+        self.is_spec = is_hpu_fp8(checkpoint.config)
         self.layout = Layout.PADDLE if self.is_spec else detect_layout(checkpoint, descriptor)
         self._by_layer: dict[int | None, list[WeightTensor]] = {}
         for w in descriptor.weights():
@@ -67,5 +67,12 @@ class EngineWeights:
 
 
 def open_weights(path: str | Path, cache_bytes: int | None = None) -> EngineWeights:
+    """The weights of a BF16 source or an hpu-fp8 checkpoint, checked first as convert and validate check them:
+    a config.json its tensors do not back is refused in one line instead of failing mid-forward (or not at all)."""
     checkpoint = Checkpoint.open(path)
-    return EngineWeights(checkpoint, describe(checkpoint.config), cache_bytes)
+    if is_hpu_fp8(checkpoint.config):
+        opened = open_validated(path)
+        return EngineWeights(opened.checkpoint, opened.descriptor, cache_bytes)
+    descriptor = describe(checkpoint.config, str(Path(path) / CONFIG_FILE), checkpoint.tensors)
+    check_source(checkpoint, descriptor, detect_layout(checkpoint, descriptor))
+    return EngineWeights(checkpoint, descriptor, cache_bytes)

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CheckpointIndexError, CheckpointNotFoundError, ConfigError, UnsafePathError
+from ..spec.names import COPIED_SOURCE_FILES
 from .jsonfile import printable, read_json_object
 from .safetensors_file import SafetensorsFile, TensorInfo
 
@@ -98,6 +99,20 @@ def source_file(root: Path, name: str) -> Path | None:
     if not resolved.is_file():
         raise UnsafePathError(f"{path}: not a regular file; refusing to copy it")
     return resolved
+
+
+def copied_source_files(root: Path) -> dict[str, Path]:
+    """The source's tokenizer and generation files that an output carries (``spec.names.COPIED_SOURCE_FILES``),
+    each resolved by :func:`source_file`; a JSON one must parse, so that a corrupt tokenizer file is refused
+    before hours of work instead of being published beside the weights."""
+    found = {}
+    for name in COPIED_SOURCE_FILES:
+        path = source_file(root, name)
+        if path is not None:
+            if name.endswith(".json"):
+                read_json_object(path, ConfigError)
+            found[name] = path
+    return found
 
 
 def read_index(root: Path) -> tuple[dict[str, str], dict]:

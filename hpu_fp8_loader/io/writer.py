@@ -26,8 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import HpuFp8Error, OutputExistsError, UnsafePathError
-from ..spec.names import COPIED_SOURCE_FILES
-from .checkpoint import CONFIG_FILE, INDEX_FILE, source_file
+from .checkpoint import CONFIG_FILE, INDEX_FILE, copied_source_files
 from .manifest import MANIFEST_FILE, write_manifest
 from .safetensors_file import ITEMSIZES, dtype_name
 
@@ -360,10 +359,8 @@ def finish_output(
         write_index(staging, shards)
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         if copy_from is not None:
-            for name in COPIED_SOURCE_FILES:
-                source = source_file(Path(copy_from), name)
-                if source is not None:
-                    shutil.copyfile(source, staging / name)
+            for name, source in copied_source_files(Path(copy_from)).items():
+                shutil.copyfile(source, staging / name)
         write_manifest(staging, digests)
     except OSError as exc:
         raise _write_failed(Path(exc.filename or staging), exc, "writing the index, config and manifest") from exc

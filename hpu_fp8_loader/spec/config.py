@@ -31,6 +31,7 @@ __all__ = [
     "ScaleRounding",
     "Target",
     "fastdeploy_config_problems",
+    "is_hpu_fp8",
     "parse_quantization_config",
     "validation_error_text",
 ]
@@ -249,6 +250,12 @@ def validation_error_text(exc: ValidationError) -> str:
     return "; ".join(_error_text(err) for err in exc.errors())
 
 
+def is_hpu_fp8(config: dict) -> bool:
+    """Whether a config.json says it is an hpu-fp8 checkpoint (whether it is a valid one is validate's question)."""
+    qc = config.get("quantization_config")
+    return isinstance(qc, dict) and qc.get("quant_method") == "hpu_fp8"
+
+
 def parse_quantization_config(config: dict, source: str = "config.json") -> QuantizationConfig:
     """The checkpoint's QuantizationConfig, or a typed error that says what the checkpoint is instead."""
     qc = config.get("quantization_config")
@@ -257,14 +264,15 @@ def parse_quantization_config(config: dict, source: str = "config.json") -> Quan
             f"{source}: no quantization_config; this looks like a source (BF16) checkpoint. "
             "Make an hpu-fp8 checkpoint from it with `hpu-fp8 convert`."
         )
-    if qc.get("quant_method") != "hpu_fp8":
+    if not is_hpu_fp8(config):
+        found = json.dumps(qc["quant_method"]) if "quant_method" in qc else "missing"
         hint = (
             " It looks like a checkpoint of FastDeploy's legacy converter; bring it in with `hpu-fp8 import-legacy`."
             if qc.get("quantization") == "mix_quant"
             else ""
         )
         raise NotHpuFp8CheckpointError(
-            f"{source}: quantization_config.quant_method is {qc.get('quant_method')!r}, not 'hpu_fp8'.{hint}"
+            f"{source}: quantization_config.quant_method is {found}, not \"hpu_fp8\".{hint}"
         )
     version = qc.get("format_version")
     if isinstance(version, int) and not isinstance(version, bool) and version != FORMAT_VERSION:
