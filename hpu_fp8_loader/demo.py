@@ -13,15 +13,17 @@ from pathlib import Path
 
 from .calibrate import calibrate
 from .convert import ConvertOptions, convert
-from .errors import OutputExistsError
+from .errors import OutputExistsError, UnsafePathError
 from .evaluate import EvalReport, evaluate
+from .io.writer import check_apart
 from .spec.measurements import write_measurements
 from .validate import ValidationReport, validate
 
 __all__ = ["TINY_MODELS", "DemoResult", "run_demo"]
 
 _MARKER = ".hpu-fp8-demo"
-TINY_MODELS = {name: Path(__file__).parent / "tiny_models" / name for name in ("ernie-moe-bytes", "qwen2-bytes")}
+_PACKAGE = Path(__file__).parent
+TINY_MODELS = {name: _PACKAGE / "tiny_models" / name for name in ("ernie-moe-bytes", "qwen2-bytes")}
 
 
 @dataclass
@@ -38,6 +40,10 @@ def _replace_work_dir(work_dir: Path, force: bool) -> None:
     holds files only with ``force``, so a mistyped ``--out`` never deletes a user's directory."""
     if work_dir.is_symlink() or (work_dir.exists() and not work_dir.is_dir()):
         raise OutputExistsError(f"{work_dir}: exists and is not a directory; choose another --out")
+    check_apart(work_dir, [_PACKAGE])  # the shipped models live there: --force must never delete them
+    for what, place in (("the current directory", Path.cwd()), ("your home directory", Path.home())):
+        if work_dir.exists() and place.resolve().is_relative_to(work_dir.resolve()):
+            raise UnsafePathError(f"{work_dir}: it holds {what}; --out must be a directory of its own")
     if work_dir.exists() and any(work_dir.iterdir()) and not (work_dir / _MARKER).is_file() and not force:
         raise OutputExistsError(f"{work_dir}: exists and was not made by the demo; pass --force to replace it, or choose another --out")
     shutil.rmtree(work_dir, ignore_errors=True)

@@ -226,6 +226,27 @@ def test_demo_refuses_to_replace_a_directory_it_did_not_make(tmp_path):
     assert (work / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("where", ["the shipped models", "around the package", "the current directory", "the home directory"])
+def test_demo_force_never_deletes_its_own_models_the_working_or_the_home_directory(tmp_path, monkeypatch, where):
+    package = tmp_path / "site" / "hpu_fp8_loader"  # stands in for the installed package: a broken check must not
+    (package / "tiny_models" / "qwen2-bytes").mkdir(parents=True)  # delete the real one while this test runs
+    (package / "tiny_models" / "qwen2-bytes" / "config.json").write_text("{}")
+    monkeypatch.setattr("hpu_fp8_loader.demo._PACKAGE", package)
+    home = tmp_path / "home"
+    (home / "project").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(home / "project")
+    out = {
+        "the shipped models": package / "tiny_models",
+        "around the package": package.parent,
+        "the current directory": home / "project",
+        "the home directory": home,
+    }[where]
+    before = tree_digest(tmp_path)
+    assert_refused(run_cli("demo", "--out", out, "--force"), str(out))
+    assert tree_digest(tmp_path) == before
+
+
 def _running_in_group(group: int) -> list[int]:
     """Processes of a process group that still run (zombies excluded: this container's init does not reap)."""
     running = []
