@@ -9,10 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from . import scales
-from .arch import describe
-from .io.checkpoint import Checkpoint
 from .spec import names
-from .spec.config import parse_quantization_config
+from .validate import open_validated
 
 __all__ = ["Inspection", "RoleSummary", "inspect_checkpoint"]
 
@@ -59,10 +57,13 @@ def _role_of_act(module: str) -> str:
 
 
 def inspect_checkpoint(root: str | Path) -> Inspection:
-    """Summarise a checkpoint by role; reads every fp8 weight once to count saturated values."""
-    checkpoint = Checkpoint.open(root)
-    qc = parse_quantization_config(checkpoint.config, str(Path(root) / "config.json"))
-    descriptor = describe(checkpoint.config)
+    """Summarise a checkpoint by role; reads every fp8 weight once to count saturated values.
+
+    The quick validation runs first: a summary of a checkpoint validate rejects (a config.json its
+    tensors do not back, a missing manifest) would describe a model that is not there.
+    """
+    opened = open_validated(root)
+    checkpoint, qc, descriptor = opened.checkpoint, opened.qc, opened.descriptor
     limit = scales.max_code(qc.fp8_max)
     role_of = {w.name: w.role.value for w in descriptor.weights()}
     module_role = {w.module: w.role.value for w in descriptor.weights() if w.is_linear}

@@ -190,3 +190,10 @@ def test_pull_refuses_it_even_when_the_publisher_wrote_a_matching_manifest(tmp_p
     case.damage(root)
     write_manifest(root)
     assert_refused(run_cli("pull", root), case.named)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.rule.startswith("weights.")], ids=lambda c: c.id)
+def test_inspect_refuses_what_the_quick_validation_rejects(damaged, case):
+    """inspect summarises only a checkpoint the quick check accepts: its summary of another would describe a model
+    that is not there (e.g. three layers when config.json was edited to say so)."""
+    assert_refused(run_cli("inspect", damaged(case)), case.named)
