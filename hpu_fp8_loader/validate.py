@@ -105,7 +105,8 @@ def _read_shards(root: Path, report: ValidationReport) -> tuple[dict[str, Tensor
         try:
             path = safe_member(root, relative)
             if not path.is_file():
-                raise CheckpointNotFoundError(f"shard {relative} named by the index is missing")
+                what = "is not a regular file" if os.path.lexists(path) else "is missing"
+                raise CheckpointNotFoundError(f"shard {relative} named by the index {what}")
             shard = files[path] = SafetensorsFile(path)
             for name, info in shard.tensors.items():
                 if name in tensors:

@@ -196,6 +196,12 @@ def _shard_names(root: Path, weight_map: dict[str, str] | None) -> list[str]:
         names = sorted(set(weight_map.values()))
         for name in names:
             safe_member(root, name)
+        if SINGLE_FILE not in names and os.path.lexists(root / SINGLE_FILE):
+            # transformers loads model.safetensors first, we would load the index: two different models
+            raise CheckpointIndexError(
+                f"{root}: holds both {SINGLE_FILE} and {INDEX_FILE}, which does not name it; which weights are "
+                "the model is ambiguous (remove the one that is stale)"
+            )
         return names
     if (root / SINGLE_FILE).is_file():
         return [SINGLE_FILE]

@@ -171,3 +171,14 @@ def test_validate_names_a_missing_quant_method_as_json_would(tmp_path, spec_fact
     config["quantization_config"]["quant_method"] = None
     (root / "config.json").write_text(json.dumps(config))
     assert "quant_method is null" in assert_refused(run_cli("inspect", root)) and line
+
+
+def test_a_source_with_both_a_single_file_and_an_index_that_ignores_it_is_ambiguous(tmp_path, source_factory):
+    """transformers would load model.safetensors, we the index: refused instead of converting the other model."""
+    root = tmp_path / "src"
+    shutil.copytree(source_factory(QWEN), root)
+    assert (root / "model.safetensors.index.json").is_file()  # the factory shards its sources
+    shutil.copy(next(root.glob("model-*.safetensors")), root / "model.safetensors")
+    write_measurements(tmp_path / "m.json", synthetic_measurements(preset_config(QWEN)))
+    result = run_cli("convert", root, tmp_path / "out", "--measurements", tmp_path / "m.json", "-q")
+    assert_refused(result, "model.safetensors", "ambiguous")
