@@ -138,7 +138,7 @@ class _Commands(click.Group):
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars and no step messages; warnings and errors still show.")
 @click.option(
     "--log-level",
-    type=click.Choice(list(LEVELS)),
+    type=click.Choice(list(LEVELS), case_sensitive=False),
     envvar="HPU_FP8_LOG_LEVEL",
     help="Set the level outright (error hides warnings too). [env: HPU_FP8_LOG_LEVEL]",
 )

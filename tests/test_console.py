@@ -73,6 +73,7 @@ def _fastdeploy_file_with_a_warning(tmp_path: Path) -> Path:
         (("-v",), {}, True, True),
         (("--log-level", "error"), {}, False, False),
         ((), {"HPU_FP8_LOG_LEVEL": "error"}, False, False),
+        ((), {"HPU_FP8_LOG_LEVEL": "ERROR"}, False, False),  # as people write log levels in the environment
         (("-v",), {"HPU_FP8_LOG_LEVEL": "error"}, True, True),  # the command line beats the environment
         (("--log-level", "info", "-q"), {}, True, True),
     ],

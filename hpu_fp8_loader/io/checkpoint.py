@@ -168,7 +168,10 @@ class Checkpoint:
                     raise CheckpointIndexError(f"{root / INDEX_FILE}: tensor '{absent[0]}' is not in {relative}")
             unlisted = sorted(checkpoint.tensors.keys() - weight_map.keys())
             if unlisted:
-                raise CheckpointIndexError(f"{root / INDEX_FILE}: shards hold tensors the index omits: {unlisted[:5]}")
+                more = f" and {len(unlisted) - 1} more" if len(unlisted) > 1 else ""
+                raise CheckpointIndexError(
+                    f"{root / INDEX_FILE}: the shards hold tensor '{unlisted[0]}'{more}, which the index omits"
+                )
         return checkpoint
 
     def _add_file(self, relative: str) -> SafetensorsFile:

@@ -182,3 +182,15 @@ def test_a_source_with_both_a_single_file_and_an_index_that_ignores_it_is_ambigu
     write_measurements(tmp_path / "m.json", synthetic_measurements(preset_config(QWEN)))
     result = run_cli("convert", root, tmp_path / "out", "--measurements", tmp_path / "m.json", "-q")
     assert_refused(result, "model.safetensors", "ambiguous")
+
+
+def test_an_index_that_omits_a_tensor_its_shards_hold_is_named_without_python_reprs(tmp_path, source_factory):
+    root = tmp_path / "src"
+    shutil.copytree(source_factory(QWEN), root)
+    index = json.loads((root / "model.safetensors.index.json").read_text())
+    shard_of = index["weight_map"]
+    omitted = next(n for n in sorted(shard_of) if sum(f == shard_of[n] for f in shard_of.values()) > 1)  # shard stays read
+    del index["weight_map"][omitted]
+    (root / "model.safetensors.index.json").write_text(json.dumps(index))
+    line = assert_refused(run_cli("calibrate", root, "-o", tmp_path / "c.json", "--samples", "1", "--seq-len", "8"), omitted)
+    assert "index omits" in line and "[" not in line
