@@ -122,12 +122,16 @@ dead_experts_option = click.option(
 
 
 class _Commands(click.Group):
-    """The command group; Ctrl-C anywhere (not only where a command writes) is one line and exit 130,
-    not click's "Aborted!" and exit 1."""
+    """The command group: every failure of a command is one ``hpu-fp8: error:`` line. A usage error (a bad
+    option value, a missing argument) names the option and where help is, exit 2, instead of click's
+    four-line usage block; Ctrl-C is one line and exit 130, not click's "Aborted!" and exit 1."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else ctx.command_path
+            _fail(f"{exc.format_message()} (see `{where} --help`)", exc.exit_code)
         except KeyboardInterrupt:
             _fail(INTERRUPTED, EXIT_INTERRUPTED)
 

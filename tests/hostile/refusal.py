@@ -30,8 +30,10 @@ def assert_refused(result: Result, *names: str, code: int | None = None) -> str:
     if code is not None:
         assert result.exit_code == code, (result.exit_code, result.stderr)
     assert "Traceback" not in result.stderr + result.stdout
-    errors = [line for line in result.stderr.splitlines() if line.startswith("hpu-fp8: error:") or line.startswith("Error:")]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("hpu-fp8: error:")]
     assert len(errors) == 1, f"expected one error line, got:\n{result.stderr}"
+    assert not [line for line in lines if line.startswith(("Usage:", "Try ", "Error:"))], result.stderr  # click's block
     for name in names:
         assert name in errors[0], f"{name!r} not named in: {errors[0]}"
     for leak in _NOT_FOR_HUMANS.findall(errors[0]):
