@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
-from .datasets import BUILTIN, load_text, token_batches, tokenize
+from .datasets import BUILTIN, check_seq_len, load_text, token_batches, tokenize
 from .engine.model import EngineConfig, Observer, forward
 from .engine.weights import open_weights
-from .errors import HpuFp8Error, NonFiniteError
+from .errors import NonFiniteError
 from .io.file_output import check_output_file, write_text_atomically
 from .spec import names
 from .spec.config import AmaxSourceKind
@@ -78,15 +78,8 @@ def calibrate(
     started = time.perf_counter()
     weights = open_weights(model)
     d = weights.descriptor
-    limit = weights.checkpoint.config.get("max_position_embeddings")
-    if limit and seq_len > int(limit):
-        raise HpuFp8Error(f"seq_len {seq_len} is beyond the model's max_position_embeddings {limit}")
-    text = load_text(dataset)
-    if not text.strip():
-        raise HpuFp8Error(f"dataset {dataset}: no text")
-    ids, tokenizer = tokenize(text, Path(model), d.vocab_size)
-    if ids.size and ids.max() >= d.vocab_size:
-        raise HpuFp8Error(f"{tokenizer} gives token id {int(ids.max())} >= vocab_size {d.vocab_size}")
+    check_seq_len(seq_len, model, weights.checkpoint.config)
+    ids, tokenizer = tokenize(load_text(dataset), Path(model), d.vocab_size)
     observer = AmaxObserver(d.prefix, all_experts)
     config = EngineConfig.from_config(weights.checkpoint.config, d)
     log.info(
@@ -100,7 +93,7 @@ def calibrate(
     )
     tokens = 0
     count = 0
-    for batch in token_batches(ids, samples, seq_len, batch_size):
+    for batch in token_batches(ids, samples, seq_len, batch_size, dataset):
         try:
             with np.errstate(over="ignore", invalid="ignore"):  # the observer refuses what overflowed, by name
                 forward(weights, batch, observer, config)

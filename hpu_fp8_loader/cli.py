@@ -814,7 +814,7 @@ def calibrate(
     help="builtin uses its held-out part (never the calibration text), or FILE.txt/.jsonl.",
 )
 @click.option("--samples", type=COUNT, default=8, show_default=True, help="Windows of --seq-len tokens.")
-@click.option("--seq-len", type=COUNT, default=128, show_default=True)
+@click.option("--seq-len", type=click.IntRange(min=2), default=128, show_default=True)
 @click.option(
     "--tp", type=COUNT, default=1, show_default=True, help="Emulate this tensor parallelism (bf16 partial sums reduced as FastDeploy would)."
 )

@@ -8,19 +8,20 @@ weights, float32 activations) and ``no-kv-fp8`` (FP8 linears, BF16 attention and
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
-from .datasets import BUILTIN, load_text, token_batches, tokenize
+from .arch import ModelDescriptor
+from .datasets import BUILTIN, check_seq_len, load_text, token_batches, tokenize
 from .engine.fp8 import EmulationOptions, Fp8Emulator
 from .engine.model import forward
 from .engine.weights import open_weights
 from .errors import HpuFp8Error
 from .validate import open_validated
 
-__all__ = ["VARIANTS", "EvalReport", "EvalRow", "evaluate"]
+__all__ = ["VARIANTS", "EvalReport", "EvalRow", "check_same_model", "evaluate"]
 
 VARIANTS = {
     "fp8": EmulationOptions(),
@@ -104,14 +105,19 @@ def evaluate(
     """Top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both perplexities, per variant.
 
     ``fp8_checkpoint`` passes the quick validation before anything runs; its values are checked as the
-    emulator maps them.
+    emulator maps them. Before any forward, too: the two must be the same model (:func:`check_same_model`),
+    and a window must hold 2 tokens (one next-token prediction) and fit max_position_embeddings.
     """
-    open_validated(fp8_checkpoint)
+    unknown = [name for name in variants if name not in VARIANTS]
+    if unknown:
+        raise HpuFp8Error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+    if seq_len < 2:
+        raise HpuFp8Error(f"seq_len {seq_len} is too short: next-token evaluation needs at least 2 tokens per window")
+    fp8 = open_validated(fp8_checkpoint)
     reference = open_weights(bf16_source)
-    text = load_text(dataset, split="held-out")
-    if not text.strip():
-        raise HpuFp8Error(f"dataset {dataset}: no held-out text")
-    ids, _ = tokenize(text, Path(bf16_source), reference.descriptor.vocab_size)
+    check_same_model(bf16_source, reference.descriptor, fp8_checkpoint, fp8.descriptor)
+    check_seq_len(seq_len, bf16_source, reference.checkpoint.config)
+    ids, _ = tokenize(load_text(dataset, split="held-out"), Path(bf16_source), reference.descriptor.vocab_size)
     emulators = {}
     for name in variants:
         options = VARIANTS[name]
@@ -122,7 +128,7 @@ def evaluate(
         emulators[name] = emulator
     accumulators = {name: _Accumulator() for name in emulators}
     tokens = 0
-    for batch in token_batches(ids, samples, seq_len, 4):
+    for batch in token_batches(ids, samples, seq_len, 4, dataset):
         ref = forward(reference, batch)
         for name, emulator in emulators.items():
             accumulators[name].add(ref, emulator.forward(batch), batch[:, 1:])
@@ -132,6 +138,41 @@ def evaluate(
     if warning:
         report.warnings.append(warning)
     return report
+
+
+# Fields that follow from model_type, so naming them too would only repeat its difference.
+_DERIVED = frozenset({"architecture", "prefix"})
+
+
+def _model_shape(d: ModelDescriptor) -> dict[str, object]:
+    """The descriptor's fields by name, the MoE ones flattened to ``moe.<field>`` and ``moe`` itself shown
+    as "dense" or "MoE", so a message can name each difference with both values, once."""
+    shape = {f.name: getattr(d, f.name) for f in fields(d) if f.name not in _DERIVED}
+    shape["moe"] = "MoE" if d.moe else "dense"
+    if d.moe:
+        shape.update({f"moe.{f.name}": getattr(d.moe, f.name) for f in fields(d.moe)})
+    return shape
+
+
+def _shown(value: object) -> str:
+    """A value as config.json spells it: ``true``, not Python's ``True``."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def check_same_model(source: str | Path, ours: ModelDescriptor, checkpoint: str | Path, theirs: ModelDescriptor) -> None:
+    """Refuse to compare two different models, naming each field that differs with both values.
+
+    Two different models either end in a numpy broadcast error halfway through (another vocabulary) or,
+    where the arrays happen to fit (other heads, another architecture), print a table that measures
+    nothing but the mismatch.
+    """
+    a, b = _model_shape(ours), _model_shape(theirs)
+    differences = [f"{name} {_shown(a[name])} vs {_shown(b[name])}" for name in a if name in b and a[name] != b[name]]
+    if differences:
+        raise HpuFp8Error(
+            f"{source} and {checkpoint} are different models ({', '.join(differences)}); "
+            "evaluate a checkpoint against the BF16 source it was converted from"
+        )
 
 
 def attention_warning(rows: list[EvalRow]) -> str | None:

@@ -153,7 +153,7 @@ def test_a_tokenizer_json_in_the_model_directory_is_used(tmp_path, source_factor
     [
         ({"seq_len": 5000}, "beyond the model's max_position_embeddings 4096"),
         ({"dataset": "empty.txt"}, "no text"),
-        ({"dataset": "bad.jsonl"}, r"bad.jsonl:2: expected a JSON object with a 'text' string"),
+        ({"dataset": "bad.jsonl"}, r"bad.jsonl:2: not valid JSON"),
         ({"dataset": "missing.txt"}, "no such dataset file"),
     ],
 )

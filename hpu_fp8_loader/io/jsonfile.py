@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..errors import HpuFp8Error
 
-__all__ = ["JsonFormatError", "parse_json", "printable", "read_json_object"]
+__all__ = ["JsonFormatError", "parse_json", "printable", "read_json_object", "read_regular_file"]
 
 # A \uD800-\uDFFF escape: only then can json.loads return a string holding a lone surrogate.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -78,7 +78,7 @@ def printable(name: str) -> bool:
     return _CONTROL.search(name) is None
 
 
-def _read_regular_file(path: Path) -> bytes:
+def read_regular_file(path: Path) -> bytes:
     """The bytes of ``path``, refusing anything but a regular file: a FIFO would block and a device never end."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     with open(fd, "rb") as f:
@@ -92,7 +92,7 @@ def read_json_object(
 ) -> dict:
     """The JSON object in ``path``, or ``error`` naming the file: missing, unreadable, not strict JSON, not an object."""
     try:
-        data = parse_json(_read_regular_file(Path(path)), allow_non_finite=allow_non_finite)
+        data = parse_json(read_regular_file(Path(path)), allow_non_finite=allow_non_finite)
     except FileNotFoundError:
         raise error(f"{path}: {missing_hint}") from None
     except JsonFormatError as exc:
