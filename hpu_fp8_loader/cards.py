@@ -111,16 +111,16 @@ def render_card(
     ``command`` is the reproduce line (repo ids and file names only); ``measurement_files`` are the
     activation statistics uploaded beside the checkpoint, which the card cites.
     """
-    from huggingface_hub import ModelCardData
-
     root = Path(checkpoint)
     config = read_config(root)
     qc = parse_quantization_config(config, str(root / "config.json"))
     if not license:
         raise HpuFp8Error("no license known for the base model: pass --license (e.g. apache-2.0)")
     check_license(license)
-    check_repo_id(repo_id, "repo id")
+    check_repo_id(repo_id, "repo id")  # before huggingface_hub is imported: it checks HF_ENDPOINT too
     check_repo_id(base_model, "base model", namespace=False)
+    from huggingface_hub import ModelCardData
+
     datasets = _hub_dataset_ids(sorted({s.dataset for s in qc.calibration.sources if s.dataset}))
     model_type = config.get("model_type")
     data = ModelCardData(

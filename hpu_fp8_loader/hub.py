@@ -1,18 +1,32 @@
 """Checkpoints on the Hugging Face Hub: resolving a repo id (or its local cache) to a directory.
 
 Everything goes through huggingface_hub, so its offline mode (``HF_HUB_OFFLINE=1``), cache location
-(``HF_HUB_CACHE``) and token sources apply unchanged.
+(``HF_HUB_CACHE``) and token sources apply unchanged. Every failure to reach the Hub, here or in
+``publish``, becomes one line through :func:`hub_error`, naming the repo id, the endpoint and the reason.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from .console import hub_bars_follow_ours
 from .errors import CheckpointNotFoundError, HpuFp8Error
 
-__all__ = ["SOURCE_PATTERNS", "SPEC_PATTERNS", "LoadedCheckpoint", "check_repo_id", "load", "resolve_checkpoint"]
+__all__ = [
+    "SOURCE_PATTERNS",
+    "SPEC_PATTERNS",
+    "HubError",
+    "LoadedCheckpoint",
+    "check_repo_id",
+    "check_revision",
+    "hub_error",
+    "hub_failures",
+    "load",
+    "resolve_checkpoint",
+]
 
 # What a conversion needs from a source repository: weights, index, configs and tokenizer files.
 SOURCE_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken"]
@@ -20,6 +34,38 @@ SOURCE_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken"]
 # tokenizer and generation files.
 SPEC_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.md"]
 _REPO_ID_RULE = "ORG/NAME of ASCII letters, digits, '-', '_' and '.', at most 96 characters each, without '--' or '..'"
+# git check-ref-format: characters no ref name holds (besides control characters), and sequences none contains.
+_REF_CHARACTERS = " ~^:?*[\\"
+_REF_SEQUENCES = ("..", "@{", "//")
+# What to do after a dropped connection or an HTTP error: huggingface_hub resumes downloads and uploads.
+_AGAIN = "run the same command again to resume"
+# A reason quoted from the client is cut to this many characters: its messages can run to paragraphs.
+_REASON_LIMIT = 200
+
+
+class HubError(HpuFp8Error):
+    """The Hub refused a request or could not be reached (no network, an HF_ENDPOINT that is no URL, HTTP errors)."""
+
+
+def _check_endpoint(repo_id: str) -> None:
+    """Refuse an HF_ENDPOINT that is no http(s) URL with a host, naming the repo id that was to be reached.
+
+    Checked before huggingface_hub is imported: its constants module fails to import on some such values
+    (``http://[::1``), and with the others (``notaurl``, ``ftp://...``) every request fails.
+    """
+    endpoint = os.environ.get("HF_ENDPOINT")
+    if endpoint is None:
+        return
+    try:
+        parts = urlsplit(endpoint)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a malformed IPv6 address, or a port that is no number in 0..65535 (raised by .port)
+        valid = False
+    if not valid:
+        raise HubError(
+            f"{repo_id}: HF_ENDPOINT {endpoint!r} is not a usable http:// or https:// URL, so the Hub cannot be reached; "
+            "fix it, or unset it for https://huggingface.co"
+        )
 
 
 def check_repo_id(text: str, what: str = "repo id", namespace: bool = True) -> str:
@@ -27,8 +73,10 @@ def check_repo_id(text: str, what: str = "repo id", namespace: bool = True) -> s
 
     Checked before anything is downloaded or converted, so ``org/..`` or ``a/b/c`` fails at once by
     name instead of deep inside the client, or after hours of work. Canonical ids without an
-    organisation (``gpt2``) exist only as base models, hence ``namespace=False`` for those.
+    organisation (``gpt2``) exist only as base models, hence ``namespace=False`` for those. Every use
+    of the Hub passes here first, so HF_ENDPOINT is checked here too.
     """
+    _check_endpoint(text)
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
 
@@ -42,20 +90,102 @@ def check_repo_id(text: str, what: str = "repo id", namespace: bool = True) -> s
     return text
 
 
+def _ref_name_problem(text: str) -> str | None:
+    """Why git would not take ``text`` as a branch or tag name (``git check-ref-format --branch``), or None."""
+    if not text:
+        return "it is empty"
+    if text == "@":
+        return "'@' alone is git's shorthand for HEAD"
+    character = next((c for c in text if not c.isprintable() or c in _REF_CHARACTERS), None)
+    sequence = next((s for s in _REF_SEQUENCES if s in text), None)
+    if character is not None or sequence is not None:
+        return f"it holds {character or sequence!r}"
+    if text[0] in "/-" or text[-1] in "/.":
+        return "it starts with '/' or '-', or ends with '/' or '.'"
+    part = next((p for p in text.split("/") if p.startswith(".") or p.endswith(".lock")), None)
+    if part is not None:
+        return f"its part {part!r} starts with '.' or ends with '.lock'"
+    return None
+
+
+def check_revision(text: str, what: str = "--revision") -> str:
+    """``text`` if git, and so the Hub, would take it as a branch, tag or commit name; else refused naming ``what``.
+
+    Checked before any request or work: a revision becomes part of URLs and, offline, of a path in the
+    Hugging Face cache (``refs/<revision>``), so ``../../etc`` must never reach the client.
+    """
+    problem = _ref_name_problem(text)
+    if problem:
+        raise HpuFp8Error(f"{what} {text!r} is not a git branch, tag or commit name: {problem}")
+    return text
+
+
+def hub_failures() -> tuple[type[Exception], ...]:
+    """What the client raises when the Hub or the connection to it fails: HTTP and transport errors (httpx's,
+    which its own subclass), OSError, a failed LFS transfer (RuntimeError), a request it refuses to send,
+    such as a card the Hub's YAML check refuses (ValueError)."""
+    from huggingface_hub.errors import HTTPError
+
+    return (HTTPError, OSError, RuntimeError, ValueError)
+
+
+def _reason(exc: BaseException) -> str:
+    """``exc`` as a short phrase on one line: the client's messages span lines and can run to paragraphs."""
+    text = " ".join(str(exc).split())
+    cut = text[:_REASON_LIMIT] + ("..." if len(text) > _REASON_LIMIT else "")
+    return f"{type(exc).__name__}: {cut}"
+
+
+def hub_error(repo_id: str, exc: Exception, doing: str, error: type[HpuFp8Error] = HubError) -> HpuFp8Error:
+    """One line for a failure of the Hub, or of the connection to it, while ``doing``: the repository, the
+    endpoint (HF_ENDPOINT), the reason and what to do; never the token (the client's messages do not hold it).
+
+    Shared by every command that talks to the Hub. Refused credentials ask for a login; anything else (a
+    dropped connection, an HTTP error) may pass when the same command runs again. An endpoint that is no
+    URL never gets this far (:func:`check_repo_id` refuses it).
+    """
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HfHubHTTPError
+
+    endpoint = constants.ENDPOINT
+    status = exc.response.status_code if isinstance(exc, HfHubHTTPError) and exc.response is not None else None
+    if status in (401, 403):
+        return error(
+            f"{repo_id}: the Hub at {endpoint} refused the credentials (HTTP {status}) while {doing}; log in with "
+            "`hf auth login` or set HF_TOKEN to a token with access to it (write access to publish)"
+        )
+    if status is not None:
+        return error(f"{repo_id}: the Hub at {endpoint} answered HTTP {status} while {doing}; {_AGAIN}")
+    if isinstance(exc, ValueError):
+        return error(f"{repo_id}: the Hub client refused {doing}: {_reason(exc)}")
+    return error(f"{repo_id}: the connection to the Hub at {endpoint} failed while {doing} ({_reason(exc)}); {_AGAIN}")
+
+
 def resolve_checkpoint(location: str | Path, revision: str | None = None, allow_patterns: list[str] | None = None) -> Path:
-    """A local directory as it is, else a Hub repo id resolved (downloaded, or from the cache offline)."""
+    """A local directory as it is, else a Hub repo id resolved (downloaded, or from the cache offline).
+
+    Every way the Hub or the cache can fail is one error naming the repo id: a gated, missing or private
+    repository, a missing revision, an empty cache while offline, an unreachable endpoint.
+    """
     path = Path(location)
     if path.is_dir():
         return path
     text = str(location)
+    if path.exists():
+        raise CheckpointNotFoundError(f"{text}: a file, not a checkpoint directory (name the directory that holds config.json)")
     try:
         check_repo_id(text)
+    except HubError:  # HF_ENDPOINT, not the id
+        raise
     except HpuFp8Error:
         raise CheckpointNotFoundError(f"{text!r}: no such directory, and not a Hugging Face repo id ({_REPO_ID_RULE})") from None
+    if revision is not None:
+        check_revision(revision)
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
         LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
@@ -72,12 +202,17 @@ def resolve_checkpoint(location: str | Path, revision: str | None = None, allow_
             f"{text}: no such repository on the Hub, or it is private and you are not logged in"
         ) from None
     except RevisionNotFoundError:
-        raise CheckpointNotFoundError(f"{text}: revision {revision!r} does not exist") from None
-    except LocalEntryNotFoundError:
+        raise CheckpointNotFoundError(f"{text}: revision {revision or 'main'!r} does not exist") from None
+    except LocalEntryNotFoundError as exc:  # the Hub was not asked (offline) or did not answer, and the cache lacks it
+        if exc.__cause__ is not None and not isinstance(exc.__cause__, OfflineModeIsEnabled):
+            doing = "looking it up, as the local Hugging Face cache lacks it"
+            raise hub_error(text, exc.__cause__, doing) from None
         raise CheckpointNotFoundError(
             f"{text}: not in the local Hugging Face cache and the Hub cannot be reached (offline?); "
             "download it once with network access, or pass a local directory"
         ) from None
+    except hub_failures() as exc:
+        raise hub_error(text, exc, "downloading") from None
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """Publish an hpu-fp8 checkpoint: convert, validate, evaluate, write the card, upload, verify.
 
 Everything that can be refused is refused before the heavy work: repo ids (huggingface_hub's own
-rules), the work directory (never overlapping an input, never replacing a directory this tool did
-not stage), the measurement files, and (unless ``dry_run``) the token and its write access to the
+rules) and HF_ENDPOINT, the revision (git's ref-name rules), the commit message, the work directory
+(never overlapping an input, never replacing a directory this tool did not stage), the measurement
+files, the source card's license, and (unless ``dry_run``) the token and its write access to the
 repository. A checkpoint that fails validation is never uploaded. The measurement file(s) used are
 uploaded beside the checkpoint (``hpu_fp8_measurements.json``) and cited by the card. After the upload
 the remote file list of the commit (or the pull request's revision) is compared with the local
@@ -30,8 +31,8 @@ from .console import hub_bars_follow_ours
 from .convert import ConvertOptions, convert
 from .errors import HpuFp8Error, OutputExistsError, UnsafePathError
 from .evaluate import EvalReport, evaluate
-from .hub import check_repo_id, resolve_checkpoint
-from .io.checkpoint import read_config
+from .hub import SOURCE_PATTERNS, HubError, check_repo_id, check_revision, hub_error, hub_failures, resolve_checkpoint
+from .io.checkpoint import read_config, source_file
 from .io.manifest import MANIFEST_FILE, write_manifest
 from .io.writer import check_apart
 from .measurements import load_measurements
@@ -50,9 +51,13 @@ STAGING_MARKER = ".hpu-fp8-push"
 EVAL_PARAMETER_LIMIT = 3e9
 # A rough CPU throughput of the float32 engine, for the time estimate printed instead.
 _ENGINE_FLOPS = 5e10
+# The front matter opens a card: only this much of the source's README.md is read for the license.
+_CARD_HEAD_BYTES = 1 << 20
+# A longer license value is no identifier (cards.check_license allows 64 characters) and is not quoted back.
+_LICENSE_SHOWN = 64
 
 
-class UploadError(HpuFp8Error):
+class UploadError(HubError):
     """The Hub refused or interrupted the upload, or the uploaded files differ from the local ones."""
 
 
@@ -87,18 +92,81 @@ def git_blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\x00" % len(data) + data).hexdigest()
 
 
-def _license_of(source: Path) -> str | None:
-    card = source / CARD
-    if not card.is_file():
-        return None
-    from huggingface_hub import ModelCard
+def _card_problem(source: Path, why: str) -> HpuFp8Error:
+    """The source's card cannot give the base model's license: name it, and the option that makes it unneeded."""
+    return HpuFp8Error(f"{source / CARD}: {why}; pass --license with the base model's license")
 
-    return ModelCard.load(card).data.license
+
+def _front_matter(source: Path) -> dict | None:
+    """The YAML front matter of the source's README.md as huggingface_hub finds it, or None without one.
+
+    Only a regular file inside the source is read (a Hub snapshot's link into its blob store counts), and
+    only its first MiB: the front matter opens a card, and a card can be huge. Text that is not UTF-8 or
+    not YAML, or YAML that is not a mapping, is refused by name rather than read as "no license".
+    """
+    import yaml
+    from huggingface_hub.repocard import REGEX_YAML_BLOCK
+
+    try:
+        path = source_file(source, CARD)
+    except UnsafePathError:
+        raise _card_problem(source, "not a regular file inside the source (a directory, or a link out of it)") from None
+    if path is None:
+        return None
+    with path.open("rb") as file:
+        head = file.read(_CARD_HEAD_BYTES)
+    if len(head) == _CARD_HEAD_BYTES:
+        head = head[: head.rfind(b"\n") + 1]  # a whole number of lines, so no character is cut in two
+    try:
+        match = REGEX_YAML_BLOCK.search(head.decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        raise _card_problem(source, f"not UTF-8 text (byte {exc.start} is 0x{head[exc.start]:02x})") from None
+    if match is None:
+        return None
+    try:
+        data = yaml.safe_load(match.group(2))
+    except (yaml.YAMLError, RecursionError) as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 2})" if mark is not None else ""
+        raise _card_problem(source, f"its front matter is not valid YAML{where}") from None
+    if data is not None and not isinstance(data, dict):
+        raise _card_problem(source, "its front matter is not a mapping of keys to values")
+    return data
+
+
+def _license_of(source: Path) -> str | None:
+    """The base model's license from the source's README.md front matter, or None when it names none.
+
+    The Hub's metadata takes one license (``ModelCardData.license`` is a string): a list of one is that
+    license, a list of several is refused, since which applies to the quantized model is the publisher's
+    call. Anything else that is not a license identifier is refused too; it would reach the published card.
+    """
+    value = (_front_matter(source) or {}).get("license")
+    if isinstance(value, list) and len(value) <= 1:
+        value = value[0] if value else None
+    if value is None or value == "":
+        return None
+    if isinstance(value, list):
+        raise _card_problem(source, f"its front matter names {len(value)} licenses and a card takes one")
+    if isinstance(value, str) and len(value) <= _LICENSE_SHOWN:
+        try:
+            return check_license(value)
+        except HpuFp8Error:
+            raise _card_problem(source, f"its license {value!r} is not a Hub license identifier like apache-2.0") from None
+    raise _card_problem(source, "its license is not a Hub license identifier like apache-2.0")
+
+
+def _exists(text: str) -> bool:
+    """Whether ``text`` names an existing file; a name the OS cannot look up (too long, a NUL) names none."""
+    try:
+        return Path(text).exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _public_name(text: str) -> str:
     """``text`` as it may appear in public: a local path (a dataset or measurement file) becomes its base name."""
-    local = os.path.isabs(text) or text.startswith(("~", ".")) or "\\" in text or Path(text).exists()
+    local = os.path.isabs(text) or text.startswith(("~", ".")) or "\\" in text or _exists(text)
     return PurePath(text.replace("\\", "/")).name if local else text
 
 
@@ -146,34 +214,6 @@ def _write_problem(me: dict, repo_id: str) -> str | None:
     return None
 
 
-def _hub_error(repo_id: str, exc: Exception, doing: str) -> UploadError:
-    """One line for a failure of the Hub or of the connection to it; never the token."""
-    from huggingface_hub.errors import HfHubHTTPError
-
-    reason = " ".join(str(exc).split())  # the client's messages span lines
-    if isinstance(exc, ValueError):
-        return UploadError(f"{repo_id}: the Hub client refused {doing}: {reason}")
-    if not isinstance(exc, HfHubHTTPError):
-        return UploadError(
-            f"{repo_id}: {doing} interrupted ({type(exc).__name__}: {reason}); run the same command again to resume"
-        )
-    status = exc.response.status_code if exc.response is not None else None
-    if status in (401, 403):
-        return UploadError(
-            f"{repo_id}: the Hub refused the credentials (HTTP {status}) while {doing}; log in with `hf auth login` or set "
-            "HF_TOKEN to a token with write access"
-        )
-    return UploadError(f"{repo_id}: {doing} failed (HTTP {status}); run the same command again to resume")
-
-
-def _hub_failures() -> tuple[type[Exception], ...]:
-    """What the client raises when the Hub or the connection fails: HTTP errors, transport errors, a failed LFS
-    transfer (RuntimeError), a card the Hub's YAML check refuses (ValueError)."""
-    from huggingface_hub.errors import HTTPError
-
-    return (HTTPError, OSError, RuntimeError, ValueError)
-
-
 def check_write_access(api, repo_id: str) -> None:
     """Refuse at once, before any heavy work, a missing or invalid token, a read-only one, or a namespace the
     account cannot write to (``whoami``): otherwise these surface only after the conversion."""
@@ -183,8 +223,8 @@ def check_write_access(api, repo_id: str) -> None:
         me = api.whoami()
     except LocalTokenNotFoundError:
         raise UploadError(f"{repo_id}: not logged in to the Hub; log in with `hf auth login` or set HF_TOKEN") from None
-    except _hub_failures() as exc:
-        raise _hub_error(repo_id, exc, "checking the token") from None
+    except hub_failures() as exc:
+        raise hub_error(repo_id, exc, "checking the token", UploadError) from None
     problem = _write_problem(me, repo_id)
     if problem:
         raise UploadError(f"{repo_id}: cannot publish: {problem}")
@@ -210,9 +250,26 @@ def _staging_dir(work: Path, inputs: Sequence[Path]) -> Path:
     return checkpoint
 
 
+def _check_commit_message(text: str) -> None:
+    """A commit message is shown as written (git log, the Hub's pages): lines of printable text, tabs allowed.
+    A carriage return, an escape sequence or a NUL would let it rewrite what a terminal or a page shows."""
+    if not text.strip():
+        raise HpuFp8Error("--commit-message is blank: leave it out for the default message")
+    bad = next((i for i, c in enumerate(text) if not (c.isprintable() or c in "\n\t")), None)
+    if bad is not None:
+        raise HpuFp8Error(
+            f"--commit-message holds the control character {text[bad]!r} at position {bad}; only newlines and tabs may"
+        )
+
+
 def _checked_options(options: PushOptions) -> list[Measurements]:
-    """Options that contradict each other are refused; the measurement files are read (and so checked) before any
-    heavy work, and returned ([] with ``--calibrate``)."""
+    """Options that contradict each other, or that git or the Hub would refuse only after the conversion, are
+    refused; the measurement files are read (and so checked) before any heavy work, and returned ([] with
+    ``--calibrate``)."""
+    if options.revision is not None:
+        check_revision(options.revision)
+    if options.commit_message is not None:
+        _check_commit_message(options.commit_message)
     if options.create_pr and options.revision:
         raise HpuFp8Error("--create-pr and --revision both given: a pull request is opened against the default branch")
     if options.calibrate and options.measurements:
@@ -291,7 +348,7 @@ def reproduce_command(options: PushOptions, base_model: str, measurement_files: 
 
 def _write_card(
     checkpoint: Path,
-    src: Path,
+    license_: str,
     base_model: str,
     options: PushOptions,
     evaluation: EvalReport | None,
@@ -299,9 +356,8 @@ def _write_card(
     measurement_files: Sequence[str],
 ) -> list[CardFile]:
     """README.md from model_cards/, then the manifest again so that it lists the card too."""
-    license_ = options.license or _license_of(src)
     command = reproduce_command(options, base_model, measurement_files)
-    card = render_card(checkpoint, options.repo_id, base_model, license_ or "", command, evaluation, note, measurement_files)
+    card = render_card(checkpoint, options.repo_id, base_model, license_, command, evaluation, note, measurement_files)
     return _add_files(checkpoint, {CARD: card.encode("utf-8")})
 
 
@@ -345,8 +401,8 @@ def _upload(api, checkpoint: Path, options: PushOptions, say: Callable[[str], No
             raise UploadError(f"{options.repo_id}: a pull request was asked for, but the Hub committed {commit.oid} without one")
         say(f"uploaded: {commit.pr_url or commit.commit_url}")
         problems = remote_problems(api, options.repo_id, commit.pr_revision or commit.oid, checkpoint)
-    except _hub_failures() as exc:
-        raise _hub_error(options.repo_id, exc, "the upload") from None
+    except hub_failures() as exc:
+        raise hub_error(options.repo_id, exc, "uploading", UploadError) from None
     if problems:
         raise UploadError(f"{options.repo_id}: the uploaded files differ from the local checkpoint: " + "; ".join(problems[:10]))
     return commit.commit_url, commit.pr_url
@@ -358,25 +414,24 @@ def push(src: str | Path, options: PushOptions, say: Callable[[str], None] = pri
     The cheap checks come first, in this order: repo ids, options and measurement files, the token's
     write access (not for a dry run), the source, the license, the work directory.
     """
-    from huggingface_hub import HfApi
-
     source_id = str(src)
-    check_repo_id(options.repo_id, "--repo-id")
+    check_repo_id(options.repo_id, "--repo-id")  # first: it checks HF_ENDPOINT before huggingface_hub is imported
     base_model = options.base_model or (source_id if not Path(source_id).exists() else None)  # a Hub id is the base
     if not base_model:
         raise HpuFp8Error("the base model's Hub id is unknown: pass --base-model ORG/NAME")
     check_repo_id(base_model, "--base-model" if options.base_model else "SRC", namespace=False)
-    if options.license:
+    if options.license is not None:  # an empty one too: it must not fall back to the source card's silently
         check_license(options.license)
     measurements = _checked_options(options)
+    from huggingface_hub import HfApi
+
     api = HfApi()
     if not options.dry_run:
         check_write_access(api, options.repo_id)
-    src = resolve_checkpoint(src)
+    src = resolve_checkpoint(src, allow_patterns=[*SOURCE_PATTERNS, CARD])  # the card, for the base model's license
     license_ = options.license or _license_of(src)
     if not license_:
-        raise HpuFp8Error("no license known for the base model (no README.md front matter in the source): pass --license")
-    check_license(license_)
+        raise HpuFp8Error("no license known for the base model (none in the source's README.md front matter): pass --license")
     staging = tempfile.TemporaryDirectory(prefix="hpu-fp8-push-") if options.work_dir is None else nullcontext(options.work_dir)
     with staging as where:
         work = Path(where)
@@ -384,7 +439,8 @@ def push(src: str | Path, options: PushOptions, say: Callable[[str], None] = pri
         work.mkdir(parents=True, exist_ok=True)
         (work / STAGING_MARKER).write_text("hpu-fp8 push stages its checkpoint here; a later push may replace it\n")
         evaluation, note, names = _stage(src, measurements, options, checkpoint, say)
-        result = PushResult(checkpoint, _write_card(checkpoint, src, base_model, options, evaluation, note, names), evaluation)
+        files = _write_card(checkpoint, license_, base_model, options, evaluation, note, names)
+        result = PushResult(checkpoint, files, evaluation)
         if not options.dry_run:
             result.commit_url, result.pull_request_url = _upload(api, checkpoint, options, say)
     return result

@@ -7,8 +7,9 @@ repo creation, pre-upload check, commit, revision info, tree listing and file do
 path real weight files take (with HF_HUB_DISABLE_XET=1 the client uses LFS rather than Xet).
 
 Accounts: ``whoami-v2`` describes the token's account (``account``, a member of ``orgs``, each with a
-role); ``valid_tokens`` may write there, ``read_tokens`` only read, others get 401. Creating a repository
-or committing outside those namespaces, or with a read token, gets 403. A commit with ``create_pr``
+role); ``valid_tokens`` may write there, ``read_tokens`` only read, any other token gets 401 on every route
+(reading without a token is allowed). Creating a repository or committing outside those namespaces, or with
+a read token, gets 403. A commit with ``create_pr``
 goes to a new ``refs/pr/N`` revision (the branch it targets is untouched) and answers with the pull
 request's URL, as the Hub does.
 
@@ -291,6 +292,8 @@ class HubTestDouble:
                 path = self.path.split("?")[0]
                 if path == "/api/agent-harnesses":  # huggingface_hub's agent detection registry: an empty one
                     return self._json(200, {"standardEnvVars": [], "harnesses": {}})
+                if self._token() and not self._authorised():  # the Hub answers an unknown token with 401 everywhere
+                    return None
                 if path == "/api/whoami-v2":
                     if self._authorised():
                         self._json(200, hub.whoami(self._token()))

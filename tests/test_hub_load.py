@@ -24,8 +24,8 @@ def _run(args: list[str], cache: Path) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, env=env, check=False)
 
 
-def pull(repo: str, cache: Path) -> subprocess.CompletedProcess:
-    return _run([str(Path(sys.executable).with_name("hpu-fp8")), "pull", repo], cache)
+def pull(repo: str, cache: Path, *extra: str) -> subprocess.CompletedProcess:
+    return _run([str(Path(sys.executable).with_name("hpu-fp8")), "pull", repo, *extra], cache)
 
 
 def test_load_returns_the_checked_snapshot(tmp_path, spec_factory):
@@ -77,3 +77,23 @@ def test_a_bf16_source_is_not_an_hpu_fp8_checkpoint(tmp_path, source_factory):
     add_to_cache(tmp_path / "hub", "acme/bf16", source_factory())
     result = pull("acme/bf16", tmp_path / "hub")
     assert result.returncode == 1 and "hpu-fp8 convert" in result.stderr
+
+
+def test_a_cached_file_linked_out_of_the_snapshot_is_refused_naming_it(tmp_path, spec_factory):
+    """Only the cache's own links into its blob store are followed; one elsewhere is never read as the checkpoint's."""
+    snapshot = add_to_cache(tmp_path / "hub", "acme/linked", spec_factory())
+    outside = tmp_path / "outside.json"
+    outside.write_text("{}")
+    (snapshot / "generation_config.json").unlink()
+    (snapshot / "generation_config.json").symlink_to(outside)
+    result = pull("acme/linked", tmp_path / "hub")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "generation_config.json" in lines[0] and "outside the checkpoint" in lines[0]
+
+
+def test_a_revision_not_in_the_cache_while_offline_is_one_line(tmp_path, spec_factory):
+    add_to_cache(tmp_path / "hub", "acme/ernie-fp8", spec_factory())
+    result = pull("acme/ernie-fp8", tmp_path / "hub", "--revision", "nope")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and "acme/ernie-fp8" in lines[0] and "Traceback" not in result.stderr

@@ -30,14 +30,17 @@ def hub():
     assert double.unknown_routes == []  # the client only used what the double speaks
 
 
-def run(args: list[str], hub: HubTestDouble | None, tmp_path: Path, token: str = TOKEN) -> subprocess.CompletedProcess:
+def run(
+    args: list[str], hub: HubTestDouble | None, tmp_path: Path, token: str = TOKEN, endpoint: str | None = None
+) -> subprocess.CompletedProcess:
+    """``hpu-fp8 ARGS`` against ``hub`` (or ``endpoint``; by default a closed port), with a private cache."""
     env = {
         **os.environ,
         "HF_HUB_DISABLE_XET": "1",
         "HF_HOME": str(tmp_path / "hf-home"),
         "HF_HUB_CACHE": str(tmp_path / "hf-cache"),
         "HF_TOKEN": token,
-        "HF_ENDPOINT": hub.url if hub else "http://127.0.0.1:9",
+        "HF_ENDPOINT": endpoint or (hub.url if hub else "http://127.0.0.1:9"),
     }
     return subprocess.run(
         [str(Path(sys.executable).with_name("hpu-fp8")), *args], capture_output=True, text=True, env=env, check=False
@@ -77,6 +80,83 @@ def test_push_then_load_gives_identical_bytes(tmp_path, hub):
     card = (remote / "README.md").read_text()
     assert "`hpu_fp8_measurements.json`" in card and "hpu-fp8 push acme/qwen2-bytes --repo-id acme/qwen2-bytes-hpu-fp8" in card
     assert str(tmp_path) not in card and "tiny_models" not in card  # no local path in the public card
+
+
+def assert_one_error_line(result: subprocess.CompletedProcess, *names: str) -> str:
+    """Refused as tests/hostile/refusal.py asserts for in-process runs: a non-zero exit and one line on stderr,
+    ``hpu-fp8: error: ...``, naming each of ``names``; no traceback."""
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("hpu-fp8: error: "), result.stderr
+    for name in names:
+        assert name in lines[0], f"{name!r} not named in: {lines[0]}"
+    return lines[0]
+
+
+UNREACHABLE = {
+    "not-a-url": "notaurl",
+    "ftp": "ftp://127.0.0.1:9",
+    "no-host": "http://",
+    "bad-ipv6": "http://[::1",  # huggingface_hub's own constants module cannot even be imported
+    "closed-port": "http://127.0.0.1:9",
+}
+
+
+@pytest.mark.parametrize("endpoint", list(UNREACHABLE.values()), ids=list(UNREACHABLE))
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["pull", "me/none"],
+        ["pull", "me/none", "--revision", "fp8"],
+        ["convert", "me/none", "out", "--measurements", "m.json"],
+        ["push", "me/none", "--repo-id", "me/x", "--calibrate", "--license", "mit", "--dry-run"],
+    ],
+    ids=["pull", "pull-revision", "convert", "push-dry-run"],
+)
+def test_a_hub_that_cannot_be_reached_is_one_line_naming_the_repo_and_the_endpoint(tmp_path, endpoint, command):
+    result = run(command, None, tmp_path, endpoint=endpoint)
+    line = assert_one_error_line(result, "me/", endpoint)  # push names the first repo id it checks, --repo-id
+    if endpoint != UNREACHABLE["closed-port"]:
+        assert "HF_ENDPOINT" in line  # a URL the client cannot use: say which setting to fix
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("endpoint", ["notaurl", "ftp://127.0.0.1:9", "http://[::1"])
+def test_push_to_an_endpoint_that_is_no_url_is_one_line_naming_it(tmp_path, endpoint):
+    result = run(push_args(tmp_path), None, tmp_path, endpoint=endpoint)
+    assert_one_error_line(result, "acme/qwen2-bytes-hpu-fp8", endpoint, "HF_ENDPOINT")
+    assert not (tmp_path / "work").exists()  # refused while checking the token, before any work
+
+
+@pytest.mark.parametrize(
+    ("args", "token", "names"),
+    [
+        (["pull", "acme/none"], TOKEN, ["acme/none", "no such repository"]),
+        (["pull", "acme/empty", "--revision", "nope"], TOKEN, ["acme/empty", "'nope' does not exist"]),
+        (["pull", "acme/empty"], "hf_not_a_token", ["acme/empty", "HTTP 401"]),
+    ],
+    ids=["no-repo", "no-revision", "bad-token"],
+)
+def test_pull_failures_on_the_hub_are_one_line(tmp_path, hub, args, token, names):
+    from hub_test_double import Repo
+
+    hub.repos["acme/empty"] = Repo(private=False)
+    line = assert_one_error_line(run(args, hub, tmp_path, token=token), *names)
+    assert token not in line
+
+
+def test_a_hub_source_gives_the_license_of_its_card(tmp_path, hub):
+    """SRC as a Hub id: its README.md is downloaded with the weights, so that its license needs no --license."""
+    from hub_test_double import Repo, StoredFile
+
+    files = {p.name: StoredFile(p.read_bytes(), lfs=p.suffix == ".safetensors") for p in Path(QWEN).iterdir()}
+    files["README.md"] = StoredFile(b"---\nlicense: mit\n---\n# qwen2-bytes\n", lfs=False)
+    hub.repos["acme/qwen2-bytes"] = Repo(private=False, branches={"main": "1" * 40}, files={"1" * 40: files})
+    args = ["push", "acme/qwen2-bytes", "--repo-id", "acme/qwen2-bytes-hpu-fp8", "--calibrate", "--kv-cache", "none"]
+    result = run([*args, "--skip-eval", "--dry-run", "--work-dir", str(tmp_path / "work")], hub, tmp_path)
+    assert result.returncode == 0, result.stderr
+    card = ModelCard((tmp_path / "work" / "checkpoint" / "README.md").read_text())
+    assert card.data.license == "mit" and card.data.base_model == "acme/qwen2-bytes"
 
 
 def files_at(hub: HubTestDouble, repo_id: str, revision: str) -> set[str]:

@@ -203,7 +203,7 @@ def _left_out(weight_map: dict) -> str:
     files = list(weight_map.values())
     name = next(name for name in sorted(weight_map) if files.count(weight_map[name]) > 1)  # its shard stays listed
     del weight_map[name]
-    return f"omits: \\['{name}'\\]"
+    return f"tensor '{name}', which the index omits"
 
 
 @pytest.mark.parametrize(

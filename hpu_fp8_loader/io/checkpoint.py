@@ -72,14 +72,14 @@ def safe_member(root: Path, relative: str) -> Path:
     message it would forge a second line.
     """
     if not isinstance(relative, str) or not relative or Path(relative).is_absolute() or "\\" in relative:
-        raise UnsafePathError(f"{root}: index names {json.dumps(relative)}, which is not a relative path inside the checkpoint")
+        raise UnsafePathError(f"{root}: {json.dumps(relative)} is not a relative path inside the checkpoint")
     if not printable(relative):
-        raise UnsafePathError(f"{root}: index names {relative!r}, which holds a control character (a NUL byte?)")
+        raise UnsafePathError(f"{root}: {relative!r} holds a control character (a NUL byte?)")
     if any(part == ".." for part in Path(relative).parts):
-        raise UnsafePathError(f"{root}: index names {relative!r}, which climbs out of the checkpoint with '..'")
+        raise UnsafePathError(f"{root}: {relative!r} climbs out of the checkpoint with '..'")
     candidate = _resolve(Path(root) / relative)
     if not any(candidate.is_relative_to(allowed) for allowed in _allowed_roots(root)):
-        raise UnsafePathError(f"{root}: index entry {relative!r} resolves to {candidate}, outside the checkpoint")
+        raise UnsafePathError(f"{root}: {relative!r} resolves to {candidate}, outside the checkpoint")
     return Path(root).absolute() / relative
 
 

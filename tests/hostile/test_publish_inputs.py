@@ -34,10 +34,10 @@ def source(tmp_path, source_factory) -> Path:
     return target
 
 
-def push(src: Path | str, work: Path | None, measurements: Path, *extra: str):
-    """`push --dry-run`: everything but the upload, so no Hub is needed."""
-    args = ["push", src, "--repo-id", "acme/tiny-fp8", "--measurements", measurements, "--license", "mit"]
-    args += ["--base-model", "acme/tiny", "--kv-cache", "none", "--skip-eval", "--dry-run", *extra]
+def push(src: Path | str, work: Path | None, measurements: Path, *extra: str, license_: str | None = "mit"):
+    """`push --dry-run`: everything but the upload, so no Hub is needed; ``license_=None`` reads it from SRC's card."""
+    args = ["push", src, "--repo-id", "acme/tiny-fp8", "--measurements", measurements, "--base-model", "acme/tiny"]
+    args += ["--kv-cache", "none", "--skip-eval", "--dry-run", *(["--license", license_] if license_ else []), *extra]
     return run_cli(*args, *(["--work-dir", work] if work is not None else []))
 
 
@@ -241,3 +241,140 @@ def test_the_card_names_no_local_path_and_cites_the_uploaded_measurements(tmp_pa
     assert uploaded["amax"] == data["amax"] and uploaded["provenance"]["files"] == ["rank_0.txt"]
     assert "hpu_fp8_measurements.json" in json.loads((staged / "hpu_fp8_manifest.json").read_text())["files"]
     assert run_cli("validate", staged, "--hashes").exit_code == 0
+
+
+UNREADABLE_CARDS = {
+    "unclosed-flow-list": b"---\nlicense: [unclosed\n---\n# Model\n",
+    "number": b"---\nlicense: 5\n---\n",
+    "mapping": b"---\nlicense: {name: mit}\n---\n",
+    "two-licenses": b"---\nlicense: [mit, apache-2.0]\n---\n",
+    "not-an-identifier": b"---\nlicense: mit or apache\n---\n",
+    "front-matter-is-a-list": b"---\n- license\n- mit\n---\n",
+    "front-matter-is-text": b"---\njust words\n---\n",
+    "binary": b"\xff\xfe\x00\x01binary\x80",
+    "latin-1": b"---\nlicense: mit\nauthor: Jos\xe9\n---\n",
+    "tab-indented-yaml": b"---\nlicense:\n\t- mit\n---\n",
+    "unclosed-front-matter": b"---\nlicense: mit\n" + b"x: y\n" * 300_000,  # no closing --- within the part read
+}
+
+
+@pytest.mark.parametrize("content", list(UNREADABLE_CARDS.values()), ids=list(UNREADABLE_CARDS))
+def test_a_source_card_whose_license_cannot_be_read_is_refused_naming_it(tmp_path, source, measurement_file, content):
+    """Without --license the base model's license comes from SRC/README.md: front matter that is not YAML, not a
+    mapping, not UTF-8, or a license that is not one identifier is refused by name, asking for --license."""
+    (source / "README.md").write_bytes(content)
+    before = tree_digest(tmp_path)
+    assert_refused(push(source, tmp_path / "work", measurement_file, license_=None), "README.md", "--license")
+    assert tree_digest(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("content", "license_"),
+    [
+        (b"---\nlicense: [apache-2.0]\n---\n", "apache-2.0"),  # a list of one license is that license
+        ("\ufeff---\r\nlicense: mit\r\n---\r\n# Model\r\n".encode(), "mit"),  # a byte-order mark and CRLF line ends
+        (b"---\nlicense: mit\n---\n" + b"# A very long card\n" * 200_000, "mit"),  # huge: only its head is read
+    ],
+    ids=["list-of-one", "bom-crlf", "huge"],
+)
+def test_the_license_is_read_from_the_source_card(tmp_path, source, measurement_file, content, license_):
+    (source / "README.md").write_bytes(content)
+    result = push(source, tmp_path / "work", measurement_file, license_=None)
+    assert result.exit_code == 0, result.output
+    card = ModelCard((tmp_path / "work" / "checkpoint" / "README.md").read_text())
+    assert card.data.license == license_
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["# Model\n\nno front matter\n", "---\n---\n", "---\nlicense:\n---\n", "---\nlicense: []\n---\n", "---\ntags: [x]\n---\n"],
+    ids=["no-front-matter", "empty", "null", "empty-list", "no-license-key"],
+)
+def test_a_source_card_without_a_license_asks_for_one(tmp_path, source, measurement_file, content):
+    (source / "README.md").write_text(content)
+    assert_refused(push(source, tmp_path / "work", measurement_file, license_=None), "--license")
+
+
+def _card_is_a_directory(source: Path) -> None:
+    (source / "README.md").mkdir()
+
+
+def _card_links_out_of_the_source(source: Path) -> None:
+    outside = source.parent / "elsewhere.md"
+    outside.write_text("---\nlicense: mit\n---\n")
+    (source / "README.md").symlink_to(outside)
+
+
+def _card_is_a_dangling_link(source: Path) -> None:
+    (source / "README.md").symlink_to(source / "missing.md")
+
+
+@pytest.mark.parametrize(
+    "plant", [_card_is_a_directory, _card_links_out_of_the_source, _card_is_a_dangling_link], ids=["dir", "link-out", "dangling"]
+)
+def test_a_source_card_that_is_not_a_file_inside_the_source_is_refused(tmp_path, source, measurement_file, plant):
+    plant(source)
+    before = tree_digest(tmp_path)
+    assert_refused(push(source, tmp_path / "work", measurement_file, license_=None), "README.md")
+    assert tree_digest(tmp_path) == before
+
+
+BAD_REVISIONS = [
+    "../../etc", "a..b", "/main", "main/", "-main", "a b", "a~1", "a^", "a:b", "a?", "a*", "a[0]", "a\\b", "x.lock",
+    "x/y.lock", "a@{1}", "@", "a//b", ".hidden", "a/.b", "main.", "", "a\x00b", "a\nb", "a\x1bb", "a\x7fb", "a\u2028b",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("revision", BAD_REVISIONS)
+def test_push_refuses_a_revision_git_would_not_take_before_any_work(tmp_path, source, measurement_file, revision):
+    before = tree_digest(tmp_path)
+    assert_refused(push(source, tmp_path / "work", measurement_file, "--revision", revision), "--revision")
+    assert tree_digest(tmp_path) == before
+
+
+@pytest.mark.parametrize("revision", ["../../etc", "refs/pr/../../x", "a b", "", "@"])
+def test_pull_refuses_a_revision_git_would_not_take(tmp_path, monkeypatch, revision):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    assert_refused(run_cli("pull", "acme/x", "--revision", revision), "--revision")
+    assert os.listdir(tmp_path) == []
+
+
+def test_git_ref_names_are_accepted():
+    from hpu_fp8_loader.hub import check_revision
+
+    for revision in ["main", "fp8", "v1.0", "refs/pr/12", "release/2024-06", "a" * 40, "feature_x+y", "naïve"]:
+        assert check_revision(revision) == revision
+
+
+@pytest.mark.parametrize("message", ["a\x00b", "title\x1b[31m red", "carriage\rreturn", "a\x7f", "a\u2028b", "", "  \n "])
+def test_a_commit_message_with_control_characters_or_blank_is_refused(tmp_path, source, measurement_file, message):
+    before = tree_digest(tmp_path)
+    assert_refused(push(source, tmp_path / "work", measurement_file, "--commit-message", message), "--commit-message")
+    assert tree_digest(tmp_path) == before
+
+
+def test_a_commit_message_may_have_several_lines(tmp_path, source, measurement_file):
+    result = push(source, tmp_path / "work", measurement_file, "--commit-message", "FP8 weights\n\n\tmeasured on gaudi2")
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("field", ["dataset", "files"])
+@pytest.mark.parametrize("text", ["x" * 5000, "a/" + "b" * 300 + "/c.txt"], ids=["long-name", "long-component"])
+def test_provenance_too_long_to_be_a_path_is_published_as_it_is(tmp_path, source, measurement_file, field, text):
+    """A provenance string is tested for being a local path (then only its base name is published): one the OS
+    cannot even look up (too long) is not a local path, not a failure."""
+    data = json.loads(measurement_file.read_text())
+    data["provenance"][field] = [text] if field == "files" else text
+    hostile = tmp_path / "long.json"
+    hostile.write_text(json.dumps(data))
+    result = push(source, tmp_path / "work", hostile)
+    assert result.exit_code == 0, result.output
+
+
+def test_an_empty_license_option_is_refused_not_replaced_by_the_cards(tmp_path, source, measurement_file):
+    (source / "README.md").write_text("---\nlicense: mit\n---\n")
+    before = tree_digest(tmp_path)
+    assert_refused(push(source, tmp_path / "work", measurement_file, "--license", ""), "license")
+    assert tree_digest(tmp_path) == before
