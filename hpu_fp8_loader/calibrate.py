@@ -81,7 +81,7 @@ def calibrate(
     check_seq_len(seq_len, model, weights.checkpoint.config)
     ids, tokenizer = tokenize(load_text(dataset), Path(model), d.vocab_size)
     observer = AmaxObserver(d.prefix, all_experts)
-    config = EngineConfig.from_config(weights.checkpoint.config, d)
+    config = EngineConfig.from_config(weights.checkpoint.config, d, str(weights.checkpoint.root / "config.json"))
     log.info(
         "%s: %d tokens of text (%s tokens) for %d window(s) of %d; weights %s",
         model,

@@ -157,6 +157,9 @@ def main(ctx: click.Context, verbose: int, quiet: bool, log_level: str | None) -
     go to stderr. Progress bars are drawn only on a terminal, and never with TQDM_DISABLE or
     HF_HUB_DISABLE_PROGRESS_BARS set.
     """
+    for stream in (sys.stdout, sys.stderr):  # a path of bytes that are no UTF-8 prints as \x escapes, not a traceback
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     from_command_line = ctx.get_parameter_source("log_level") == click.core.ParameterSource.COMMANDLINE
     if log_level and (from_command_line or not (verbose or quiet)):
         level = LEVELS[log_level]

@@ -76,7 +76,7 @@ class Fp8Emulator:
         checkpoint = Checkpoint.open(root)
         self.qc: QuantizationConfig = parse_quantization_config(checkpoint.config)
         self.d: ModelDescriptor = describe(checkpoint.config)
-        self.cfg = EngineConfig.from_config(checkpoint.config, self.d)
+        self.cfg = EngineConfig.from_config(checkpoint.config, self.d, str(checkpoint.root / "config.json"))
         self.options = options
         self.fp8_attention = options.fp8_attention and self.qc.kv_cache_scheme is KvCacheScheme.FP8
         # Activations between ops: bf16 as on the HPU, or float32 in the weights-only ablation.

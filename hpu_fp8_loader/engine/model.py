@@ -17,13 +17,14 @@ section 10, "Measurement mode"), keyed by spec module names: that is all calibra
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..arch import ModelDescriptor
-from ..errors import HpuFp8Error
+from ..errors import ConfigError, HpuFp8Error
 from ..spec import names
 from .weights import EngineWeights
 
@@ -38,7 +39,17 @@ class EngineConfig:
     router_norm_min: float = 1e-12
 
     @classmethod
-    def from_config(cls, config: dict, descriptor: ModelDescriptor) -> EngineConfig:
+    def from_config(cls, config: dict, descriptor: ModelDescriptor, source: str = "config.json") -> EngineConfig:
+        """The engine's settings from config.json; a setting that changes the arithmetic in a way this engine
+        does not compute is refused naming the key (statistics or a comparison from another model's
+        arithmetic would be wrong without any sign of it). Convert reads no activations and needs none of this."""
+        for key, value, supported in _arithmetic_settings(config):
+            if not supported:
+                raise ConfigError(
+                    f"{source}: '{key}' is {json.dumps(value)}; the reference engine computes only the plain "
+                    "SiLU, unscaled-RoPE, full-attention models FastDeploy's HPU path serves (calibrate with "
+                    "FastDeploy's own measurement mode instead)"
+                )
         ernie = descriptor.prefix == "ernie"
         rope = config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta")
         return cls(
@@ -47,6 +58,24 @@ class EngineConfig:
             interleaved_rotary=ernie,
             router_norm_min=float(config.get("moe_norm_min") or 1e-12),
         )
+
+
+def _default_rope(value: object) -> bool:
+    return value in (None, {}) or (isinstance(value, dict) and value.get("rope_type", value.get("type")) in ("default", None))
+
+
+def _arithmetic_settings(config: dict) -> list[tuple[str, object, bool]]:
+    """(key, value, whether the engine computes it) for each config.json key that changes the arithmetic."""
+    return [
+        (key, config[key], ok(config[key]))
+        for key, ok in (
+            ("hidden_act", lambda v: v == "silu"),
+            ("rope_scaling", _default_rope),
+            ("rope_parameters", _default_rope),
+            ("use_sliding_window", lambda v: v is False),
+        )
+        if key in config and config[key] is not None
+    ]
 
 
 class Observer:
@@ -184,7 +213,7 @@ def forward(
 ) -> np.ndarray:
     """Logits ``[B, T, vocab]`` for token ids ``[B, T]``, reading one layer's weights at a time."""
     d = weights.descriptor
-    cfg = config or EngineConfig.from_config(weights.checkpoint.config, d)
+    cfg = config or EngineConfig.from_config(weights.checkpoint.config, d, str(weights.checkpoint.root / "config.json"))
     observer = observer or Observer()
     top = weights.layer(None)
     embed = top[f"{d.prefix}.embed_tokens.weight"]

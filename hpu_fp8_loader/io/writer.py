@@ -257,7 +257,9 @@ def _lock_staging(partial: Path, out: Path) -> None:
             f"{out}: another hpu-fp8 run is writing it ({holder}); wait for it to finish or stop it, then run again"
         ) from None
     _held_locks[key] = fd
-    (partial / _HOLDER_FILE).write_text(f"pid {os.getpid()}: {' '.join(sys.argv)}\n", encoding="utf-8")
+    # argv may hold bytes that are no UTF-8 (a path named so): kept visible as \x escapes, never an error
+    holder = f"pid {os.getpid()}: {' '.join(sys.argv)}\n".encode("utf-8", "backslashreplace")
+    (partial / _HOLDER_FILE).write_bytes(holder)
 
 
 def _release_lock(partial: Path) -> None:

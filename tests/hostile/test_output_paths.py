@@ -207,6 +207,16 @@ def test_a_second_run_on_the_same_output_is_refused_naming_the_holder_then_runs_
     assert not (out / ".hpu_fp8_lock").exists() and run_cli("validate", out).exit_code == 0
 
 
+def test_an_output_name_that_is_not_utf8_converts(tmp_path, src):
+    """A path of bytes that are no UTF-8 (legal on Linux) used to end in a UnicodeEncodeError traceback."""
+    out = os.fsencode(tmp_path) + b"/out-\xff"
+    cli = os.fsencode(shutil.which("hpu-fp8", path=os.path.dirname(sys.executable)))
+    argv = [cli, b"convert", os.fsencode(src), out, b"--measurements", os.fsencode(tmp_path / "m.json"), b"-q"]
+    done = subprocess.run(argv, capture_output=True, check=False)
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr
+    assert run_cli("validate", os.fsdecode(out)).exit_code == 0
+
+
 @pytest.mark.parametrize("size", ["inf", "nan", "0", "-5GB", "0.4", "5XB", "", "1e400"])
 def test_a_nonsense_shard_size_is_a_usage_error(tmp_path, src, size):
     assert_refused(run_cli(*convert_args(src, tmp_path / "out", tmp_path, "--max-shard-size", size)), "--max-shard-size", code=2)

@@ -194,3 +194,19 @@ def test_an_index_that_omits_a_tensor_its_shards_hold_is_named_without_python_re
     (root / "model.safetensors.index.json").write_text(json.dumps(index))
     line = assert_refused(run_cli("calibrate", root, "-o", tmp_path / "c.json", "--samples", "1", "--seq-len", "8"), omitted)
     assert "index omits" in line and "[" not in line
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("hidden_act", "gelu"), ("rope_scaling", {"type": "yarn", "factor": 4.0}), ("use_sliding_window", True)],
+)
+def test_arithmetic_the_engine_does_not_compute_is_refused_by_calibrate_but_converts(tmp_path, copy_of, key, value):
+    """calibrate would record another model's activations without a sign of it; convert reads no activations."""
+    root = copy_of(QWEN)
+    config = json.loads((root / "config.json").read_text())
+    config[key] = value
+    (root / "config.json").write_text(json.dumps(config))
+    assert_refused(run_cli("calibrate", root, "-o", tmp_path / "c.json", "--samples", "1", "--seq-len", "8"), key)
+    assert not (tmp_path / "c.json").exists()
+    result = run_cli("convert", root, tmp_path / "out", "--measurements", tmp_path / "m.json", "-q")
+    assert result.exit_code == 0, result.stderr
