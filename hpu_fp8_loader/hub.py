@@ -8,6 +8,7 @@ Everything goes through huggingface_hub, so its offline mode (``HF_HUB_OFFLINE=1
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -43,6 +44,14 @@ _AGAIN = "run the same command again to resume"
 _REASON_LIMIT = 200
 
 
+# user:password@ in a URL: an HF_ENDPOINT may carry credentials, which no message repeats.
+_URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+def _without_credentials(text: str) -> str:
+    return _URL_CREDENTIALS.sub("***@", text)
+
+
 class HubError(HpuFp8Error):
     """The Hub refused a request or could not be reached (no network, an HF_ENDPOINT that is no URL, HTTP errors)."""
 
@@ -63,7 +72,7 @@ def _check_endpoint(repo_id: str) -> None:
         valid = False
     if not valid:
         raise HubError(
-            f"{repo_id}: HF_ENDPOINT {endpoint!r} is not a usable http:// or https:// URL, so the Hub cannot be reached; "
+            f"{repo_id}: HF_ENDPOINT {_without_credentials(repr(endpoint))} is not a usable http:// or https:// URL, so the Hub cannot be reached; "
             "fix it, or unset it for https://huggingface.co"
         )
 
@@ -131,7 +140,7 @@ def hub_failures() -> tuple[type[Exception], ...]:
 
 def _reason(exc: BaseException) -> str:
     """``exc`` as a short phrase on one line: the client's messages span lines and can run to paragraphs."""
-    text = " ".join(str(exc).split())
+    text = _without_credentials(" ".join(str(exc).split()))
     cut = text[:_REASON_LIMIT] + ("..." if len(text) > _REASON_LIMIT else "")
     return f"{type(exc).__name__}: {cut}"
 
@@ -147,7 +156,7 @@ def hub_error(repo_id: str, exc: Exception, doing: str, error: type[HpuFp8Error]
     from huggingface_hub import constants
     from huggingface_hub.errors import HfHubHTTPError
 
-    endpoint = constants.ENDPOINT
+    endpoint = _without_credentials(constants.ENDPOINT)
     status = exc.response.status_code if isinstance(exc, HfHubHTTPError) and exc.response is not None else None
     if status in (401, 403):
         return error(

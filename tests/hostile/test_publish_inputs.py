@@ -8,6 +8,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -378,3 +380,13 @@ def test_an_empty_license_option_is_refused_not_replaced_by_the_cards(tmp_path, 
     before = tree_digest(tmp_path)
     assert_refused(push(source, tmp_path / "work", measurement_file, "--license", ""), "license")
     assert tree_digest(tmp_path) == before
+
+
+@pytest.mark.parametrize("endpoint", ["http://user:hf_SECRET123@127.0.0.1:9", "ftp://user:hf_SECRET123@127.0.0.1:9"])
+def test_credentials_in_hf_endpoint_are_never_repeated(endpoint):
+    """In a process of its own: huggingface_hub reads HF_ENDPOINT once, when it is imported."""
+    cli = shutil.which("hpu-fp8", path=os.path.dirname(sys.executable))
+    env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_OFFLINE": "0"}
+    done = subprocess.run([cli, "pull", "acme/model"], capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 1 and "hf_SECRET123" not in done.stdout + done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and "***@127.0.0.1:9" in done.stderr, done.stderr
