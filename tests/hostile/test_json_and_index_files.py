@@ -285,3 +285,15 @@ def test_a_bad_measurement_file_is_refused_before_any_output(tmp_path, source_fa
     assert_refused(run_cli("convert", source, out, "--measurements", measurements), measurements.name, message)
     assert not out.exists() and not out.with_name("out.partial").exists()
     assert tree_digest(source) == before
+
+
+def test_a_shard_the_system_cannot_read_makes_the_checkpoint_unreadable_not_invalid(checkpoint, monkeypatch):
+    """Exit 2 and the file with the system's reason, not a listed violation with Python's errno repr. The kernel's
+    refusal is stood in for (root reads every file whatever its mode)."""
+
+    def refused(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr("hpu_fp8_loader.validate.SafetensorsFile", refused)
+    line = assert_refused(run_cli("validate", checkpoint), "Permission denied", ".safetensors", code=2)
+    assert "Errno" not in line
