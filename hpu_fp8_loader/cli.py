@@ -126,6 +126,13 @@ class _Commands(click.Group):
     option value, a missing argument) names the option and where help is, exit 2, instead of click's
     four-line usage block; Ctrl-C is one line and exit 130, not click's "Aborted!" and exit 1."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """The group's own options (``--log-level``, ``-v``) fail in one line too."""
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            _fail(f"{exc.format_message()} (see `{ctx.command_path} --help`)", exc.exit_code)
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
@@ -193,9 +200,8 @@ def validate(directory: Path, quick: bool, hashes: bool, as_json: bool, quiet: b
             report = run_validation(directory, full=not quick, hashes=hashes, progress=bar.update)
     except (HpuFp8Error, OSError) as exc:  # OSError: permissions, I/O errors; named like _errors() names them
         message = str(exc) if isinstance(exc, HpuFp8Error) else f"{exc.filename or directory}: {exc.strerror or exc}"
-        if as_json:
+        if as_json:  # the report a script reads, and the one line a person reads
             emit_json({"root": directory, "valid": False, "unreadable": message})
-            sys.exit(EXIT_UNREADABLE)
         _fail(message, EXIT_UNREADABLE)
     if as_json:
         emit_json(report.to_dict())
@@ -590,6 +596,8 @@ def map_command(
 
     with _errors():
         if all_ranks:
+            if rank or ep_rank:
+                raise click.UsageError("--all-ranks writes every rank; --rank and --ep-rank select one, so give one or the other")
             if ep > 1:
                 raise click.UsageError("--all-ranks writes tensor-parallel ranks; expert parallelism is not pre-sharded")
             folders = write_presharded(checkpoint, out, tp, force)
@@ -1027,7 +1035,8 @@ def demo(work_dir: Path, model: str, kv_cache: str, force: bool, as_json: bool) 
 
 @main.command()
 @click.argument("what", type=click.Choice(["quantization-config", "measurements"]))
-def schema(what: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Accepted for uniformity: the schema is JSON anyway.")
+def schema(what: str, as_json: bool) -> None:
     """Print the JSON Schema of the quantization_config object or of the measurement file."""
     from .spec.config import QuantizationConfig
     from .spec.measurements import Measurements

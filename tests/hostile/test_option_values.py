@@ -37,3 +37,18 @@ def test_an_out_of_range_count_or_rank_is_a_usage_error(tmp_path, argv, option, 
     args = [a.replace("{d}", str(tmp_path)) for a in argv]
     assert_refused(run_cli(*args, option, value), option, code=2)
     assert sorted(tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (("--log-level", "bogus", "validate", "x"), "--log-level"),
+        (("--frob", "validate", "x"), "--frob"),
+        (("map", "{d}", "--tp", "2", "--rank", "1", "--all-ranks", "-o", "{d}/r"), "--all-ranks"),
+        (("map", "{d}", "--ep-rank", "1", "--all-ranks", "-o", "{d}/r"), "--ep-rank"),
+    ],
+)
+def test_group_options_and_conflicting_options_are_one_line_usage_errors(tmp_path, argv, named):
+    before = sorted(tmp_path.iterdir())
+    assert_refused(run_cli(*[a.replace("{d}", str(tmp_path)) for a in argv]), named, code=2)
+    assert sorted(tmp_path.iterdir()) == before
