@@ -321,8 +321,9 @@ def export_legacy(
         raise HpuFp8Error(
             f"{src}: fp8_max is {qc.fp8_max:g}; FastDeploy assumes 240. Run `hpu-fp8 retarget --target gaudi2` first"
         )
-    if rank is None:
+    if rank is None:  # a whole checkpoint that FastDeploy's v0 loader will split for ``tp`` ranks itself
         _check_servable(descriptor, tp)
+        check_parallelism(descriptor, Parallelism(tp))
         rank = Parallelism()
     check_parallelism(descriptor, rank)
     attention = qc.kv_cache_scheme is KvCacheScheme.FP8

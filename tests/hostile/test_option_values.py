@@ -52,3 +52,11 @@ def test_group_options_and_conflicting_options_are_one_line_usage_errors(tmp_pat
     before = sorted(tmp_path.iterdir())
     assert_refused(run_cli(*[a.replace("{d}", str(tmp_path)) for a in argv]), named, code=2)
     assert sorted(tmp_path.iterdir()) == before
+
+
+def test_export_legacy_refuses_a_tp_that_cannot_serve_the_model_as_plan_does(tmp_path, spec_factory):
+    checkpoint = spec_factory("ernie-moe-tiny")
+    plan_line = assert_refused(run_cli("plan", checkpoint, "--tp", "3"), "valid:")
+    line = assert_refused(run_cli("export-legacy", checkpoint, tmp_path / "legacy", "--tp", "3"), "tensor parallelism 3")
+    assert line.split("valid:")[1] == plan_line.split("valid:")[1]
+    assert not (tmp_path / "legacy").exists() and not (tmp_path / "legacy.partial").exists()
