@@ -18,7 +18,7 @@ from .datasets import BUILTIN, check_seq_len, load_text, token_batches, tokenize
 from .engine.fp8 import EmulationOptions, Fp8Emulator
 from .engine.model import forward
 from .engine.weights import open_weights
-from .errors import HpuFp8Error
+from .errors import HpuFp8Error, NonFiniteError
 from .validate import open_validated
 
 __all__ = ["VARIANTS", "EvalReport", "EvalRow", "check_same_model", "evaluate"]
@@ -129,9 +129,16 @@ def evaluate(
     accumulators = {name: _Accumulator() for name in emulators}
     tokens = 0
     for batch in token_batches(ids, samples, seq_len, 4, dataset):
-        ref = forward(reference, batch)
-        for name, emulator in emulators.items():
-            accumulators[name].add(ref, emulator.forward(batch), batch[:, 1:])
+        with np.errstate(over="ignore", invalid="ignore"):  # what overflowed is refused below, by name
+            ref = forward(reference, batch)
+            _check_finite(ref, f"{bf16_source}: the BF16 model's logits")
+            for name, emulator in emulators.items():
+                try:
+                    logits = emulator.forward(batch)
+                except NonFiniteError as exc:
+                    raise NonFiniteError(f"{fp8_checkpoint}: {exc} ({name} row)") from None
+                _check_finite(logits, f"{fp8_checkpoint}: the emulated FP8 logits ({name} row)")
+                accumulators[name].add(ref, logits, batch[:, 1:])
         tokens += batch.size
     report = EvalReport(tokens, tp, str(dataset), [accumulators[name].row(name) for name in emulators])
     warning = attention_warning(report.rows)
@@ -173,6 +180,13 @@ def check_same_model(source: str | Path, ours: ModelDescriptor, checkpoint: str 
             f"{source} and {checkpoint} are different models ({', '.join(differences)}); "
             "evaluate a checkpoint against the BF16 source it was converted from"
         )
+
+
+def _check_finite(logits: np.ndarray, what: str) -> None:
+    """Refuse logits that are not finite: a weight so large the float32 arithmetic overflowed (a KL or a
+    perplexity of NaN would otherwise be printed as a result)."""
+    if not np.isfinite(logits).all():
+        raise NonFiniteError(f"{what} are not finite: a weight is so large that the float32 arithmetic overflows")
 
 
 def attention_warning(rows: list[EvalRow]) -> str | None:

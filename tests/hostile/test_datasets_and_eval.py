@@ -237,3 +237,27 @@ def test_eval_still_runs_on_a_matching_pair(work):
     result = run("eval", work, "--json")
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["tokens"] == 16
+
+
+def test_eval_of_weights_so_large_the_arithmetic_overflows_is_one_line_naming_what(tmp_path, source_factory):
+    """Finite but huge weights (3e38 in bf16) convert; their forward overflows float32. eval printed numpy's
+    RuntimeWarnings and "tensor 'tensor' holds nan" before; now one line naming the model and the point."""
+    import ml_dtypes
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    from hpu_fp8_loader.spec.measurements import write_measurements
+    from hpu_fp8_loader.synth import synthetic_measurements
+
+    source = tmp_path / "huge"
+    shutil.copytree(source_factory("qwen2-tiny"), source)
+    shard = next(p for p in source.glob("*.safetensors") if "qwen2.layers.0.self_attn.o_proj.weight" in load_file(p))
+    tensors = load_file(shard)
+    name = "qwen2.layers.0.self_attn.o_proj.weight"
+    tensors[name] = np.full(tensors[name].shape, 3e38, ml_dtypes.bfloat16)
+    save_file(tensors, shard)
+    write_measurements(tmp_path / "m.json", synthetic_measurements(preset_config("qwen2-tiny")))
+    assert run_cli("convert", source, tmp_path / "fp8", "--measurements", tmp_path / "m.json", "-q").exit_code == 0
+    result = run_cli("eval", source, tmp_path / "fp8", *QUICK)
+    line = assert_refused(result, "not finite")
+    assert "RuntimeWarning" not in result.stderr and "'tensor'" not in line
