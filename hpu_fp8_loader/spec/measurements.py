@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..errors import MeasurementError
 from ..io.file_output import write_text_atomically
 from ..io.jsonfile import read_json_object
+from ..scales import act_amax_problem
 from . import names
 from .config import Provenance as MeasurementProvenance
 
@@ -110,9 +111,14 @@ def read_measurements(path: str | Path) -> Measurements:
     if type(version) is not int or version != 1:
         raise MeasurementError(f"{path}: version {json.dumps(version)}; this reader implements version 1")
     try:
-        return Measurements.model_validate_json(json.dumps(data), strict=True)
+        measurements = Measurements.model_validate_json(json.dumps(data), strict=True)
     except ValidationError as exc:
         raise MeasurementError(f"{path}: {_first_error(exc)}") from None
+    for module, amax in measurements.amax.items():  # here, where the file can be named; zero is a dead point
+        problem = act_amax_problem(amax) if amax else None
+        if problem:
+            raise MeasurementError(f"{path}: amax[{json.dumps(module)}]: {problem}")
+    return measurements
 
 
 def write_measurements(path: str | Path, measurements: Measurements, replace: bool = True) -> None:

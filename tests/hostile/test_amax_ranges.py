@@ -55,7 +55,7 @@ def test_convert_refuses_an_amax_out_of_range_naming_the_module(tmp_path, source
     before = tree_digest(source)
     measurements = _measurement_file(tmp_path / "m.json", **{DOWN0.replace(".", "__"): amax})
     result = run_cli("convert", source, tmp_path / "out", "--measurements", measurements, "--workers", 1)
-    line = assert_refused(result, DOWN0, "outside the range")
+    line = assert_refused(result, str(measurements), DOWN0, "outside the range")  # the file, not "measurements #1"
     assert f"{amax:g}" in line
     assert not (tmp_path / "out").exists() and tree_digest(source) == before
 
