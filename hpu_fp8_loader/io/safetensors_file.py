@@ -9,6 +9,7 @@ of a memory map, so opening a checkpoint never modifies it and costs no RAM.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import mmap
 import os
@@ -166,7 +167,7 @@ def _metadata(path: Path, metadata: object) -> dict[str, str]:
         raise _bad(path, f"__metadata__ is {type(metadata).__name__}, not an object of strings")
     for key, value in metadata.items():
         if not isinstance(value, str):
-            raise _bad(path, f"__metadata__[{key!r}] is {type(value).__name__}, not a string")
+            raise _bad(path, f"__metadata__[{json.dumps(key)}] is {json.dumps(value)[:40]}, not a string")
     return metadata
 
 
@@ -222,7 +223,7 @@ def _tensor_info(path: Path, name: str, entry: object, data_start: int, size: in
         kind = "unsupported" if type(dtype) is str and dtype in _UNSUPPORTED_DTYPES else "unknown"
         raise _bad(path, f"tensor '{name}': {kind} dtype {dtype!r}")
     if not _naturals(shape):
-        raise _bad(path, f"tensor '{name}': shape {shape!r} is not a list of non-negative integers")
+        raise _bad(path, f"tensor '{name}': shape {json.dumps(shape)[:80]} is not a list of non-negative integers")
     if not _naturals(offsets) or len(offsets) != 2 or offsets[0] > offsets[1]:
         raise _bad(path, f"tensor '{name}': data_offsets {offsets!r} are not [begin, end]")
     expected = math.prod(shape) * ITEMSIZES[dtype]
