@@ -79,6 +79,8 @@ def atomic_file(path: str | Path, replace: bool = True) -> Iterator[Path]:
         _fsync(path.absolute().parent, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
         raise WriteFailedError(f"{path}: writing failed: {exc.strerror or exc}; nothing was written") from None
+    except WriteFailedError as exc:  # named for the file asked for, not the hidden staging file; nothing resumes
+        raise WriteFailedError(f"{path}: writing failed: {exc.reason}; nothing was written") from None
     finally:
         temporary.unlink(missing_ok=True)
 

@@ -51,7 +51,14 @@ _HOLDER_FILE = ".hpu_fp8_lock"
 
 
 class WriteFailedError(HpuFp8Error):
-    """Writing output failed (no space left, a file-size limit, an I/O error); nothing was published."""
+    """Writing output failed (no space left, a file-size limit, an I/O error); nothing was published.
+
+    ``reason`` is the system's reason alone, for a caller that words the message for its own output.
+    """
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason or message
 
 
 class OutputLockedError(HpuFp8Error):
@@ -116,7 +123,8 @@ def _write_failed(path: Path, exc: OSError, what: str) -> WriteFailedError:
         errno.EDQUOT: "the disk quota is exhausted",
     }.get(exc.errno, exc.strerror or str(exc))
     return WriteFailedError(
-        f"{path}: {what} failed: {reason}. Nothing was published; fix that and run the same command again to resume."
+        f"{path}: {what} failed: {reason}. Nothing was published; fix that and run the same command again to resume.",
+        reason,
     )
 
 

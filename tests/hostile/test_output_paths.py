@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -126,6 +127,21 @@ def test_map_to_a_file_refuses_an_existing_one_and_replaces_a_link_not_its_targe
     assert_refused(run_cli("map", ckpt, "-o", out), str(out), "--force")
     assert run_cli("map", ckpt, "-o", out, "--force").exit_code == 0
     assert victim.read_bytes() == b"keep me" and not out.is_symlink() and out.stat().st_size > 1000
+
+
+def test_map_to_a_file_over_the_file_size_limit_names_that_file_and_leaves_nothing(tmp_path, ckpt):
+    out = tmp_path / "rank0.safetensors"
+    cli = shutil.which("hpu-fp8", path=os.path.dirname(sys.executable))
+    done = subprocess.run(
+        [cli, "map", str(ckpt), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000)),
+    )
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"hpu-fp8: error: {out}: writing failed") and "resume" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["project"]
 
 
 def test_map_refuses_a_rank_file_inside_the_checkpoint(tmp_path, ckpt):
