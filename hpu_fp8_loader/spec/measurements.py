@@ -56,6 +56,15 @@ def check_module_numbers(name: str) -> None:
 
 
 class Measurements(_Strict):
+    """A measurement file: the activation abs-max of every spec module (``amax``), where it came from
+    (``provenance``), the model it was measured on, and the tokens each expert saw.
+
+    Example:
+        >>> from hpu_fp8_loader import load_measurements
+        >>> load_measurements("measurements.json").measurements.amax["qwen2.layers.0.self_attn.qkv_proj"]  # doctest: +SKIP
+        3.52
+    """
+
     format: Literal["hpu-fp8-measurements"] = FORMAT
     version: Literal[1] = 1
     provenance: MeasurementProvenance
