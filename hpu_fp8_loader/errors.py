@@ -9,17 +9,22 @@ from __future__ import annotations
 __all__ = [
     "CheckpointIndexError",
     "CheckpointNotFoundError",
+    "ChecksumMismatchError",
     "ConfigError",
     "HpuFp8Error",
+    "HubError",
     "MeasurementError",
     "NonFiniteError",
     "NotHpuFp8CheckpointError",
     "OutputExistsError",
+    "OutputLockedError",
     "SafetensorsFormatError",
     "UnknownArchitectureError",
     "UnsafePathError",
     "UnsupportedFormatVersionError",
+    "UploadError",
     "WorkerDiedError",
+    "WriteFailedError",
 ]
 
 
@@ -73,3 +78,30 @@ class OutputExistsError(HpuFp8Error):
 
 class WorkerDiedError(HpuFp8Error):
     """A worker process was killed (the out-of-memory killer, a signal) in the middle of its work."""
+
+
+class WriteFailedError(HpuFp8Error):
+    """Writing output failed (no space left, a file-size limit, an I/O error); nothing was published.
+
+    ``reason`` is the system's reason alone, for a caller that words the message for its own output.
+    """
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason or message
+
+
+class OutputLockedError(HpuFp8Error):
+    """Another run is writing the same output; two writers in one staging directory corrupt each other."""
+
+
+class HubError(HpuFp8Error):
+    """The Hub refused a request or could not be reached (no network, an HF_ENDPOINT that is no URL, HTTP errors)."""
+
+
+class ChecksumMismatchError(HpuFp8Error):
+    """Files of a checkpoint disagree with its manifest (a corrupt or partial download)."""
+
+
+class UploadError(HubError):
+    """The Hub refused or interrupted the upload, or the uploaded files differ from the local ones."""

@@ -14,12 +14,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from .console import hub_bars_follow_ours
-from .errors import CheckpointNotFoundError, HpuFp8Error
+from .errors import CheckpointNotFoundError, ChecksumMismatchError, HpuFp8Error, HubError
 
 __all__ = [
     "SOURCE_PATTERNS",
     "SPEC_PATTERNS",
-    "HubError",
     "LoadedCheckpoint",
     "check_repo_id",
     "check_revision",
@@ -52,8 +51,6 @@ def _without_credentials(text: str) -> str:
     return _URL_CREDENTIALS.sub("***@", text)
 
 
-class HubError(HpuFp8Error):
-    """The Hub refused a request or could not be reached (no network, an HF_ENDPOINT that is no URL, HTTP errors)."""
 
 
 def _check_endpoint(repo_id: str) -> None:
@@ -231,8 +228,6 @@ class LoadedCheckpoint:
     warnings: list[str]
 
 
-class ChecksumMismatchError(HpuFp8Error):
-    """Files of a checkpoint disagree with its manifest (a corrupt or partial download)."""
 
 
 def load(location: str | Path, revision: str | None = None, hashes: bool = True) -> LoadedCheckpoint:

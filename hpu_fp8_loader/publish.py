@@ -29,9 +29,9 @@ from .calibrate import calibrate
 from .cards import CardFile, check_license, render_card
 from .console import hub_bars_follow_ours
 from .convert import ConvertOptions, convert
-from .errors import HpuFp8Error, OutputExistsError, UnsafePathError
+from .errors import HpuFp8Error, OutputExistsError, UnsafePathError, UploadError
 from .evaluate import EvalReport, evaluate
-from .hub import SOURCE_PATTERNS, HubError, check_repo_id, check_revision, hub_error, hub_failures, resolve_checkpoint
+from .hub import SOURCE_PATTERNS, check_repo_id, check_revision, hub_error, hub_failures, resolve_checkpoint
 from .io.checkpoint import read_config, source_file
 from .io.manifest import MANIFEST_FILE, write_manifest
 from .io.writer import check_apart
@@ -39,7 +39,7 @@ from .measurements import load_measurements
 from .spec.measurements import Measurements
 from .validate import validate
 
-__all__ = ["MEASUREMENTS_FILE", "PushOptions", "PushResult", "UploadError", "git_blob_id", "push", "remote_problems"]
+__all__ = ["MEASUREMENTS_FILE", "PushOptions", "PushResult", "git_blob_id", "push", "remote_problems"]
 
 CARD = "README.md"
 # The activation statistics the checkpoint was made from, uploaded beside it (llm-compressor uploads its recipe.yaml).
@@ -57,8 +57,7 @@ _CARD_HEAD_BYTES = 1 << 20
 _LICENSE_SHOWN = 64
 
 
-class UploadError(HubError):
-    """The Hub refused or interrupted the upload, or the uploaded files differ from the local ones."""
+
 
 
 @dataclass

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import OutputExistsError
-from .writer import WriteFailedError, check_apart
+from ..errors import OutputExistsError, WriteFailedError
+from .writer import check_apart
 
 __all__ = ["atomic_file", "check_output_file", "write_text_atomically"]
 

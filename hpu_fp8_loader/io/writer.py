@@ -25,18 +25,16 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import HpuFp8Error, OutputExistsError, UnsafePathError
+from ..errors import OutputExistsError, OutputLockedError, UnsafePathError, WriteFailedError
 from .checkpoint import CONFIG_FILE, INDEX_FILE, copied_source_files
 from .manifest import MANIFEST_FILE, write_manifest
 from .safetensors_file import ITEMSIZES, dtype_name
 
 __all__ = [
     "PARTIAL_SUFFIX",
-    "OutputLockedError",
     "PlannedTensor",
     "Shard",
     "ShardFile",
-    "WriteFailedError",
     "check_apart",
     "clear_staging",
     "plan_shards",
@@ -48,21 +46,6 @@ __all__ = [
 PARTIAL_SUFFIX = ".partial"
 # Inside OUT.partial: who holds the staging lock (pid and command line), for the message a second run gets.
 _HOLDER_FILE = ".hpu_fp8_lock"
-
-
-class WriteFailedError(HpuFp8Error):
-    """Writing output failed (no space left, a file-size limit, an I/O error); nothing was published.
-
-    ``reason`` is the system's reason alone, for a caller that words the message for its own output.
-    """
-
-    def __init__(self, message: str, reason: str = ""):
-        super().__init__(message)
-        self.reason = reason or message
-
-
-class OutputLockedError(HpuFp8Error):
-    """Another run is writing the same output; two writers in one staging directory corrupt each other."""
 
 
 @dataclass(frozen=True)
