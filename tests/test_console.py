@@ -113,6 +113,7 @@ def _convert_with_stderr(tmp_path: Path, source: Path, measurements: Path, termi
     return b"".join(chunks).decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_progress_bars_only_on_a_terminal_and_never_when_switched_off(tmp_path, source_factory, measurements):
     source = source_factory("qwen2-tiny")
     on_terminal = _convert_with_stderr(tmp_path, source, measurements, True, {})

@@ -88,6 +88,7 @@ def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_a_hub_repo_id_converts_from_the_offline_cache(tmp_path, source_factory):
     cache = tmp_path / "hub"
     add_to_cache(cache, "acme/qwen2-tiny", source_factory("qwen2-tiny", "torch"))

@@ -19,6 +19,8 @@ from hpu_fp8_loader.spec.measurements import write_measurements
 from hpu_fp8_loader.synth import preset_config, synthesize, synthetic_measurements
 from hpu_fp8_loader.validate import validate
 
+pytestmark = pytest.mark.slow  # worker pools, kill -9 and resume: the inner loop leaves them to CI
+
 MEDIUM = {  # ~30 MB of BF16: big enough to interrupt, small enough for CI
     "hidden_size": 512,
     "intermediate_size": 1024,

@@ -90,6 +90,7 @@ def test_moe_layers_follow_fastdeploys_rule_for_interval_two(tmp_path):
     assert "ernie.layers.3.mlp.up_gate_proj" in observer.amax
 
 
+@pytest.mark.slow
 def test_a_layer_that_cannot_fit_gets_a_clear_error(tmp_path):
     synthesize(tmp_path / "m", preset_config("qwen2-tiny", {"intermediate_size": 400_000}), "paddle")  # 150 MB in BF16
     script = f"""

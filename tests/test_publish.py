@@ -18,6 +18,8 @@ from hpu_fp8_loader.demo import TINY_MODELS
 from hpu_fp8_loader.evaluate import evaluate
 from hpu_fp8_loader.publish import git_blob_id
 
+pytestmark = pytest.mark.slow  # subprocesses against the Hub double: the inner loop leaves them to CI
+
 TOKEN = "hf_test_double_token"
 QWEN = str(TINY_MODELS["qwen2-bytes"])
 

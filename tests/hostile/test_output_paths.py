@@ -223,6 +223,7 @@ def test_a_second_run_on_the_same_output_is_refused_naming_the_holder_then_runs_
     assert not (out / ".hpu_fp8_lock").exists() and run_cli("validate", out).exit_code == 0
 
 
+@pytest.mark.slow
 def test_an_output_name_that_is_not_utf8_converts(tmp_path, src):
     """A path of bytes that are no UTF-8 (legal on Linux) used to end in a UnicodeEncodeError traceback."""
     out = os.fsencode(tmp_path) + b"/out-\xff"
@@ -326,6 +327,7 @@ def _wait_for_first_shard(process: subprocess.Popen, out: Path) -> None:
     pytest.fail("the conversion finished (or hung) before a shard was recorded; make SLOW larger")
 
 
+@pytest.mark.slow
 def test_two_real_converts_to_one_output_one_refused_the_other_publishes_a_sound_checkpoint(tmp_path, slow_src):
     """The race the issue measured (6 of 20 corrupt): both started for real, the second while the first writes."""
     out = tmp_path / "out"
@@ -356,6 +358,7 @@ def _worker_pids(process: subprocess.Popen) -> list[int]:
     return [pid for pid, parent in parents.items() if parent != process.pid and parent in parents]
 
 
+@pytest.mark.slow
 def test_ctrl_c_mid_convert_is_one_line_and_the_same_command_resumes(tmp_path, slow_src):
     out = tmp_path / "out"
     process = _start_convert(slow_src, out)
@@ -373,6 +376,7 @@ def test_ctrl_c_mid_convert_is_one_line_and_the_same_command_resumes(tmp_path, s
     assert "resumed" in result.stdout and run_cli("validate", out).exit_code == 0
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_convert_is_one_line_naming_the_tensor(tmp_path, slow_src):
     out = tmp_path / "out"
     process = _start_convert(slow_src, out)
@@ -390,6 +394,7 @@ def test_a_worker_killed_mid_convert_is_one_line_naming_the_tensor(tmp_path, slo
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_source_truncated_mid_convert_is_one_line_naming_the_file(tmp_path, slow_src):
     source = tmp_path / "src"
     shutil.copytree(slow_src / "src", source)
@@ -406,6 +411,7 @@ def test_a_source_truncated_mid_convert_is_one_line_naming_the_file(tmp_path, sl
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_an_interrupted_converts_workers_die_with_it_and_release_the_callers_pipes(tmp_path, slow_src):
     """kill -9 of convert: no worker survives holding memory or the caller's stdout/stderr."""
     out = tmp_path / "out"
