@@ -121,10 +121,21 @@ dead_experts_option = click.option(
 )
 
 
+_PIPELINE_ORDER = [
+    "demo", "synth", "calibrate", "convert", "import", "import-legacy", "retarget", "validate", "inspect", "eval",
+    "plan", "map", "export-legacy", "doctor", "push", "pull", "schema",
+]  # fmt: skip
+
+
 class _Commands(click.Group):
     """The command group: every failure of a command is one ``hpu-fp8: error:`` line. A usage error (a bad
     option value, a missing argument) names the option and where help is, exit 2, instead of click's
     four-line usage block; Ctrl-C is one line and exit 130, not click's "Aborted!" and exit 1."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        """Commands in the order of the pipeline, not the alphabet."""
+        listed = super().list_commands(ctx)
+        return sorted(listed, key=lambda name: _PIPELINE_ORDER.index(name) if name in _PIPELINE_ORDER else len(listed))
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         """The group's own options (``--log-level``, ``-v``) fail in one line too."""
@@ -175,7 +186,7 @@ def main(ctx: click.Context, verbose: int, quiet: bool, log_level: str | None) -
     configure(level, quiet)
 
 
-@main.command()
+@main.command(short_help="Check a checkpoint against every rule of the spec.")
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option(
     "--quick",
@@ -215,7 +226,7 @@ def validate(directory: Path, quick: bool, hashes: bool, as_json: bool, quiet: b
     sys.exit(0 if report.valid else EXIT_INVALID)
 
 
-@main.command()
+@main.command(short_help="Summarise a checkpoint: roles, dtypes, scales.")
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def inspect(directory: Path, as_json: bool) -> None:
@@ -250,7 +261,7 @@ def _print_inspection(result) -> None:
         )
 
 
-@main.command()
+@main.command(short_help="Write a deterministic random BF16 source checkpoint.")
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option(
     "--preset",
@@ -311,7 +322,7 @@ def synth(
     click.echo(f"{out}: {descriptor.model_type} ({descriptor.parameter_count():,} parameters) in {layout} layout, seed {seed}")
 
 
-@main.command()
+@main.command(short_help="Convert a BF16 checkpoint to hpu-fp8 v1.")
 @click.argument("src")
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option(
@@ -394,7 +405,7 @@ def convert(
     )
 
 
-@main.command("import-legacy")
+@main.command("import-legacy", short_help="Bring a legacy FastDeploy FP8 checkpoint to hpu-fp8.")
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option(
@@ -444,7 +455,7 @@ def import_legacy(
             click.echo(f"  {name}: {error:.2e}")
 
 
-@main.command("import")
+@main.command("import", short_help="Bring a compressed-tensors FP8 checkpoint to hpu-fp8.")
 @click.argument("src")
 @click.argument("out", type=click.Path(path_type=Path))
 @target_option
@@ -512,7 +523,7 @@ def import_command(
         click.echo(f"  {name}: {error:.2e}")
 
 
-@main.command("export-legacy")
+@main.command("export-legacy", short_help="Write the legacy layout stock FastDeploy reads.")
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option(
@@ -544,7 +555,7 @@ def export_legacy(src: Path, out: Path, tp: int, max_shard_size: str, force: boo
     )
 
 
-@main.command()
+@main.command(short_help="Move a checkpoint between ±448 (Gaudi3) and ±240.")
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option(
@@ -568,7 +579,7 @@ def retarget(src: Path, out: Path, target: str, max_shard_size: str, force: bool
     click.echo(report.message)
 
 
-@main.command("map")
+@main.command("map", short_help="Write the parameters the hook hands one rank.")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @tp_option
 @click.option("--rank", type=RANK, default=0, show_default=True, help="Tensor-parallel rank to map.")
@@ -616,7 +627,7 @@ def map_command(
     )
 
 
-@main.command()
+@main.command(short_help="Check that --load-choices hpu_fp8 works here.")
 @click.argument("checkpoint", required=False)
 @tp_option
 @ep_option
@@ -654,7 +665,7 @@ def doctor(checkpoint: str | None, tp: int, ep: int, revision: str | None, no_bu
     sys.exit(0 if report.ok else EXIT_INVALID)
 
 
-@main.command()
+@main.command(short_help="Size a deployment: bytes per rank, KV per token.")
 @click.argument("model", type=click.Path(path_type=Path))
 @tp_option
 @ep_option
@@ -695,7 +706,7 @@ def plan(model: Path, tp: int, ep: int, kv_cache: str, as_json: bool) -> None:
     )
 
 
-@main.command()
+@main.command(short_help="Download and check an hpu-fp8 checkpoint.")
 @click.argument("repo_id")
 @click.option("--revision", default=None, help="Branch, tag or commit.")
 @json_option
@@ -724,7 +735,7 @@ def pull(repo_id: str, revision: str | None, as_json: bool) -> None:
     )
 
 
-@main.command()
+@main.command(short_help="Record activation amax with the reference engine.")
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Measurement file to write (JSON).")
 @click.option(
@@ -815,7 +826,7 @@ def calibrate(
     )
 
 
-@main.command("eval")
+@main.command("eval", short_help="Compare emulated Gaudi FP8 with the BF16 model.")
 @click.argument("bf16_source", type=click.Path(path_type=Path))
 @click.argument("fp8_checkpoint", type=click.Path(path_type=Path))
 @click.option(
@@ -878,7 +889,7 @@ def print_eval(report) -> None:
         )
 
 
-@main.command()
+@main.command(short_help="Convert, validate, evaluate and publish to the Hub.")
 @click.argument("src")
 @click.option("--repo-id", required=True, help="Hub repository to publish to (ORG/NAME).")
 @click.option(
@@ -992,7 +1003,7 @@ def push(
         click.echo(f"{repo_id}: published and verified ({len(result.files)} files): {result.commit_url}")
 
 
-@main.command()
+@main.command(short_help="The main job on a shipped tiny model, end to end.")
 @click.option(
     "--out",
     "work_dir",
@@ -1033,7 +1044,7 @@ def demo(work_dir: Path, model: str, kv_cache: str, force: bool, as_json: bool) 
     sys.exit(0 if result.report.valid else EXIT_INVALID)
 
 
-@main.command()
+@main.command(short_help="Print the JSON Schema of a format.")
 @click.argument("what", type=click.Choice(["quantization-config", "measurements"]))
 @click.option("--json", "as_json", is_flag=True, help="Accepted for uniformity: the schema is JSON anyway.")
 def schema(what: str, as_json: bool) -> None:
