@@ -85,33 +85,48 @@ def _parse_size(text: str) -> int:
     return int(size)
 
 
-# Options several commands share, declared once.
-force_option = click.option("--force", is_flag=True, help="Replace OUT if it exists.")
-quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-json_option = click.option(
+# Options several commands share, declared once: ``name_option()`` as declared, ``name_option(help=...)`` (or any
+# other click.option keyword) where one command needs its own wording or default.
+def _shared_option(*declarations: str, **defaults: object):
+    def option(**overrides: object):
+        return click.option(*declarations, **{**defaults, **overrides})
+
+    return option
+
+
+# Counts are at least 1 and ranks at least 0: click refuses anything else as a usage error naming the option.
+COUNT = click.IntRange(min=1)
+RANK = click.IntRange(min=0)
+force_option = _shared_option("--force", is_flag=True, help="Replace OUT if it exists.")
+quiet_option = _shared_option("-q", "--quiet", is_flag=True, help="No progress bar.")
+json_option = _shared_option(
     "--json", "as_json", is_flag=True, help="Print the result as one JSON document on stdout (messages stay on stderr)."
 )
-shard_size_option = click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard file.")
-target_option = click.option(
+shard_size_option = _shared_option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard file.")
+target_option = _shared_option(
     "--target",
     type=click.Choice(["gaudi2", "gaudi3"]),
     default="gaudi2",
     show_default=True,
     help="gaudi2: FP8 range ±240 (what FastDeploy serves); gaudi3: ±448.",
 )
-kv_cache_option = click.option(
+kv_cache_option = _shared_option(
     "--kv-cache",
     type=click.Choice(["fp8", "none"]),
     default="fp8",
     show_default=True,
     help="fp8: fp8 KV cache and fp8 attention; none: attention stays BF16 (safer for Qwen2).",
 )
-# Counts are at least 1 and ranks at least 0: click refuses anything else as a usage error naming the option.
-COUNT = click.IntRange(min=1)
-RANK = click.IntRange(min=0)
-tp_option = click.option("--tp", type=COUNT, default=1, show_default=True, help="Tensor-parallel size.")
-ep_option = click.option("--ep", type=COUNT, default=1, show_default=True, help="Expert-parallel size (MoE).")
-dead_experts_option = click.option(
+measurements_option = _shared_option(
+    "--measurements",
+    "measurement_paths",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Activation statistics: hpu-fp8 measurement files (.json) or FastDeploy's measurement text files.",
+)
+tp_option = _shared_option("--tp", type=COUNT, default=1, show_default=True, help="Tensor-parallel size.")
+ep_option = _shared_option("--ep", type=COUNT, default=1, show_default=True, help="Expert-parallel size (MoE).")
+dead_experts_option = _shared_option(
     "--dead-experts",
     type=click.Choice(["error", "sibling-max"]),
     default="error",
@@ -195,8 +210,8 @@ def main(ctx: click.Context, verbose: int, quiet: bool, log_level: str | None) -
     "(with --hashes the values are checked anyway, on the same read as the sha256).",
 )
 @click.option("--hashes", is_flag=True, help="Also compare every file's sha256 with hpu_fp8_manifest.json (reads every byte).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@quiet_option
+@json_option(help="Print the report as JSON.")
+@quiet_option()
 def validate(directory: Path, quick: bool, hashes: bool, as_json: bool, quiet: bool) -> None:
     """Check DIRECTORY against every rule of the hpu-fp8 v1 spec.
 
@@ -228,7 +243,7 @@ def validate(directory: Path, quick: bool, hashes: bool, as_json: bool, quiet: b
 
 @main.command(short_help="Summarise a checkpoint: roles, dtypes, scales.")
 @click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@json_option(help="Print the summary as JSON.")
 def inspect(directory: Path, as_json: bool) -> None:
     """Summarise DIRECTORY: layers, roles, dtypes, bytes, scale ranges, saturated share."""
     from .inspection import inspect_checkpoint
@@ -284,10 +299,10 @@ def _print_inspection(result) -> None:
     help="paddle: FastDeploy's fused [in, out] names; torch: Hugging Face [out, in], separate q/k/v and gate/up.",
 )
 @click.option("--seed", type=RANK, default=0, show_default=True, help="Values depend only on the seed and the tensor's name.")
-@shard_size_option
-@force_option
-@quiet_option
-@json_option
+@shard_size_option()
+@force_option()
+@quiet_option()
+@json_option()
 def synth(
     out: Path,
     preset: str,
@@ -325,17 +340,13 @@ def synth(
 @main.command(short_help="Convert a BF16 checkpoint to hpu-fp8 v1.")
 @click.argument("src")
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option(
-    "--measurements",
-    "measurement_paths",
-    multiple=True,
+@measurements_option(
     required=True,
-    type=click.Path(path_type=Path),
     help="Activation amax: an hpu-fp8 measurement file (.json), or FastDeploy's model_measurement.txt, its "
     "per-rank model_measurement_{rank}.txt set, or a directory holding them. Repeat to combine sources (max per point).",
 )
-@target_option
-@kv_cache_option
+@target_option()
+@kv_cache_option()
 @click.option(
     "--scale-rounding",
     type=click.Choice(["none", "pow2"]),
@@ -343,15 +354,13 @@ def synth(
     show_default=True,
     help="pow2 rounds every scale up to a power of two.",
 )
-@dead_experts_option
-@click.option(
-    "--workers", type=COUNT, default=min(2, os.cpu_count() or 1), show_default=True, help="Worker processes."
-)
-@shard_size_option
+@dead_experts_option()
+@click.option("--workers", type=COUNT, default=min(2, os.cpu_count() or 1), show_default=True, help="Worker processes.")
+@shard_size_option()
 @click.option("--revision", default=None, help="Revision of SRC when it is a Hub repo id.")
-@force_option
-@quiet_option
-@json_option
+@force_option()
+@quiet_option()
+@json_option()
 def convert(
     src: str,
     out: Path,
@@ -408,17 +417,13 @@ def convert(
 @main.command("import-legacy", short_help="Bring a legacy FastDeploy FP8 checkpoint to hpu-fp8.")
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option(
-    "--measurements",
-    "measurement_paths",
-    multiple=True,
-    type=click.Path(path_type=Path),
-    help="Points the legacy checkpoint lacks (e.g. Qwen2's MLP, which FastDeploy never measures); JSON or FastDeploy files.",
+@measurements_option(
+    help="Points the legacy checkpoint lacks (e.g. Qwen2's MLP, which FastDeploy never measures); JSON or FastDeploy files."
 )
-@dead_experts_option
-@shard_size_option
-@force_option
-@json_option
+@dead_experts_option()
+@shard_size_option()
+@force_option()
+@json_option()
 def import_legacy(
     src: Path,
     out: Path,
@@ -458,14 +463,10 @@ def import_legacy(
 @main.command("import", short_help="Bring a compressed-tensors FP8 checkpoint to hpu-fp8.")
 @click.argument("src")
 @click.argument("out", type=click.Path(path_type=Path))
-@target_option
-@kv_cache_option
-@click.option(
-    "--measurements",
-    "measurement_paths",
-    multiple=True,
-    type=click.Path(path_type=Path),
-    help="Statistics for the points the source lacks (q and softmax for FP8 attention; everything for dynamic checkpoints).",
+@target_option()
+@kv_cache_option()
+@measurements_option(
+    help="Statistics for the points the source lacks (q and softmax for FP8 attention; everything for dynamic checkpoints)."
 )
 @click.option(
     "--calibrate",
@@ -473,10 +474,10 @@ def import_legacy(
     is_flag=True,
     help="Calibrate the dequantized model with the reference engine for the missing points.",
 )
-@dead_experts_option
-@shard_size_option
-@force_option
-@json_option
+@dead_experts_option()
+@shard_size_option()
+@force_option()
+@json_option()
 def import_command(
     src: str,
     out: Path,
@@ -526,16 +527,10 @@ def import_command(
 @main.command("export-legacy", short_help="Write the legacy layout stock FastDeploy reads.")
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option(
-    "--tp",
-    type=COUNT,
-    default=1,
-    show_default=True,
-    help="Tensor parallelism it will be served at; >1 is refused where FastDeploy's v0 loader splits wrongly.",
-)
-@shard_size_option
-@force_option
-@json_option
+@tp_option(help="Tensor parallelism it will be served at; >1 is refused where FastDeploy's v0 loader splits wrongly.")
+@shard_size_option()
+@force_option()
+@json_option()
 def export_legacy(src: Path, out: Path, tp: int, max_shard_size: str, force: bool, as_json: bool) -> None:
     """Write hpu-fp8 checkpoint SRC in the legacy layout stock FastDeploy reads without the hook.
 
@@ -558,15 +553,15 @@ def export_legacy(src: Path, out: Path, tp: int, max_shard_size: str, force: boo
 @main.command(short_help="Move a checkpoint between ±448 (Gaudi3) and ±240.")
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option(
-    "--target",
-    type=click.Choice(["gaudi2", "gaudi3"]),
+@target_option(
+    default=None,
     required=True,
+    show_default=False,
     help="gaudi2: rescale a ±448 checkpoint to ±240 (values x 0.5, weight scales x 2); gaudi3: relabel a ±240 one.",
 )
-@shard_size_option
-@force_option
-@json_option
+@shard_size_option()
+@force_option()
+@json_option()
 def retarget(src: Path, out: Path, target: str, max_shard_size: str, force: bool, as_json: bool) -> None:
     """Move hpu-fp8 checkpoint SRC between the Gaudi3 (±448) and Gaudi2 (±240) FP8 ranges."""
     from .retarget import retarget as run_retarget
@@ -581,9 +576,9 @@ def retarget(src: Path, out: Path, target: str, max_shard_size: str, force: bool
 
 @main.command("map", short_help="Write the parameters the hook hands one rank.")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
-@tp_option
+@tp_option()
 @click.option("--rank", type=RANK, default=0, show_default=True, help="Tensor-parallel rank to map.")
-@ep_option
+@ep_option()
 @click.option("--ep-rank", type=RANK, default=0, show_default=True, help="Expert-parallel rank.")
 @click.option(
     "--all-ranks", is_flag=True, help="Write FastDeploy's pre-sharded layout: OUT/rank{r}/ for every TP rank (legacy keys)."
@@ -591,8 +586,8 @@ def retarget(src: Path, out: Path, target: str, max_shard_size: str, force: bool
 @click.option(
     "-o", "--out", type=click.Path(path_type=Path), required=True, help="FILE.safetensors, or a directory with --all-ranks."
 )
-@force_option
-@json_option
+@force_option()
+@json_option()
 def map_command(
     checkpoint: Path, tp: int, rank: int, ep: int, ep_rank: int, all_ranks: bool, out: Path, force: bool, as_json: bool
 ) -> None:
@@ -629,13 +624,13 @@ def map_command(
 
 @main.command(short_help="Check that --load-choices hpu_fp8 works here.")
 @click.argument("checkpoint", required=False)
-@tp_option
-@ep_option
+@tp_option()
+@ep_option()
 @click.option("--revision", default=None, help="Revision of CHECKPOINT when it is a Hub repo id.")
 @click.option(
     "--no-build", is_flag=True, help="Skip having FastDeploy build CHECKPOINT's model (at meta shapes, no weight memory)."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print every check as JSON.")
+@json_option(help="Print every check as JSON.")
 def doctor(checkpoint: str | None, tp: int, ep: int, revision: str | None, no_build: bool, as_json: bool) -> None:
     """Check that `--load-choices hpu_fp8` will work here: run it in FastDeploy's environment on the Gaudi box.
 
@@ -667,12 +662,10 @@ def doctor(checkpoint: str | None, tp: int, ep: int, revision: str | None, no_bu
 
 @main.command(short_help="Size a deployment: bytes per rank, KV per token.")
 @click.argument("model", type=click.Path(path_type=Path))
-@tp_option
-@ep_option
-@click.option(
-    "--kv-cache", type=click.Choice(["fp8", "none"]), default="fp8", show_default=True, help="KV-cache scheme to size for."
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@tp_option()
+@ep_option()
+@kv_cache_option(help="KV-cache scheme to size for.")
+@json_option(help="Print the plan as JSON.")
 def plan(model: Path, tp: int, ep: int, kv_cache: str, as_json: bool) -> None:
     """Size a deployment from MODEL's config.json (a directory or the file): bytes per rank, KV per token.
 
@@ -709,7 +702,7 @@ def plan(model: Path, tp: int, ep: int, kv_cache: str, as_json: bool) -> None:
 @main.command(short_help="Download and check an hpu-fp8 checkpoint.")
 @click.argument("repo_id")
 @click.option("--revision", default=None, help="Branch, tag or commit.")
-@json_option
+@json_option()
 def pull(repo_id: str, revision: str | None, as_json: bool) -> None:
     """Download (or find in the local cache) the hpu-fp8 checkpoint REPO_ID and check it.
 
@@ -765,9 +758,9 @@ def pull(repo_id: str, revision: str | None, as_json: bool) -> None:
     type=click.Path(path_type=Path),
     help="Also write the amax in FastDeploy's measurement-mode text format to this file.",
 )
-@click.option("--force", is_flag=True, help="Replace the -o (and --fastdeploy-format) file if it exists.")
-@quiet_option
-@json_option
+@force_option(help="Replace the -o (and --fastdeploy-format) file if it exists.")
+@quiet_option()
+@json_option()
 def calibrate(
     model: Path,
     out: Path,
@@ -837,9 +830,7 @@ def calibrate(
 )
 @click.option("--samples", type=COUNT, default=8, show_default=True, help="Windows of --seq-len tokens.")
 @click.option("--seq-len", type=click.IntRange(min=2), default=128, show_default=True)
-@click.option(
-    "--tp", type=COUNT, default=1, show_default=True, help="Emulate this tensor parallelism (bf16 partial sums reduced as FastDeploy would)."
-)
+@tp_option(help="Emulate this tensor parallelism (bf16 partial sums reduced as FastDeploy would).")
 @click.option("--weights-only", "only_weights", is_flag=True, help="Ablation row: FP8 weights, float32 activations.")
 @click.option("--no-kv-fp8", "only_no_kv", is_flag=True, help="Ablation row: FP8 linears, BF16 attention and KV cache.")
 @click.option(
@@ -847,7 +838,7 @@ def calibrate(
     is_flag=True,
     help="Quantize unnormalised exp scores as FastDeploy's decode path does (default: prefill form).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option(help="Print the report as JSON.")
 def eval_command(
     bf16_source: Path,
     fp8_checkpoint: Path,
@@ -892,21 +883,15 @@ def print_eval(report) -> None:
 @main.command(short_help="Convert, validate, evaluate and publish to the Hub.")
 @click.argument("src")
 @click.option("--repo-id", required=True, help="Hub repository to publish to (ORG/NAME).")
-@click.option(
-    "--measurements",
-    "measurement_paths",
-    multiple=True,
-    type=click.Path(path_type=Path),
-    help="Activation statistics (JSON or FastDeploy files).",
-)
+@measurements_option()
 @click.option(
     "--calibrate", "run_calibration", is_flag=True, help="Calibrate with the reference engine on the built-in text instead."
 )
 @click.option("--base-model", default=None, help="Hub id of the BF16 model (default: SRC when it is a Hub id).")
 @click.option("--license", "license_", default=None, help="License for the card (default: the source card's).")
-@target_option
-@kv_cache_option
-@dead_experts_option
+@target_option()
+@kv_cache_option()
+@dead_experts_option()
 @click.option("--eval", "force_eval", is_flag=True, help="Evaluate even above 3 B parameters (slow on CPU).")
 @click.option("--skip-eval", is_flag=True, help="Never evaluate; the card says no evaluation was run.")
 @click.option("--private", is_flag=True, help="Create the repository private.")
@@ -924,7 +909,7 @@ def print_eval(report) -> None:
     is_flag=True,
     help="Do everything locally, print every file with size and sha256 and the planned commit; touch nothing remote.",
 )
-@json_option
+@json_option()
 def push(
     src: str,
     repo_id: str,
@@ -1019,9 +1004,9 @@ def push(
     show_default=True,
     help="Which shipped tiny trained model to use.",
 )
-@click.option("--kv-cache", type=click.Choice(["fp8", "none"]), default="fp8", show_default=True)
-@click.option("--force", is_flag=True, help="Replace --out even if the demo did not make it.")
-@json_option
+@kv_cache_option()
+@force_option(help="Replace --out even if the demo did not make it.")
+@json_option()
 def demo(work_dir: Path, model: str, kv_cache: str, force: bool, as_json: bool) -> None:
     """Run the main job on the embedded default: calibrate, convert, validate and evaluate a tiny trained model."""
     from .demo import run_demo
@@ -1046,7 +1031,7 @@ def demo(work_dir: Path, model: str, kv_cache: str, force: bool, as_json: bool) 
 
 @main.command(short_help="Print the JSON Schema of a format.")
 @click.argument("what", type=click.Choice(["quantization-config", "measurements"]))
-@click.option("--json", "as_json", is_flag=True, help="Accepted for uniformity: the schema is JSON anyway.")
+@json_option(help="Accepted for uniformity: the schema is JSON anyway.")
 def schema(what: str, as_json: bool) -> None:
     """Print the JSON Schema of the quantization_config object or of the measurement file."""
     from .spec.config import QuantizationConfig
