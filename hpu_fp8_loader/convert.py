@@ -647,7 +647,7 @@ def _run_jobs(
         pool.shutdown()
     for shard, remaining in pending_in_shard.items():
         if remaining:
-            raise HpuFp8Error(f"internal error: shard {shard} still misses {sorted(remaining)[:3]}")
+            raise RuntimeError(f"internal error: shard {shard} still misses {', '.join(sorted(remaining)[:3])}")
     _save_journal(context.staging, fingerprint, done)
     return requantized
 

@@ -1,7 +1,9 @@
 """Every failure a user can cause has its own exception class.
 
 The CLI catches :class:`HpuFp8Error` once and prints its message as a single line, so each message
-names the file, tensor or key at fault and, where there is one, what to do next.
+names the file, tensor or key at fault and, where there is one, what to do next. A bug of ours is a
+``RuntimeError`` ("internal error: ..."), never one of these: no input can fix it, and its traceback is
+what a bug report needs.
 """
 
 from __future__ import annotations

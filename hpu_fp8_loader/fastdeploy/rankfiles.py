@@ -14,7 +14,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import HpuFp8Error
 from ..io.checkpoint import CONFIG_FILE
 from ..io.file_output import atomic_file, check_output_file
 from ..io.safetensors_file import dtype_name
@@ -58,7 +57,7 @@ def _write_pieces(target: ShardFile, pieces: Iterable[MappedPiece], specs: dict[
         spec = specs[piece.name]
         shape = spec.shape[1:] if piece.expert is not None else spec.shape
         if tuple(piece.array.shape) != shape or dtype_name(piece.array.dtype) != spec.dtype:
-            raise HpuFp8Error(
+            raise RuntimeError(  # a bug of ours, not an input a user can fix
                 f"internal error: {piece.name} mapped to {piece.array.dtype}{list(piece.array.shape)}, expected {spec}"
             )
         if piece.expert is None:
@@ -69,7 +68,7 @@ def _write_pieces(target: ShardFile, pieces: Iterable[MappedPiece], specs: dict[
     target.close()
     missing = [name for name in specs if name not in written]
     if missing:
-        raise HpuFp8Error(f"internal error: parameters left unmapped: {missing[:5]}")
+        raise RuntimeError(f"internal error: parameters left unmapped: {', '.join(missing[:5])}")
 
 
 def write_presharded(src: str | Path, out: str | Path, tp: int, force: bool = False) -> list[Path]:
