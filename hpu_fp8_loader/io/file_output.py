@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import OutputExistsError, WriteFailedError
-from .writer import check_apart
+from .writer import check_apart, fsync_path
 
 __all__ = ["atomic_file", "check_output_file", "write_text_atomically"]
 
@@ -36,14 +36,6 @@ def check_output_file(path: str | Path, force: bool, sources: Iterable[str | Pat
         raise WriteFailedError(f"{path}: {parent} {why}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise WriteFailedError(f"{path}: the directory {parent} is not writable")
-
-
-def _fsync(path: str | Path, flags: int = os.O_RDONLY) -> None:
-    descriptor = os.open(path, flags)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _publish(temporary: Path, path: Path, replace: bool) -> None:
@@ -74,9 +66,9 @@ def atomic_file(path: str | Path, replace: bool = True) -> Iterator[Path]:
         os.fchmod(descriptor, 0o666 & ~umask)  # mkstemp makes it 0600; an output gets the usual permissions
         os.close(descriptor)
         yield temporary
-        _fsync(temporary)
+        fsync_path(temporary)
         _publish(temporary, path, replace)
-        _fsync(path.absolute().parent, os.O_RDONLY | os.O_DIRECTORY)
+        fsync_path(path.absolute().parent)
     except OSError as exc:
         raise WriteFailedError(f"{path}: writing failed: {exc.strerror or exc}; nothing was written") from None
     except WriteFailedError as exc:  # named for the file asked for, not the hidden staging file; nothing resumes

@@ -37,6 +37,7 @@ __all__ = [
     "ShardFile",
     "check_apart",
     "clear_staging",
+    "fsync_path",
     "plan_shards",
     "prepare_output_dir",
     "publish_output_dir",
@@ -290,8 +291,10 @@ def prepare_output_dir(out: str | Path, force: bool = False, sources: Iterable[s
     return partial
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+def fsync_path(path: str | Path) -> None:
+    """fsync a file or a directory by name. A link is followed: OUT's directory may be reached through one
+    (``_sync_tree`` skips the links inside a staging directory itself)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -302,7 +305,7 @@ def _sync_tree(root: Path) -> None:
     """fsync every file and directory under ``root``: the rename that publishes must not outrun the data."""
     for path in [*sorted(root.rglob("*")), root]:
         if not path.is_symlink():
-            _fsync(path)
+            fsync_path(path)
 
 
 def publish_output_dir(partial: Path, out: str | Path, manifest: bool = False) -> Path:
@@ -326,7 +329,7 @@ def publish_output_dir(partial: Path, out: str | Path, manifest: bool = False) -
             shutil.rmtree(retired)
         else:
             partial.rename(out)
-        _fsync(out.parent)
+        fsync_path(out.parent)
     except OSError as exc:
         raise _write_failed(out, exc, "publishing") from exc
     finally:

@@ -96,6 +96,16 @@ def test_a_planted_staging_path_is_refused_and_never_written_through(request, tm
     assert after == before
 
 
+def test_an_output_reached_through_a_linked_directory_is_published(tmp_path, src):
+    """OUT's own directory may be a link a user made (it is not a planted staging path): the final fsync of
+    that directory used to refuse to follow it and report a failure after OUT was already in place."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "linked").symlink_to(tmp_path / "real")
+    result = run_cli(*convert_args(src, tmp_path / "linked" / "out", tmp_path))
+    assert result.exit_code == 0, result.stderr
+    assert run_cli("validate", "-q", tmp_path / "real" / "out").exit_code == 0
+
+
 def test_a_planted_staging_link_is_refused_by_synth(tmp_path):
     victim = tmp_path / "victim"
     victim.mkdir()
