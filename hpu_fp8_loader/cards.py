@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from .errors import HpuFp8Error
+from .errors import HpuFp8Error, one_line
 from .evaluate import EvalReport
 from .hub import check_repo_id
 from .io.checkpoint import read_config
@@ -48,16 +48,11 @@ def check_license(license: str) -> str:
     return license
 
 
-def _one_line(value: object) -> str:
-    """``value`` as text on one line: line breaks and other control characters become single spaces."""
-    return " ".join("".join(c if c.isprintable() else " " for c in str(value)).split())
-
-
 def markdown_text(value: object):
     """A value that is not ours as plain text in Markdown: one line, inline Markdown and HTML escaped."""
     from markupsafe import escape
 
-    return escape(_MARKDOWN_INLINE.sub(r"\\\1", _one_line(value)))
+    return escape(_MARKDOWN_INLINE.sub(r"\\\1", one_line(value)))
 
 
 def fenced_text(value: object):
@@ -65,7 +60,7 @@ def fenced_text(value: object):
     it cannot end the block."""
     from markupsafe import Markup
 
-    return Markup(_one_line(value))
+    return Markup(one_line(value))
 
 
 def _hub_dataset_ids(datasets: list[str]) -> list[str]:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import HpuFp8Error
+from .errors import HpuFp8Error, one_line
 from .io.jsonfile import JsonFormatError, parse_json, read_json_object, read_regular_file
 
 __all__ = ["BUILTIN", "check_seq_len", "load_text", "token_batches", "tokenize"]
@@ -135,7 +135,7 @@ def tokenize(text: str, model_dir: Path, vocab_size: int) -> tuple[np.ndarray, s
     try:
         ids = np.asarray(tokenizer.encode(text).ids, np.int64)
     except Exception as exc:  # the tokenizers library raises bare Exception
-        raise HpuFp8Error(f"{tokenizer_file}: cannot encode the dataset ({_one_line(exc)})") from None
+        raise HpuFp8Error(f"{tokenizer_file}: cannot encode the dataset ({one_line(exc)})") from None
     if ids.size and ids.max() >= vocab_size:
         raise HpuFp8Error(
             f"{tokenizer_file}: gives token id {int(ids.max())} >= the model's vocab_size {vocab_size}; "
@@ -158,12 +158,7 @@ def _load_tokenizer(path: Path):
     try:
         return Tokenizer.from_str(json.dumps(data))
     except Exception as exc:  # the tokenizers library raises bare Exception
-        raise HpuFp8Error(f"{path}: the tokenizers library cannot load it ({_one_line(exc)})") from None
-
-
-def _one_line(exc: Exception) -> str:
-    """A library's message on one line, as the CLI's error line must be."""
-    return " ".join(str(exc).split())
+        raise HpuFp8Error(f"{path}: the tokenizers library cannot load it ({one_line(exc)})") from None
 
 
 def token_batches(ids: np.ndarray, samples: int, seq_len: int, batch_size: int, dataset: str | Path = "the dataset"):

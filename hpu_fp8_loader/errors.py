@@ -27,7 +27,14 @@ __all__ = [
     "UploadError",
     "WorkerDiedError",
     "WriteFailedError",
+    "one_line",
 ]
+
+
+def one_line(value: object) -> str:
+    """``value`` as text on one line, as an error line (or a card's line) must be: line breaks and other
+    control characters become single spaces. For the messages of libraries, which span lines."""
+    return " ".join("".join(c if c.isprintable() else " " for c in str(value)).split())
 
 
 class HpuFp8Error(Exception):

@@ -14,7 +14,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from .console import hub_bars_follow_ours
-from .errors import CheckpointNotFoundError, ChecksumMismatchError, HpuFp8Error, HubError
+from .errors import CheckpointNotFoundError, ChecksumMismatchError, HpuFp8Error, HubError, one_line
 
 __all__ = [
     "SOURCE_PATTERNS",
@@ -137,7 +137,7 @@ def hub_failures() -> tuple[type[Exception], ...]:
 
 def _reason(exc: BaseException) -> str:
     """``exc`` as a short phrase on one line: the client's messages span lines and can run to paragraphs."""
-    text = _without_credentials(" ".join(str(exc).split()))
+    text = _without_credentials(one_line(exc))
     cut = text[:_REASON_LIMIT] + ("..." if len(text) > _REASON_LIMIT else "")
     return f"{type(exc).__name__}: {cut}"
 
