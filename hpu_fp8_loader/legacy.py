@@ -38,7 +38,7 @@ from .fusion import fuse_columns
 from .io.checkpoint import Checkpoint
 from .io.writer import CheckpointWriter, PlannedTensor
 from .spec import names
-from .spec.config import AmaxSourceKind, DeadExpertPolicy, ExpertRef, KvCacheScheme
+from .spec.config import AmaxSourceKind, DeadExpertPolicy, ExpertRef, KvCacheScheme, is_hpu_fp8
 from .spec.measurements import MeasurementProvenance, Measurements
 from .validate import open_validated
 
@@ -221,7 +221,7 @@ def import_legacy(
             f"{src}: config.json has no mix_quant quantization_config; not a legacy FastDeploy FP8 checkpoint "
             "(a BF16 checkpoint is converted with `hpu-fp8 convert`)"
         )
-    if qc_raw.get("quant_method") == "hpu_fp8":
+    if is_hpu_fp8(checkpoint.config):
         raise HpuFp8Error(f"{src}: already an hpu-fp8 checkpoint; nothing to import")
     descriptor = describe(checkpoint.config)
     layout = _legacy_layout(checkpoint, descriptor)

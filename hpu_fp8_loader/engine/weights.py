@@ -14,7 +14,7 @@ import numpy as np
 from ..arch import Layout, ModelDescriptor, WeightTensor, describe
 from ..convert import detect_layout
 from ..fusion import fuse_columns
-from ..io.checkpoint import CONFIG_FILE, Checkpoint
+from ..io.checkpoint import CONFIG_FILE, Checkpoint, read_config
 from ..source_tensors import check_source, source_rows
 from ..spec import names
 from ..spec.config import is_hpu_fp8
@@ -69,10 +69,10 @@ class EngineWeights:
 def open_weights(path: str | Path, cache_bytes: int | None = None) -> EngineWeights:
     """The weights of a BF16 source or an hpu-fp8 checkpoint, checked first as convert and validate check them:
     a config.json its tensors do not back is refused in one line instead of failing mid-forward (or not at all)."""
-    checkpoint = Checkpoint.open(path)
-    if is_hpu_fp8(checkpoint.config):
+    if is_hpu_fp8(read_config(Path(path))):  # opened once, by the validation
         opened = open_validated(path)
         return EngineWeights(opened.checkpoint, opened.descriptor, cache_bytes)
+    checkpoint = Checkpoint.open(path)
     descriptor = describe(checkpoint.config, str(Path(path) / CONFIG_FILE), checkpoint.tensors)
     check_source(checkpoint, descriptor, detect_layout(checkpoint, descriptor))
     return EngineWeights(checkpoint, descriptor, cache_bytes)
