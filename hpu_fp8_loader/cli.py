@@ -142,6 +142,12 @@ _PIPELINE_ORDER = [
 ]  # fmt: skip
 
 
+def _usage_failure(exc: click.UsageError, ctx: click.Context) -> None:
+    """A usage error as one line: click's reason and the command whose --help explains it."""
+    where = exc.ctx.command_path if exc.ctx is not None else ctx.command_path
+    _fail(f"{exc.format_message()} (see `{where} --help`)", exc.exit_code)
+
+
 class _Commands(click.Group):
     """The command group: every failure of a command is one ``hpu-fp8: error:`` line. A usage error (a bad
     option value, a missing argument) names the option and where help is, exit 2, instead of click's
@@ -157,14 +163,13 @@ class _Commands(click.Group):
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
-            _fail(f"{exc.format_message()} (see `{ctx.command_path} --help`)", exc.exit_code)
+            _usage_failure(exc, ctx)
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except click.UsageError as exc:
-            where = exc.ctx.command_path if exc.ctx is not None else ctx.command_path
-            _fail(f"{exc.format_message()} (see `{where} --help`)", exc.exit_code)
+            _usage_failure(exc, ctx)
         except KeyboardInterrupt:
             _fail(INTERRUPTED, EXIT_INTERRUPTED)
 
