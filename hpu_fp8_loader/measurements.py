@@ -25,7 +25,7 @@ from .spec.measurements import MeasurementProvenance, Measurements, check_module
 __all__ = ["LoadedMeasurements", "fastdeploy_rank_files", "load_measurements", "read_fastdeploy_file"]
 
 _RANK_TAIL = re.compile(r"^(?P<stem>.+?)(?P<tail>(?:_\d+)+)$")  # \d: any Unicode digit, to refuse, never to read
-_PLAIN_RANK = re.compile(r"_(0|[1-9][0-9]*)")
+_PLAIN_RANK = re.compile(rf"_{names.PLAIN_NUMBER}")
 _AMAX = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?")  # Python float text, ASCII
 _JSON_START = (b"{", b"[")
 _FASTDEPLOY_FILE = "model_measurement.txt"

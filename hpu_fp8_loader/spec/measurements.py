@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 FORMAT = "hpu-fp8-measurements"
-_PLAIN_NUMBER = re.compile(r"0|[1-9][0-9]*")
+_PLAIN_NUMBER = re.compile(names.PLAIN_NUMBER)
 
 
 class _Strict(BaseModel):

@@ -15,6 +15,7 @@ __all__ = [
     "BIAS",
     "COPIED_SOURCE_FILES",
     "MODULE_PATTERN",
+    "PLAIN_NUMBER",
     "WEIGHT",
     "WEIGHT_SCALE",
     "attention_point",
@@ -78,13 +79,13 @@ def expert_tokens_key(prefix: str, index: int, expert_id: int) -> str:
 
 # A layer or expert number in a name: plain ASCII decimal, so that "01" or a non-ASCII digit can never
 # name the same layer as "1" (int() reads all three alike).
-_NUMBER = r"(?:0|[1-9][0-9]*)"
+PLAIN_NUMBER = r"(?:0|[1-9][0-9]*)"
 # Module names that carry an act_amax / act_scale.
 MODULE_PATTERN = re.compile(
-    rf"^(?P<prefix>[a-z0-9_]+)\.layers\.(?P<layer>{_NUMBER})\."
+    rf"^(?P<prefix>[a-z0-9_]+)\.layers\.(?P<layer>{PLAIN_NUMBER})\."
     r"(?:self_attn\.(?:qkv_proj|o_proj|cache_k|cache_v|q|s)"
     r"|mlp\.(?:up_gate_proj|down_proj|shared_experts\.(?:up_gate_proj|down_proj)"
-    rf"|experts\.up_gate_proj|experts\.(?P<expert>{_NUMBER})\.down_proj))$"
+    rf"|experts\.up_gate_proj|experts\.(?P<expert>{PLAIN_NUMBER})\.down_proj))$"
 )
 
 
@@ -106,7 +107,7 @@ def module_from_fastdeploy_key(key: str) -> str:
     head, _, last = module.rpartition(".")
     if head.endswith(".self_attn") and last in _FASTDEPLOY_POINTS:
         module = f"{head}.{_FASTDEPLOY_POINTS[last]}"
-    per_expert_input = re.match(rf"^(.*\.mlp\.experts)\.{_NUMBER}\.up_gate_proj$", module)
+    per_expert_input = re.match(rf"^(.*\.mlp\.experts)\.{PLAIN_NUMBER}\.up_gate_proj$", module)
     if per_expert_input:
         module = f"{per_expert_input.group(1)}.up_gate_proj"
     if not is_act_module(module):
