@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from . import scales
-from .arch import ModelDescriptor
-from .errors import MeasurementError
-from .spec import names
-from .spec.config import CalibrationSource, DeadExpertPolicy, ExpertRef
-from .spec.measurements import Measurements
+from hpu_fp8_loader import scales
+from hpu_fp8_loader.arch import ModelDescriptor
+from hpu_fp8_loader.errors import MeasurementError
+from hpu_fp8_loader.spec import names
+from hpu_fp8_loader.spec.config import CalibrationSource, DeadExpertPolicy, ExpertRef
+from hpu_fp8_loader.spec.measurements import Measurements
 
 __all__ = ["merge_measurements", "resolve_act_amax"]
 

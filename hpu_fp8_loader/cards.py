@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from .errors import HpuFp8Error, one_line
-from .evaluate import EvalReport
-from .hub import check_repo_id
-from .io.checkpoint import read_config
-from .io.manifest import MANIFEST_FILE
-from .spec.config import parse_quantization_config
+from hpu_fp8_loader.errors import HpuFp8Error, one_line
+from hpu_fp8_loader.evaluate import EvalReport
+from hpu_fp8_loader.hub import check_repo_id
+from hpu_fp8_loader.io.checkpoint import read_config
+from hpu_fp8_loader.io.manifest import MANIFEST_FILE
+from hpu_fp8_loader.spec.config import parse_quantization_config
 
 __all__ = ["CardFile", "check_license", "render_card"]
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import click
 
-from . import __version__
-from .arch import Layout
-from .console import LEVELS, LOGGER, configure, emit_json, progress_bar
-from .errors import HpuFp8Error
+from hpu_fp8_loader import __version__
+from hpu_fp8_loader.arch import Layout
+from hpu_fp8_loader.console import LEVELS, LOGGER, configure, emit_json, progress_bar
+from hpu_fp8_loader.errors import HpuFp8Error
 
 log = logging.getLogger(LOGGER)
 
@@ -224,7 +224,7 @@ def validate(directory: Path, quick: bool, hashes: bool, as_json: bool, quiet: b
     config.json missing or not JSON, not an hpu-fp8 checkpoint, unknown format_version, a file
     the system cannot read).
     """
-    from .validate import validate as run_validation
+    from hpu_fp8_loader.validate import validate as run_validation
 
     try:
         with progress_bar("scanning weights", quiet or quick or as_json) as bar:
@@ -251,7 +251,7 @@ def validate(directory: Path, quick: bool, hashes: bool, as_json: bool, quiet: b
 @json_option(help="Print the summary as JSON.")
 def inspect(directory: Path, as_json: bool) -> None:
     """Summarise DIRECTORY: layers, roles, dtypes, bytes, scale ranges, saturated share."""
-    from .inspection import inspect_checkpoint
+    from hpu_fp8_loader.inspection import inspect_checkpoint
 
     with _errors(EXIT_UNREADABLE):
         result = inspect_checkpoint(directory)
@@ -320,8 +320,8 @@ def synth(
     as_json: bool,
 ) -> None:
     """Write a deterministic random-init BF16 source checkpoint to OUT."""
-    from .arch import describe
-    from .synth import preset_config, synthesize
+    from hpu_fp8_loader.arch import describe
+    from hpu_fp8_loader.synth import preset_config, synthesize
 
     with _errors():
         config = preset_config(preset, _parse_overrides(overrides))
@@ -387,10 +387,10 @@ def convert(
     (the local cache is used offline). Output is written into OUT.partial and renamed when complete;
     after an interruption the same command resumes, reusing finished shards whose sha256 still matches.
     """
-    from .convert import ConvertOptions
-    from .convert import convert as run_convert
-    from .hub import resolve_checkpoint
-    from .measurements import load_measurements
+    from hpu_fp8_loader.convert import ConvertOptions
+    from hpu_fp8_loader.convert import convert as run_convert
+    from hpu_fp8_loader.hub import resolve_checkpoint
+    from hpu_fp8_loader.measurements import load_measurements
 
     options = ConvertOptions(target, kv_cache, scale_rounding, _parse_size(max_shard_size), force, workers, dead_experts)
     with _errors():
@@ -444,8 +444,8 @@ def import_legacy(
     elsewhere), widens the older converter's tensor-wise expert scales to exact channel-wise ones,
     and fuses Hugging Face-named Qwen2 tensors (requantizing once where their scales differ).
     """
-    from .legacy import import_legacy as run_import
-    from .measurements import load_measurements
+    from hpu_fp8_loader.legacy import import_legacy as run_import
+    from hpu_fp8_loader.measurements import load_measurements
 
     with _errors():
         extra = [load_measurements(p).measurements for p in measurement_paths]
@@ -501,10 +501,10 @@ def import_command(
     from the source's FP8 values to one tensor-wise scale (channel-wise for experts) at ±240 for
     gaudi2; prints the error that adds, worst first. Static input scales become act_amax (x 448).
     """
-    from .convert import ConvertOptions
-    from .ct_import import import_compressed_tensors
-    from .hub import resolve_checkpoint
-    from .measurements import load_measurements
+    from hpu_fp8_loader.convert import ConvertOptions
+    from hpu_fp8_loader.ct_import import import_compressed_tensors
+    from hpu_fp8_loader.hub import resolve_checkpoint
+    from hpu_fp8_loader.measurements import load_measurements
 
     if run_calibration and measurement_paths:
         raise click.UsageError("--measurements and --calibrate both given: pass one source of activation statistics")
@@ -542,7 +542,7 @@ def export_legacy(src: Path, out: Path, tp: int, max_shard_size: str, force: boo
     Serve it with FastDeploy's v0 loader (--load-choices default), without expert parallelism.
     Qwen2 only at TP 1: the v0 loader does not split its FP8 tensors (docs/fastdeploy.md section 5).
     """
-    from .legacy import export_legacy as run_export
+    from hpu_fp8_loader.legacy import export_legacy as run_export
 
     with _errors():
         report = run_export(src, out, tp, _parse_size(max_shard_size), force)
@@ -569,7 +569,7 @@ def export_legacy(src: Path, out: Path, tp: int, max_shard_size: str, force: boo
 @json_option()
 def retarget(src: Path, out: Path, target: str, max_shard_size: str, force: bool, as_json: bool) -> None:
     """Move hpu-fp8 checkpoint SRC between the Gaudi3 (±448) and Gaudi2 (±240) FP8 ranges."""
-    from .retarget import retarget as run_retarget
+    from hpu_fp8_loader.retarget import retarget as run_retarget
 
     with _errors():
         report = run_retarget(src, out, target, _parse_size(max_shard_size), force)
@@ -602,8 +602,8 @@ def map_command(
     ernie.layers.1.mlp.experts.up_gate_proj_weight); see the README for every name. With
     --all-ranks, writes rank{r}/ folders FastDeploy's pre-sharded path loads without splitting.
     """
-    from .fastdeploy.mapping import Parallelism
-    from .fastdeploy.rankfiles import write_presharded, write_rank_file
+    from hpu_fp8_loader.fastdeploy.mapping import Parallelism
+    from hpu_fp8_loader.fastdeploy.rankfiles import write_presharded, write_rank_file
 
     with _errors():
         if all_ranks:
@@ -651,7 +651,7 @@ def doctor(checkpoint: str | None, tp: int, ep: int, revision: str | None, no_bu
       FD_PLUGINS=hpu_fp8 hpu-fp8 doctor
       hpu-fp8 doctor ./ERNIE-4.5-21B-A3B-hpu-fp8 --tp 2 --json
     """
-    from .fastdeploy.doctor import doctor as run_doctor
+    from hpu_fp8_loader.fastdeploy.doctor import doctor as run_doctor
 
     report = run_doctor(checkpoint, tp, ep, revision, build=not no_build)
     if as_json:
@@ -676,11 +676,11 @@ def plan(model: Path, tp: int, ep: int, kv_cache: str, as_json: bool) -> None:
 
     When the directory also holds the weights, the config's layer and expert counts are checked against them.
     """
-    from .arch import describe
-    from .errors import ConfigError
-    from .fastdeploy.plan import plan_deployment
-    from .io.checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, Checkpoint, read_config
-    from .io.jsonfile import read_json_object
+    from hpu_fp8_loader.arch import describe
+    from hpu_fp8_loader.errors import ConfigError
+    from hpu_fp8_loader.fastdeploy.plan import plan_deployment
+    from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, Checkpoint, read_config
+    from hpu_fp8_loader.io.jsonfile import read_json_object
 
     with _errors():
         if model.is_dir():
@@ -715,7 +715,7 @@ def pull(repo_id: str, revision: str | None, as_json: bool) -> None:
     validation; prints the local path. HF_HUB_OFFLINE=1 uses the cache only; the token comes from
     huggingface_hub's usual sources (HF_TOKEN, `hf auth login`).
     """
-    from .hub import load
+    from hpu_fp8_loader.hub import load
 
     with _errors():
         loaded = load(repo_id, revision)
@@ -786,9 +786,9 @@ def calibrate(
     The output files are checked before any work and written atomically; an existing one is
     replaced only with --force, and never one inside MODEL.
     """
-    from .calibrate import calibrate as run_calibration
-    from .calibrate import check_outputs, write_fastdeploy_file
-    from .spec.measurements import write_measurements
+    from hpu_fp8_loader.calibrate import calibrate as run_calibration
+    from hpu_fp8_loader.calibrate import check_outputs, write_fastdeploy_file
+    from hpu_fp8_loader.spec.measurements import write_measurements
 
     if fastdeploy_file and fastdeploy_file.resolve() == out.resolve():
         raise click.BadParameter(f"{fastdeploy_file} is also the -o file; name another", param_hint="--fastdeploy-format")
@@ -861,7 +861,7 @@ def eval_command(
     Prints top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both perplexities. Without
     --weights-only / --no-kv-fp8 every row is shown; with them, the FP8 row and the rows asked for.
     """
-    from .evaluate import evaluate
+    from hpu_fp8_loader.evaluate import evaluate
 
     variants = ("fp8", *(["weights-only"] if only_weights else []), *(["no-kv-fp8"] if only_no_kv else []))
     if not (only_weights or only_no_kv):
@@ -942,9 +942,9 @@ def push(
     Re-running after an interrupted upload resumes it. The token comes from huggingface_hub's usual
     sources (HF_TOKEN, `hf auth login`) and is never printed.
     """
-    from .convert import ConvertOptions
-    from .publish import PushOptions
-    from .publish import push as run_push
+    from hpu_fp8_loader.convert import ConvertOptions
+    from hpu_fp8_loader.publish import PushOptions
+    from hpu_fp8_loader.publish import push as run_push
 
     options = PushOptions(
         repo_id=repo_id,
@@ -1014,7 +1014,7 @@ def push(
 @json_option()
 def demo(work_dir: Path, model: str, kv_cache: str, force: bool, as_json: bool) -> None:
     """Run the main job on the embedded default: calibrate, convert, validate and evaluate a tiny trained model."""
-    from .demo import run_demo
+    from hpu_fp8_loader.demo import run_demo
 
     with _errors():
         result = run_demo(work_dir, model, kv_cache, say=_say(as_json), force=force)
@@ -1039,8 +1039,8 @@ def demo(work_dir: Path, model: str, kv_cache: str, force: bool, as_json: bool) 
 @json_option(help="Accepted for uniformity: the schema is JSON anyway.")
 def schema(what: str, as_json: bool) -> None:
     """Print the JSON Schema of the quantization_config object or of the measurement file."""
-    from .spec.config import QuantizationConfig
-    from .spec.measurements import Measurements
+    from hpu_fp8_loader.spec.config import QuantizationConfig
+    from hpu_fp8_loader.spec.measurements import Measurements
 
     model = QuantizationConfig if what == "quantization-config" else Measurements
     emit_json(model.model_json_schema())

@@ -27,16 +27,16 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, numerics, scales
-from .activations import merge_measurements, resolve_act_amax
-from .arch import Layout, ModelDescriptor, WeightTensor, describe
-from .errors import ConfigError, HpuFp8Error, NonFiniteError, WorkerDiedError
-from .fusion import fuse_columns, transposed
-from .io.checkpoint import CONFIG_FILE, Checkpoint, copied_source_files
-from .io.fingerprint import file_fingerprint
-from .io.manifest import file_digest
-from .io.safetensors_file import row_blocks
-from .io.writer import (
+from hpu_fp8_loader import __version__, numerics, scales
+from hpu_fp8_loader.activations import merge_measurements, resolve_act_amax
+from hpu_fp8_loader.arch import Layout, ModelDescriptor, WeightTensor, describe
+from hpu_fp8_loader.errors import ConfigError, HpuFp8Error, NonFiniteError, WorkerDiedError
+from hpu_fp8_loader.fusion import fuse_columns, transposed
+from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, Checkpoint, copied_source_files
+from hpu_fp8_loader.io.fingerprint import file_fingerprint
+from hpu_fp8_loader.io.manifest import file_digest
+from hpu_fp8_loader.io.safetensors_file import row_blocks
+from hpu_fp8_loader.io.writer import (
     PlannedTensor,
     Shard,
     ShardFile,
@@ -46,10 +46,10 @@ from .io.writer import (
     plan_shards,
     prepare_output_dir,
 )
-from .requantize import requantize_rows, row_amax
-from .source_tensors import check_source, source_rows, source_scale
-from .spec import names
-from .spec.config import (
+from hpu_fp8_loader.requantize import requantize_rows, row_amax
+from hpu_fp8_loader.source_tensors import check_source, source_rows, source_scale
+from hpu_fp8_loader.spec import names
+from hpu_fp8_loader.spec.config import (
     FP8_MAX_BY_TARGET,
     Calibration,
     CalibrationSource,
@@ -64,7 +64,7 @@ from .spec.config import (
     Target,
     is_hpu_fp8,
 )
-from .spec.measurements import Measurements
+from hpu_fp8_loader.spec.measurements import Measurements
 
 __all__ = [
     "ConvertOptions",

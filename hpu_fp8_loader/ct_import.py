@@ -21,15 +21,15 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import scales
-from .arch import Layout, ModelDescriptor, Role, describe
-from .calibrate import calibrate as run_calibration
-from .convert import ConvertOptions, convert
-from .errors import ConfigError, MeasurementError
-from .io.checkpoint import Checkpoint
-from .spec import names
-from .spec.config import AmaxSourceKind
-from .spec.measurements import MeasurementProvenance, Measurements
+from hpu_fp8_loader import scales
+from hpu_fp8_loader.arch import Layout, ModelDescriptor, Role, describe
+from hpu_fp8_loader.calibrate import calibrate as run_calibration
+from hpu_fp8_loader.convert import ConvertOptions, convert
+from hpu_fp8_loader.errors import ConfigError, MeasurementError
+from hpu_fp8_loader.io.checkpoint import Checkpoint
+from hpu_fp8_loader.spec import names
+from hpu_fp8_loader.spec.config import AmaxSourceKind
+from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements
 
 __all__ = ["ImportResult", "import_compressed_tensors"]
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import HpuFp8Error, one_line
-from .io.jsonfile import JsonFormatError, parse_json, read_json_object, read_regular_file
+from hpu_fp8_loader.errors import HpuFp8Error, one_line
+from hpu_fp8_loader.io.jsonfile import JsonFormatError, parse_json, read_json_object, read_regular_file
 
 __all__ = ["BUILTIN", "check_seq_len", "load_text", "token_batches", "tokenize"]
 

@@ -11,13 +11,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .calibrate import calibrate
-from .convert import ConvertOptions, convert
-from .errors import OutputExistsError, UnsafePathError
-from .evaluate import EvalReport, evaluate
-from .io.writer import check_apart
-from .spec.measurements import write_measurements
-from .validate import ValidationReport, validate
+from hpu_fp8_loader.calibrate import calibrate
+from hpu_fp8_loader.convert import ConvertOptions, convert
+from hpu_fp8_loader.errors import OutputExistsError, UnsafePathError
+from hpu_fp8_loader.evaluate import EvalReport, evaluate
+from hpu_fp8_loader.io.writer import check_apart
+from hpu_fp8_loader.spec.measurements import write_measurements
+from hpu_fp8_loader.validate import ValidationReport, validate
 
 __all__ = ["TINY_MODELS", "DemoResult", "run_demo"]
 

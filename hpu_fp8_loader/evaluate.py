@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .arch import ModelDescriptor
-from .datasets import BUILTIN, check_seq_len, load_text, token_batches, tokenize
-from .engine.fp8 import EmulationOptions, Fp8Emulator
-from .engine.model import forward
-from .engine.weights import open_weights
-from .errors import HpuFp8Error, NonFiniteError
-from .validate import open_validated
+from hpu_fp8_loader.arch import ModelDescriptor
+from hpu_fp8_loader.datasets import BUILTIN, check_seq_len, load_text, token_batches, tokenize
+from hpu_fp8_loader.engine.fp8 import EmulationOptions, Fp8Emulator
+from hpu_fp8_loader.engine.model import forward
+from hpu_fp8_loader.engine.weights import open_weights
+from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
+from hpu_fp8_loader.validate import open_validated
 
 __all__ = ["VARIANTS", "EvalReport", "EvalRow", "check_same_model", "evaluate"]
 

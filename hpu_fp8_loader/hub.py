@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .console import hub_bars_follow_ours
-from .errors import CheckpointNotFoundError, ChecksumMismatchError, HpuFp8Error, HubError, one_line
+from hpu_fp8_loader.console import hub_bars_follow_ours
+from hpu_fp8_loader.errors import CheckpointNotFoundError, ChecksumMismatchError, HpuFp8Error, HubError, one_line
 
 __all__ = [
     "SOURCE_PATTERNS",
@@ -237,7 +237,7 @@ def load(location: str | Path, revision: str | None = None, hashes: bool = True)
     its format_version, the manifest (sizes, and sha256 when ``hashes``), and the quick validation
     (headers, index, config, scales). The offline cache is used when ``HF_HUB_OFFLINE=1``.
     """
-    from .validate import validate
+    from hpu_fp8_loader.validate import validate
 
     path = resolve_checkpoint(location, revision, SPEC_PATTERNS)
     report = validate(path, full=False, hashes=hashes)  # raises for "not hpu-fp8", format_version, unreadable
@@ -247,7 +247,7 @@ def load(location: str | Path, revision: str | None = None, hashes: bool = True)
     if not report.valid:
         listing = "; ".join(f"[{v.rule}] {v.where}: {v.message}" for v in report.violations[:5])
         raise HpuFp8Error(f"{location}: not a valid hpu-fp8 checkpoint: {listing}")
-    from .io.checkpoint import read_config
-    from .spec.config import parse_quantization_config
+    from hpu_fp8_loader.io.checkpoint import read_config
+    from hpu_fp8_loader.spec.config import parse_quantization_config
 
     return LoadedCheckpoint(path, parse_quantization_config(read_config(path)), report.warnings)

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import numerics, scales
-from .activations import merge_measurements, resolve_act_amax
-from .arch import Layout, ModelDescriptor, Role, WeightTensor, describe
-from .convert import ConvertOptions, output_config, plan_tensors, quantization_config_for
-from .errors import ConfigError, HpuFp8Error, MeasurementError, NotHpuFp8CheckpointError
-from .fastdeploy.mapping import (
+from hpu_fp8_loader import numerics, scales
+from hpu_fp8_loader.activations import merge_measurements, resolve_act_amax
+from hpu_fp8_loader.arch import Layout, ModelDescriptor, Role, WeightTensor, describe
+from hpu_fp8_loader.convert import ConvertOptions, output_config, plan_tensors, quantization_config_for
+from hpu_fp8_loader.errors import ConfigError, HpuFp8Error, MeasurementError, NotHpuFp8CheckpointError
+from hpu_fp8_loader.fastdeploy.mapping import (
     FASTDEPLOY_FP8_MAX,
     Parallelism,
     activation_scale_value,
@@ -34,13 +34,13 @@ from .fastdeploy.mapping import (
     scale_share,
     share_shape,
 )
-from .fusion import fuse_columns
-from .io.checkpoint import Checkpoint
-from .io.writer import CheckpointWriter, PlannedTensor
-from .spec import names
-from .spec.config import AmaxSourceKind, DeadExpertPolicy, ExpertRef, KvCacheScheme, is_hpu_fp8
-from .spec.measurements import MeasurementProvenance, Measurements
-from .validate import open_validated
+from hpu_fp8_loader.fusion import fuse_columns
+from hpu_fp8_loader.io.checkpoint import Checkpoint
+from hpu_fp8_loader.io.writer import CheckpointWriter, PlannedTensor
+from hpu_fp8_loader.spec import names
+from hpu_fp8_loader.spec.config import AmaxSourceKind, DeadExpertPolicy, ExpertRef, KvCacheScheme, is_hpu_fp8
+from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements
+from hpu_fp8_loader.validate import open_validated
 
 __all__ = [
     "LEGACY_QUANTIZATION_CONFIG",

@@ -17,10 +17,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import MeasurementError
-from .spec import names
-from .spec.config import AmaxSourceKind
-from .spec.measurements import MeasurementProvenance, Measurements, check_module_numbers, read_measurements
+from hpu_fp8_loader.errors import MeasurementError
+from hpu_fp8_loader.spec import names
+from hpu_fp8_loader.spec.config import AmaxSourceKind
+from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements, check_module_numbers, read_measurements
 
 __all__ = ["LoadedMeasurements", "fastdeploy_rank_files", "load_measurements", "read_fastdeploy_file"]
 

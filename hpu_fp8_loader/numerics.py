@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 import ml_dtypes
 import numpy as np
 
-from .errors import NonFiniteError
-from .scales import max_code
+from hpu_fp8_loader.errors import NonFiniteError
+from hpu_fp8_loader.scales import max_code
 
 __all__ = [
     "BF16_DTYPE",

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import numerics, scales
-from .errors import HpuFp8Error
-from .io.safetensors_file import row_blocks
-from .io.writer import CheckpointWriter, PlannedTensor
-from .spec import names
-from .spec.config import FP8_MAX_BY_TARGET, Target
-from .validate import check_values, open_validated
+from hpu_fp8_loader import numerics, scales
+from hpu_fp8_loader.errors import HpuFp8Error
+from hpu_fp8_loader.io.safetensors_file import row_blocks
+from hpu_fp8_loader.io.writer import CheckpointWriter, PlannedTensor
+from hpu_fp8_loader.spec import names
+from hpu_fp8_loader.spec.config import FP8_MAX_BY_TARGET, Target
+from hpu_fp8_loader.validate import check_values, open_validated
 
 __all__ = ["RetargetReport", "retarget"]
 

@@ -13,10 +13,10 @@ from collections.abc import Collection
 
 import numpy as np
 
-from .arch import Layout, ModelDescriptor
-from .errors import ConfigError
-from .io.checkpoint import Checkpoint
-from .numerics import fp8_to_float32
+from hpu_fp8_loader.arch import Layout, ModelDescriptor
+from hpu_fp8_loader.errors import ConfigError
+from hpu_fp8_loader.io.checkpoint import Checkpoint
+from hpu_fp8_loader.numerics import fp8_to_float32
 
 __all__ = ["SOURCE_DTYPES", "check_source", "scale_name", "source_problem", "source_rows", "source_scale"]
 

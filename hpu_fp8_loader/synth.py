@@ -18,11 +18,11 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from .arch import Layout, Role, WeightTensor, config_keys_of, describe
-from .errors import ConfigError
-from .io.writer import CheckpointWriter, PlannedTensor
-from .spec.config import AmaxSourceKind
-from .spec.measurements import MeasurementProvenance, Measurements, ModelIdentity
+from hpu_fp8_loader.arch import Layout, Role, WeightTensor, config_keys_of, describe
+from hpu_fp8_loader.errors import ConfigError
+from hpu_fp8_loader.io.writer import CheckpointWriter, PlannedTensor
+from hpu_fp8_loader.spec.config import AmaxSourceKind
+from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements, ModelIdentity
 
 __all__ = ["PRESETS", "preset_config", "synthesize", "synthetic_measurements", "weight_values"]
 

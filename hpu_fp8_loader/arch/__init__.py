@@ -5,11 +5,18 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 
-from ..errors import ConfigError, UnknownArchitectureError
-from .base import LINEAR_ROLES, Layout, ModelDescriptor, MoeConfig, Role, SourcePart, WeightTensor
-from .config_keys import ErnieConfig, ErnieMoeConfig, ModelConfig, Qwen2Config, check_against_tensors, read_model_config
-from .ernie import ernie_dense, ernie_moe
-from .qwen2 import qwen2
+from hpu_fp8_loader.arch.base import LINEAR_ROLES, Layout, ModelDescriptor, MoeConfig, Role, SourcePart, WeightTensor
+from hpu_fp8_loader.arch.config_keys import (
+    ErnieConfig,
+    ErnieMoeConfig,
+    ModelConfig,
+    Qwen2Config,
+    check_against_tensors,
+    read_model_config,
+)
+from hpu_fp8_loader.arch.ernie import ernie_dense, ernie_moe
+from hpu_fp8_loader.arch.qwen2 import qwen2
+from hpu_fp8_loader.errors import ConfigError, UnknownArchitectureError
 
 __all__ = [
     "LINEAR_ROLES",

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
-from ..spec import names
+from hpu_fp8_loader.spec import names
 
 __all__ = ["LINEAR_ROLES", "Layout", "ModelDescriptor", "MoeConfig", "Role", "SourcePart", "WeightTensor"]
 

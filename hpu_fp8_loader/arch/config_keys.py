@@ -14,8 +14,8 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..errors import ConfigError
-from ..spec.config import validation_error_text
+from hpu_fp8_loader.errors import ConfigError
+from hpu_fp8_loader.spec.config import validation_error_text
 
 __all__ = [
     "MAX_EXPERTS",

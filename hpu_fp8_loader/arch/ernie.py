@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .base import ModelDescriptor, MoeConfig
-from .config_keys import ErnieConfig, ErnieMoeConfig
+from hpu_fp8_loader.arch.base import ModelDescriptor, MoeConfig
+from hpu_fp8_loader.arch.config_keys import ErnieConfig, ErnieMoeConfig
 
 __all__ = ["ernie_dense", "ernie_moe"]
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .base import ModelDescriptor
-from .config_keys import Qwen2Config
+from hpu_fp8_loader.arch.base import ModelDescriptor
+from hpu_fp8_loader.arch.config_keys import Qwen2Config
 
 __all__ = ["qwen2"]
 

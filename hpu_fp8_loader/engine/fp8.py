@@ -35,13 +35,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import numerics
-from ..arch import ModelDescriptor, describe
-from ..fastdeploy.mapping import Parallelism, map_rank
-from ..io.checkpoint import Checkpoint
-from ..spec import names
-from ..spec.config import KvCacheScheme, QuantizationConfig, parse_quantization_config
-from .model import EngineConfig, rms_norm, rotary, route, silu
+from hpu_fp8_loader import numerics
+from hpu_fp8_loader.arch import ModelDescriptor, describe
+from hpu_fp8_loader.engine.model import EngineConfig, rms_norm, rotary, route, silu
+from hpu_fp8_loader.fastdeploy.mapping import Parallelism, map_rank
+from hpu_fp8_loader.io.checkpoint import Checkpoint
+from hpu_fp8_loader.spec import names
+from hpu_fp8_loader.spec.config import KvCacheScheme, QuantizationConfig, parse_quantization_config
 
 __all__ = ["EmulationOptions", "Fp8Emulator"]
 

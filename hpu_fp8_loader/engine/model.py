@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..arch import ModelDescriptor
-from ..errors import ConfigError, HpuFp8Error
-from ..spec import names
-from .weights import EngineWeights
+from hpu_fp8_loader.arch import ModelDescriptor
+from hpu_fp8_loader.engine.weights import EngineWeights
+from hpu_fp8_loader.errors import ConfigError, HpuFp8Error
+from hpu_fp8_loader.spec import names
 
 __all__ = ["EngineConfig", "Observer", "forward", "rms_norm", "rotary", "route", "silu"]
 

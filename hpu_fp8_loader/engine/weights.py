@@ -11,15 +11,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..arch import Layout, ModelDescriptor, WeightTensor, describe
-from ..convert import detect_layout
-from ..fusion import fuse_columns
-from ..io.checkpoint import CONFIG_FILE, Checkpoint, read_config
-from ..source_tensors import check_source, source_rows
-from ..spec import names
-from ..spec.config import is_hpu_fp8
-from ..validate import open_validated
-from .memory import memory_budget
+from hpu_fp8_loader.arch import Layout, ModelDescriptor, WeightTensor, describe
+from hpu_fp8_loader.convert import detect_layout
+from hpu_fp8_loader.engine.memory import memory_budget
+from hpu_fp8_loader.fusion import fuse_columns
+from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, Checkpoint, read_config
+from hpu_fp8_loader.source_tensors import check_source, source_rows
+from hpu_fp8_loader.spec import names
+from hpu_fp8_loader.spec.config import is_hpu_fp8
+from hpu_fp8_loader.validate import open_validated
 
 __all__ = ["EngineWeights", "open_weights"]
 

@@ -24,7 +24,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from types import SimpleNamespace
 
-from ..errors import HpuFp8Error
+from hpu_fp8_loader.errors import HpuFp8Error
 
 __all__ = ["PLUGIN_GROUP", "Check", "DoctorReport", "doctor", "fastdeploy_moe_layout"]
 
@@ -85,7 +85,7 @@ def _version_and_commit(root: Path) -> tuple[str, str]:
 
 def fastdeploy_moe_layout(root: Path) -> str | None:
     """The MoE layout FastDeploy's sources at ``root`` build: "PR 5855", "PR 5324", or None without the HPU FP8 MoE method."""
-    from .plugin import MOE_LIST_LAYOUT, MOE_PARAMETER_LAYOUT
+    from hpu_fp8_loader.fastdeploy.plugin import MOE_LIST_LAYOUT, MOE_PARAMETER_LAYOUT
 
     backend = root / "model_executor/layers/backends/intel_hpu/moe/fused_moe_hpu_backend.py"
     runner = root / "worker/hpu_model_runner.py"
@@ -183,7 +183,7 @@ def _check_plugin_setup(report: DoctorReport, environ: Mapping[str, str]) -> Non
 
 def _check_routing(report: DoctorReport) -> None:
     """Import FastDeploy's loader package as its worker does and ask it for the ``hpu_fp8`` loader."""
-    from . import plugin
+    from hpu_fp8_loader.fastdeploy import plugin
 
     try:
         plugin.register()
@@ -209,11 +209,11 @@ def _check_routing(report: DoctorReport) -> None:
 
 
 def _check_checkpoint(report: DoctorReport, checkpoint: str, tp: int, ep: int, revision: str | None) -> bool:
-    from ..arch import describe
-    from ..hub import load
-    from ..io.checkpoint import read_config
-    from .mapping import Parallelism, check_parallelism
-    from .plan import plan_deployment
+    from hpu_fp8_loader.arch import describe
+    from hpu_fp8_loader.fastdeploy.mapping import Parallelism, check_parallelism
+    from hpu_fp8_loader.fastdeploy.plan import plan_deployment
+    from hpu_fp8_loader.hub import load
+    from hpu_fp8_loader.io.checkpoint import read_config
 
     try:
         loaded = load(checkpoint, revision=revision, hashes=False)
@@ -240,8 +240,8 @@ def _check_checkpoint(report: DoctorReport, checkpoint: str, tp: int, ep: int, r
 
 def _check_model(report: DoctorReport, checkpoint: str, tp: int) -> None:
     """FastDeploy builds the model at meta shapes here; every parameter must be one the hook fills, alike."""
-    from ..hub import load
-    from .probe import mismatches
+    from hpu_fp8_loader.fastdeploy.probe import mismatches
+    from hpu_fp8_loader.hub import load
 
     path = load(checkpoint, hashes=False).path
     try:

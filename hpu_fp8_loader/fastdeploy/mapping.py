@@ -18,14 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import numerics
-from ..arch import ModelDescriptor, Role, WeightTensor
-from ..errors import ConfigError, HpuFp8Error
-from ..io.checkpoint import Checkpoint
-from ..io.safetensors_file import SafetensorsFile, TensorInfo, row_blocks
-from ..spec import names
-from ..spec.config import KvCacheScheme, QuantizationConfig, ScaleRounding
-from ..validate import check_values
+from hpu_fp8_loader import numerics
+from hpu_fp8_loader.arch import ModelDescriptor, Role, WeightTensor
+from hpu_fp8_loader.errors import ConfigError, HpuFp8Error
+from hpu_fp8_loader.io.checkpoint import Checkpoint
+from hpu_fp8_loader.io.safetensors_file import SafetensorsFile, TensorInfo, row_blocks
+from hpu_fp8_loader.spec import names
+from hpu_fp8_loader.spec.config import KvCacheScheme, QuantizationConfig, ScaleRounding
+from hpu_fp8_loader.validate import check_values
 
 __all__ = [
     "FASTDEPLOY_FP8_MAX",

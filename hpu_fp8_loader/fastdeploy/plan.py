@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from ..arch import ModelDescriptor
-from ..io.safetensors_file import ITEMSIZES
-from ..spec.config import KvCacheScheme
-from .mapping import Parallelism, check_parallelism, parameter_specs
+from hpu_fp8_loader.arch import ModelDescriptor
+from hpu_fp8_loader.fastdeploy.mapping import Parallelism, check_parallelism, parameter_specs
+from hpu_fp8_loader.io.safetensors_file import ITEMSIZES
+from hpu_fp8_loader.spec.config import KvCacheScheme
 
 __all__ = ["DeploymentPlan", "parameter_group", "plan_deployment"]
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import HpuFp8Error
+from hpu_fp8_loader.errors import HpuFp8Error
 
 __all__ = ["LOAD_CHOICE", "MOE_LIST_LAYOUT", "MOE_PARAMETER_LAYOUT", "fill_model", "is_registered", "moe_layout", "register"]
 
@@ -141,7 +141,7 @@ def _for_parameter(name: str, parameter, value: np.ndarray) -> np.ndarray:
     """The value in the parameter's dtype: only a bf16 lm_head into a float32 one (``--lm_head-fp32``) is cast, exactly."""
     import paddle
 
-    from .mapping import LM_HEAD_PARAMETER
+    from hpu_fp8_loader.fastdeploy.mapping import LM_HEAD_PARAMETER
 
     if parameter.dtype == _paddle_dtype(value):
         return value
@@ -160,7 +160,7 @@ def _paddle_result(value, dtype: str) -> np.ndarray:
     """A float32 paddle result cast as FastDeploy casts it, back as the exact numpy bits."""
     import paddle
 
-    from .. import numerics
+    from hpu_fp8_loader import numerics
 
     if dtype == "BF16":
         return value.astype(paddle.bfloat16).view(paddle.uint16).numpy().astype(np.uint16).view(numerics.BF16_DTYPE)
@@ -169,7 +169,7 @@ def _paddle_result(value, dtype: str) -> np.ndarray:
 
 def paddle_arithmetic():
     """FastDeploy's scale formulas evaluated by this process's paddle, as FastDeploy's own loading evaluates them."""
-    from .mapping import Arithmetic
+    from hpu_fp8_loader.fastdeploy.mapping import Arithmetic
 
     return Arithmetic(_paddle_operand, _paddle_result)
 
@@ -194,10 +194,10 @@ def fill_model(model, root: str | Path, par) -> int:
     Raises :class:`HpuFp8Error` naming every parameter left unfilled and every mapped tensor the model
     does not have, and any shape or dtype that disagrees.
     """
-    from ..arch import describe
-    from ..io.checkpoint import Checkpoint
-    from ..spec.config import parse_quantization_config
-    from .mapping import map_rank, parameter_specs
+    from hpu_fp8_loader.arch import describe
+    from hpu_fp8_loader.fastdeploy.mapping import map_rank, parameter_specs
+    from hpu_fp8_loader.io.checkpoint import Checkpoint
+    from hpu_fp8_loader.spec.config import parse_quantization_config
 
     checkpoint = Checkpoint.open(root)
     qc = parse_quantization_config(checkpoint.config, f"{root}/config.json")
@@ -239,7 +239,7 @@ def fill_model(model, root: str | Path, par) -> int:
 
 
 def _parallelism(fd_config):
-    from .mapping import Parallelism
+    from hpu_fp8_loader.fastdeploy.mapping import Parallelism
 
     parallel = fd_config.parallel_config
     return Parallelism(
@@ -272,7 +272,7 @@ def loader_class():
     from fastdeploy.model_executor.model_loader.base_loader import BaseModelLoader
     from fastdeploy.model_executor.models.model_base import ModelRegistry
 
-    from ..hub import load
+    from hpu_fp8_loader.hub import load
 
     class HpuFp8ModelLoader(BaseModelLoader):
         """Loads an hpu-fp8 checkpoint (local directory or Hub repo id) into FastDeploy's HPU FP8 model."""

@@ -83,11 +83,11 @@ def mismatches(checkpoint: str | Path, tp: int = 1, rank: int = 0) -> tuple[list
     import paddle
     from fastdeploy.model_executor.models.model_base import ModelRegistry
 
-    from ..arch import describe
-    from ..io.checkpoint import Checkpoint
-    from ..spec.config import parse_quantization_config
-    from .mapping import LM_HEAD_PARAMETER, Parallelism, parameter_specs
-    from .plugin import MOE_LIST_LAYOUT, moe_layout
+    from hpu_fp8_loader.arch import describe
+    from hpu_fp8_loader.fastdeploy.mapping import LM_HEAD_PARAMETER, Parallelism, parameter_specs
+    from hpu_fp8_loader.fastdeploy.plugin import MOE_LIST_LAYOUT, moe_layout
+    from hpu_fp8_loader.io.checkpoint import Checkpoint
+    from hpu_fp8_loader.spec.config import parse_quantization_config
 
     config = fastdeploy_config(checkpoint, tp, rank)
     with paddle.LazyGuard():

@@ -14,13 +14,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..io.checkpoint import CONFIG_FILE
-from ..io.file_output import atomic_file, check_output_file
-from ..io.safetensors_file import dtype_name
-from ..io.writer import PlannedTensor, Shard, ShardFile, check_apart, clear_staging, prepare_output_dir, publish_output_dir
-from ..legacy import export_legacy
-from ..validate import open_validated
-from .mapping import MappedPiece, Parallelism, ParameterSpec, map_rank, parameter_specs
+from hpu_fp8_loader.fastdeploy.mapping import MappedPiece, Parallelism, ParameterSpec, map_rank, parameter_specs
+from hpu_fp8_loader.io.checkpoint import CONFIG_FILE
+from hpu_fp8_loader.io.file_output import atomic_file, check_output_file
+from hpu_fp8_loader.io.safetensors_file import dtype_name
+from hpu_fp8_loader.io.writer import (
+    PlannedTensor,
+    Shard,
+    ShardFile,
+    check_apart,
+    clear_staging,
+    prepare_output_dir,
+    publish_output_dir,
+)
+from hpu_fp8_loader.legacy import export_legacy
+from hpu_fp8_loader.validate import open_validated
 
 __all__ = ["RankFile", "write_presharded", "write_rank_file"]
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CheckpointIndexError, CheckpointNotFoundError, ConfigError, UnsafePathError
-from ..spec.names import COPIED_SOURCE_FILES
-from .jsonfile import printable, read_json_object
-from .safetensors_file import SafetensorsFile, TensorInfo
+from hpu_fp8_loader.errors import CheckpointIndexError, CheckpointNotFoundError, ConfigError, UnsafePathError
+from hpu_fp8_loader.io.jsonfile import printable, read_json_object
+from hpu_fp8_loader.io.safetensors_file import SafetensorsFile, TensorInfo
+from hpu_fp8_loader.spec.names import COPIED_SOURCE_FILES
 
 __all__ = [
     "CONFIG_FILE",

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import OutputExistsError, WriteFailedError
-from .writer import check_apart, fsync_path
+from hpu_fp8_loader.errors import OutputExistsError, WriteFailedError
+from hpu_fp8_loader.io.writer import check_apart, fsync_path
 
 __all__ = ["atomic_file", "check_output_file", "write_text_atomically"]
 

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import HpuFp8Error
+from hpu_fp8_loader.errors import HpuFp8Error
 
 __all__ = ["JsonFormatError", "parse_json", "printable", "read_json_object", "read_regular_file"]
 

@@ -10,9 +10,9 @@ import json
 import re
 from pathlib import Path
 
-from ..errors import HpuFp8Error, UnsafePathError
-from .checkpoint import safe_member
-from .jsonfile import read_json_object
+from hpu_fp8_loader.errors import HpuFp8Error, UnsafePathError
+from hpu_fp8_loader.io.checkpoint import safe_member
+from hpu_fp8_loader.io.jsonfile import read_json_object
 
 __all__ = ["MANIFEST_FILE", "check_manifest", "file_digest", "write_manifest"]
 

@@ -19,8 +19,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import SafetensorsFormatError
-from .jsonfile import JsonFormatError, parse_json, printable
+from hpu_fp8_loader.errors import SafetensorsFormatError
+from hpu_fp8_loader.io.jsonfile import JsonFormatError, parse_json, printable
 
 __all__ = ["ITEMSIZES", "SafetensorsFile", "TensorInfo", "dtype_name", "numpy_dtype", "read_header", "row_blocks"]
 

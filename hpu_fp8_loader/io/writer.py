@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import OutputExistsError, OutputLockedError, UnsafePathError, WriteFailedError
-from .checkpoint import CONFIG_FILE, INDEX_FILE, copied_source_files
-from .manifest import MANIFEST_FILE, write_manifest
-from .safetensors_file import ITEMSIZES, dtype_name
+from hpu_fp8_loader.errors import OutputExistsError, OutputLockedError, UnsafePathError, WriteFailedError
+from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, INDEX_FILE, copied_source_files
+from hpu_fp8_loader.io.manifest import MANIFEST_FILE, write_manifest
+from hpu_fp8_loader.io.safetensors_file import ITEMSIZES, dtype_name
 
 __all__ = [
     "PARTIAL_SUFFIX",

@@ -14,8 +14,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from ..errors import ConfigError, NotHpuFp8CheckpointError, UnsupportedFormatVersionError
-from . import FORMAT_VERSION
+from hpu_fp8_loader.errors import ConfigError, NotHpuFp8CheckpointError, UnsupportedFormatVersionError
+from hpu_fp8_loader.spec import FORMAT_VERSION
 
 __all__ = [
     "FASTDEPLOY_ARCHITECTURES",

@@ -14,12 +14,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..errors import MeasurementError
-from ..io.file_output import write_text_atomically
-from ..io.jsonfile import read_json_object
-from ..scales import act_amax_problem
-from . import names
-from .config import Provenance as MeasurementProvenance
+from hpu_fp8_loader.errors import MeasurementError
+from hpu_fp8_loader.io.file_output import write_text_atomically
+from hpu_fp8_loader.io.jsonfile import read_json_object
+from hpu_fp8_loader.scales import act_amax_problem
+from hpu_fp8_loader.spec import names
+from hpu_fp8_loader.spec.config import Provenance as MeasurementProvenance
 
 __all__ = [
     "MeasurementProvenance",
