@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hpu_fp8_loader import scales
 from hpu_fp8_loader.arch import ModelDescriptor
 from hpu_fp8_loader.errors import MeasurementError
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import CalibrationSource, DeadExpertPolicy, ExpertRef
+from hpu_fp8_loader.spec.fp8 import act_amax_problem
 from hpu_fp8_loader.spec.measurements import Measurements
 
 __all__ = ["merge_measurements", "resolve_act_amax"]
@@ -69,7 +69,7 @@ def _check_ranges(measurements: Measurements, label: str) -> None:
     Zero passes here: :func:`resolve_act_amax` decides what a zero means (a dead expert, or an error).
     """
     for module, value in measurements.amax.items():
-        problem = scales.act_amax_problem(value) if value != 0 else None
+        problem = act_amax_problem(value) if value != 0 else None
         if problem:
             raise MeasurementError(f"{label}: {module}: {problem}")
 

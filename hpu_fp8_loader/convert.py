@@ -35,7 +35,7 @@ from hpu_fp8_loader.fusion import fuse_columns, transposed
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, Checkpoint, copied_source_files
 from hpu_fp8_loader.io.fingerprint import file_fingerprint
 from hpu_fp8_loader.io.manifest import file_digest
-from hpu_fp8_loader.io.safetensors_file import row_blocks
+from hpu_fp8_loader.io.safetensors_file import BLOCK_ELEMENTS, row_blocks
 from hpu_fp8_loader.io.writer import (
     PlannedTensor,
     Shard,
@@ -90,8 +90,7 @@ class ConvertOptions:
     force: bool = False
     workers: int = 1
     dead_experts: DeadExpertPolicy = DeadExpertPolicy.ERROR
-    # Elements per row block when a tensor is streamed; ~16 MB of float32 working memory.
-    block_elements: int = 1 << 22
+    block_elements: int = BLOCK_ELEMENTS  # elements per row block when a tensor is streamed
     # Tensors whose source is at most this many bytes are read whole (fast path for fused experts).
     whole_tensor_bytes: int = 64 << 20
 

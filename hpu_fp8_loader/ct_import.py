@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hpu_fp8_loader import scales
 from hpu_fp8_loader.arch import Layout, ModelDescriptor, Role, describe
 from hpu_fp8_loader.calibrate import calibrate as run_calibration
 from hpu_fp8_loader.convert import ConvertOptions, convert
@@ -29,11 +28,11 @@ from hpu_fp8_loader.errors import ConfigError, MeasurementError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import AmaxSourceKind
+from hpu_fp8_loader.spec.fp8 import E4M3FN_MAX, act_amax_problem
 from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements
 
 __all__ = ["ImportResult", "import_compressed_tensors"]
 
-OCP_FP8_MAX = 448.0
 
 
 @dataclass
@@ -138,10 +137,10 @@ def _imported_amax(checkpoint: Checkpoint, d: ModelDescriptor) -> tuple[dict[str
         value = float(np.asarray(checkpoint.get(tensor)).astype(np.float32).reshape(-1).max())
         if not np.isfinite(value) or value <= 0:
             raise ConfigError(f"{checkpoint.root}: '{tensor}' is {value}; an input scale must be finite and > 0")
-        problem = scales.act_amax_problem(value * OCP_FP8_MAX)
+        problem = act_amax_problem(value * E4M3FN_MAX)
         if problem:
             raise ConfigError(f"{checkpoint.root}: '{tensor}' is {value:g}, so its {problem}")
-        amax[module] = max(amax.get(module, 0.0), value * OCP_FP8_MAX)
+        amax[module] = max(amax.get(module, 0.0), value * E4M3FN_MAX)
         read.add(tensor)
 
     for w in d.weights():

@@ -39,6 +39,7 @@ from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.writer import CheckpointWriter, PlannedTensor
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import AmaxSourceKind, DeadExpertPolicy, ExpertRef, KvCacheScheme, is_hpu_fp8
+from hpu_fp8_loader.spec.fp8 import act_amax_problem
 from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements
 from hpu_fp8_loader.validate import open_validated
 
@@ -123,7 +124,7 @@ def _legacy_measurements(checkpoint: Checkpoint) -> tuple[Measurements, float | 
         if module.endswith(".self_attn.s"):
             s_values.append(value)
         resolved = amax_from_legacy(key, value)
-        problem = scales.act_amax_problem(resolved) if resolved != 0 else None  # zero: a dead expert, or an error later
+        problem = act_amax_problem(resolved) if resolved != 0 else None  # zero: a dead expert, or an error later
         if problem:
             raise ConfigError(f"{checkpoint.root}: '{key}' holds {value:g}, so the {module} {problem}")
         amax[module] = max(amax.get(module, 0.0), resolved)

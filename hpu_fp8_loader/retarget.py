@@ -22,12 +22,10 @@ from hpu_fp8_loader.io.safetensors_file import row_blocks
 from hpu_fp8_loader.io.writer import CheckpointWriter, PlannedTensor
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import FP8_MAX_BY_TARGET, Target
+from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX
 from hpu_fp8_loader.validate import check_values, open_validated
 
 __all__ = ["RetargetReport", "retarget"]
-
-_BLOCK_ELEMENTS = 1 << 22
-
 
 @dataclass
 class RetargetReport:
@@ -41,7 +39,7 @@ class RetargetReport:
 def _halve(codes: np.ndarray) -> tuple[np.ndarray, int]:
     """fp8 values x 0.5 in the ±240 range; returns the new codes and how many did not halve exactly."""
     halved = codes.astype(np.float32) * np.float32(0.5)
-    result = numerics.cast_to_fp8(halved, scales.GAUDI2_FP8_MAX)
+    result = numerics.cast_to_fp8(halved, GAUDI2_FP8_MAX)
     return result, int(np.count_nonzero(result.astype(np.float32) != halved))
 
 
@@ -76,7 +74,7 @@ def retarget(
             "and no precision is gained without the BF16 source (convert it again with --target gaudi3 for that)"
         )
     elif qc.fp8_max == FP8_MAX_BY_TARGET[Target.GAUDI3]:
-        new_qc = qc.model_copy(update={"target": Target.GAUDI2, "fp8_max": scales.GAUDI2_FP8_MAX})
+        new_qc = qc.model_copy(update={"target": Target.GAUDI2, "fp8_max": GAUDI2_FP8_MAX})
         rescale = True
         message = "rescaled for gaudi2: fp8 values x 0.5, weight scales x 2, act scales derived from act_amax for ±240"
     else:  # a gaudi3-labelled checkpoint that already uses ±240
@@ -96,7 +94,7 @@ def retarget(
         elif not info.shape:
             writer.write(name, np.asarray(shard.get(name)))
         else:  # weights, in row blocks, value-checked: fp8 ones halved when rescaling, the rest copied
-            for start, stop in row_blocks(info.shape[0], math.prod(info.shape[1:]), _BLOCK_ELEMENTS):
+            for start, stop in row_blocks(info.shape[0], math.prod(info.shape[1:])):
                 block = shard.read_rows(name, start, stop)
                 check_values(info, block, start, qc.fp8_max)
                 if rescale and info.dtype == "F8_E4M3":

@@ -11,12 +11,9 @@ import math
 
 import numpy as np
 
+from hpu_fp8_loader.spec.fp8 import SMALLEST_SCALE
+
 __all__ = [
-    "ACT_AMAX_RANGE",
-    "GAUDI2_FP8_MAX",
-    "GAUDI3_FP8_MAX",
-    "SCALE_RANGE",
-    "act_amax_problem",
     "act_scale_from_amax",
     "is_bf16_exact",
     "max_code",
@@ -25,10 +22,6 @@ __all__ = [
     "scale_from_amax",
     "weight_scale_from_amax",
 ]
-
-GAUDI2_FP8_MAX = 240.0
-GAUDI3_FP8_MAX = 448.0
-
 
 def max_code(fp8_max: float) -> int:
     """The e4m3fn code (sign bit clear) of ``fp8_max``: the largest magnitude a checkpoint may contain.
@@ -40,26 +33,6 @@ def max_code(fp8_max: float) -> int:
     if not 0 <= m < 8 or (mantissa * 2 - 1) * 8 != m:
         raise ValueError(f"{fp8_max} is not an e4m3fn value")
     return ((exponent - 1 + 7) << 3) | m
-
-
-# The smallest positive normal float32 (bf16-exact and a power of two): the floor of every scale, so
-# that an amax of a few denormals never gives a scale that underflows to zero.
-SMALLEST_SCALE = np.float32(np.finfo(np.float32).tiny)
-# Every stored scale: at least the floor, at most the largest float32.
-SCALE_RANGE = (float(SMALLEST_SCALE), float(np.finfo(np.float32).max))
-# Every stored activation amax. Inside it, everything derived from an amax (amax / fp8_max, FastDeploy's
-# multiplier fp8_max / amax, its softmax-scaled query scales, the legacy layout's bf16 amax) is a normal,
-# finite float32 and bf16 for either FP8 range; outside it, at least one of them is inf or zero. Real
-# activations lie many orders of magnitude inside.
-ACT_AMAX_RANGE = (2.0**-100, 2.0**100)
-
-
-def act_amax_problem(amax: float) -> str | None:
-    """Why ``amax`` cannot be an activation amax of a checkpoint, or None when it can (zero is the caller's to judge)."""
-    low, high = ACT_AMAX_RANGE
-    if low <= amax <= high:
-        return None
-    return f"amax {float(amax):g} is outside the range an activation amax may take, [{low:g}, {high:g}] (2^-100 to 2^100)"
 
 
 def scale_from_amax(amax: float | np.ndarray, fp8_max: float) -> np.ndarray:

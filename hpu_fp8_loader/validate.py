@@ -35,6 +35,7 @@ from hpu_fp8_loader.spec.config import (
     fastdeploy_config_problems,
     parse_quantization_config,
 )
+from hpu_fp8_loader.spec.fp8 import ACT_AMAX_RANGE, SCALE_RANGE
 
 __all__ = [
     "ValidatedCheckpoint",
@@ -149,7 +150,7 @@ def _span(values: np.ndarray) -> str:
 
 def _range_violation(name: str, values: np.ndarray) -> Violation | None:
     """A violation if a finite, positive scale or amax lies outside the range the spec allows it (section 3.3)."""
-    low, high = scales.ACT_AMAX_RANGE if name.endswith(names.ACT_AMAX) else scales.SCALE_RANGE
+    low, high = ACT_AMAX_RANGE if name.endswith(names.ACT_AMAX) else SCALE_RANGE
     if ((values >= low) & (values <= high)).all():
         return None
     what = "an act_amax" if name.endswith(names.ACT_AMAX) else "a scale"

@@ -15,7 +15,7 @@ from hpu_fp8_loader.cli import main
 from hpu_fp8_loader.convert import ConvertOptions, convert
 from hpu_fp8_loader.datasets import load_text
 from hpu_fp8_loader.demo import TINY_MODELS
-from hpu_fp8_loader.engine.fp8 import EmulationOptions, Fp8Emulator, quantize
+from hpu_fp8_loader.engine.fp8 import EmulationOptions, Fp8Emulator, quantize_by_multiplier
 from hpu_fp8_loader.engine.model import forward
 from hpu_fp8_loader.engine.weights import open_weights
 from hpu_fp8_loader.evaluate import EvalRow, attention_warning, evaluate
@@ -46,11 +46,11 @@ def trained(tmp_path_factory):
 
 def test_the_cast_multiplies_in_bf16_then_clamps_then_rounds():
     # 1.0 * bf16(250.7) = 250 -> saturates to 240 (round-then-clamp would give 256, an inf code on Gaudi2)
-    assert quantize(np.array([1.0], np.float32), 250.7, "x")[0] == 240.0
+    assert quantize_by_multiplier(np.array([1.0], np.float32), 250.7, "x")[0] == 240.0
     x = np.array([0.3, -1.7, 2.0**-12], np.float32)
     m = np.float32(13.37)
     expected = np.clip((x * np.float32(ml_dtypes.bfloat16(m))).astype(ml_dtypes.bfloat16).astype(np.float32), -240, 240)
-    np.testing.assert_array_equal(quantize(x, m, "x"), expected.astype(ml_dtypes.float8_e4m3fn).astype(np.float32))
+    np.testing.assert_array_equal(quantize_by_multiplier(x, m, "x"), expected.astype(ml_dtypes.float8_e4m3fn).astype(np.float32))
 
 
 @pytest.mark.parametrize("model", list(TINY_MODELS))

@@ -38,15 +38,12 @@ import numpy as np
 from hpu_fp8_loader import numerics
 from hpu_fp8_loader.arch import ModelDescriptor, describe
 from hpu_fp8_loader.engine.model import EngineConfig, rms_norm, rotary, route, silu
-from hpu_fp8_loader.fastdeploy.mapping import Parallelism, map_rank
+from hpu_fp8_loader.fastdeploy.mapping import FASTDEPLOY_FP8_MAX, Parallelism, map_rank
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import KvCacheScheme, QuantizationConfig, parse_quantization_config
 
 __all__ = ["EmulationOptions", "Fp8Emulator"]
-
-B = 240.0
-
 
 def bf16(x) -> np.ndarray:
     """Round to bf16 (nearest even) and back to float32."""
@@ -57,12 +54,12 @@ def f32(x) -> np.ndarray:
     return np.asarray(x).astype(np.float32)
 
 
-def quantize(x: np.ndarray, multiplier, point: str) -> np.ndarray:
+def quantize_by_multiplier(x: np.ndarray, multiplier, point: str) -> np.ndarray:
     """Gaudi's cast of a bf16 tensor: sat_fp8(bf16(x * bf16(m))), returned as the fp8 values in float32.
 
     ``point`` (the module or attention point) names the activation when it is not finite: the float32
     arithmetic before it overflowed."""
-    return numerics.cast_to_fp8(bf16(x * bf16(multiplier)), B, f"activation {point}").astype(np.float32)
+    return numerics.cast_to_fp8(bf16(x * bf16(multiplier)), FASTDEPLOY_FP8_MAX, f"activation {point}").astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -104,7 +101,7 @@ class Fp8Emulator:
             return x @ (weight * weight_scale)
         multiplier = p[f"{module}.act_scale"][0]
         descale = p[f"{module}.{descale_name}"][0] if descale_name else np.float32(1) / multiplier
-        return bf16((quantize(x, multiplier, module) @ weight) * descale * weight_scale)
+        return bf16((quantize_by_multiplier(x, multiplier, module) @ weight) * descale * weight_scale)
 
     def _attention(self, p: dict, base: str, x: np.ndarray) -> np.ndarray:
         d, hd = self.d, self.d.head_dim
@@ -123,9 +120,9 @@ class Fp8Emulator:
         scale = np.float32(hd**-0.5)
         attn = f"{base}.self_attn.attn"
         if self.fp8_attention and not self.options.weights_only:
-            q = quantize(q, p[f"{attn}.q_scale"][0], f"{attn}.q")
-            k = quantize(k, p[f"{attn}.cache_k_scale"][0], f"{attn}.cache_k")  # the fp8 KV cache
-            v = quantize(v, p[f"{attn}.cache_v_scale"][0], f"{attn}.cache_v")
+            q = quantize_by_multiplier(q, p[f"{attn}.q_scale"][0], f"{attn}.q")
+            k = quantize_by_multiplier(k, p[f"{attn}.cache_k_scale"][0], f"{attn}.cache_k")  # the fp8 KV cache
+            v = quantize_by_multiplier(v, p[f"{attn}.cache_v_scale"][0], f"{attn}.cache_v")
             scale = scale * p[f"{attn}.q_out_scale"][0] * p[f"{attn}.cache_k_out_scale"][0]
         group = heads // kv_heads
         q = np.ascontiguousarray(q.transpose(0, 2, 1, 3))
@@ -139,7 +136,7 @@ class Fp8Emulator:
         if self.fp8_attention and not self.options.weights_only:
             probabilities = exp if self.options.decode_attention else exp / total
             out = (
-                (quantize(probabilities, p[f"{attn}.s_scale"][0], f"{attn}.s") @ v)
+                (quantize_by_multiplier(probabilities, p[f"{attn}.s_scale"][0], f"{attn}.s") @ v)
                 * p[f"{attn}.s_out_scale"][0]
                 * p[f"{attn}.cache_v_out_scale"][0]
             )
@@ -162,7 +159,7 @@ class Fp8Emulator:
         up, down = p[f"{experts}.up_gate_proj_weight"], p[f"{experts}.down_proj_weight"]
         up_scale, down_scale = p[f"{experts}.up_gate_proj_weight_scale"], p[f"{experts}.down_proj_weight_scale"]
         in_scale, down_in = p[f"{experts}.up_gate_proj_in_scale"][0], p[f"{experts}.down_proj_in_scale"][:, 0]
-        qx = flat if self.options.weights_only else quantize(flat, in_scale, f"{experts}.up_gate_proj")
+        qx = flat if self.options.weights_only else quantize_by_multiplier(flat, in_scale, f"{experts}.up_gate_proj")
         x_descale = np.float32(1) if self.options.weights_only else np.float32(1) / in_scale
         out = np.zeros_like(flat)
         for e in range(up.shape[0]):
@@ -178,7 +175,7 @@ class Fp8Emulator:
             gate_up = bf16(gate_up)
             hidden = bf16(silu(gate_up[:, :half]) * gate_up[:, half:])
             y = bf16(
-                (quantize(hidden, np.float32(1) / down_in[e], f"{experts}.{e}.down_proj") @ down[e]) * down_in[e] * down_scale[e]
+                (quantize_by_multiplier(hidden, np.float32(1) / down_in[e], f"{experts}.{e}.down_proj") @ down[e]) * down_in[e] * down_scale[e]
             )
             out[rows] = bf16(out[rows] + bf16(weights[rows, slot][:, None] * y))
         return out

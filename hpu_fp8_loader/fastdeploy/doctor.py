@@ -210,7 +210,7 @@ def _check_routing(report: DoctorReport) -> None:
 
 def _check_checkpoint(report: DoctorReport, checkpoint: str, tp: int, ep: int, revision: str | None) -> bool:
     from hpu_fp8_loader.arch import describe
-    from hpu_fp8_loader.fastdeploy.mapping import Parallelism, check_parallelism
+    from hpu_fp8_loader.fastdeploy.mapping import FASTDEPLOY_FP8_MAX, Parallelism, check_parallelism
     from hpu_fp8_loader.fastdeploy.plan import plan_deployment
     from hpu_fp8_loader.hub import load
     from hpu_fp8_loader.io.checkpoint import read_config
@@ -224,7 +224,7 @@ def _check_checkpoint(report: DoctorReport, checkpoint: str, tp: int, ep: int, r
         report.add("checkpoint", FAIL, str(exc))
         return False
     report.add("checkpoint", OK, f"{loaded.path}: hpu-fp8 v1, {descriptor.model_type}, quick validation passed")
-    if qc.fp8_max != 240.0:
+    if qc.fp8_max != FASTDEPLOY_FP8_MAX:
         report.add(
             "fp8 range", FAIL, f"fp8_max is {qc.fp8_max:g}; FastDeploy's HPU path assumes 240",
             f"hpu-fp8 retarget {checkpoint} OUT --target gaudi2",
@@ -235,7 +235,7 @@ def _check_checkpoint(report: DoctorReport, checkpoint: str, tp: int, ep: int, r
         f"TP {tp} x EP {ep}: {plan.total_bytes_per_rank / 2**20:,.1f} MiB of parameters per rank, "
         f"KV cache {plan.kv_bytes_per_token_per_rank} bytes per token per rank ({qc.kv_cache_scheme.value})",
     )  # fmt: skip
-    return qc.fp8_max == 240.0
+    return qc.fp8_max == FASTDEPLOY_FP8_MAX
 
 
 def _check_model(report: DoctorReport, checkpoint: str, tp: int) -> None:

@@ -25,6 +25,7 @@ from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.safetensors_file import SafetensorsFile, TensorInfo, row_blocks
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import KvCacheScheme, QuantizationConfig, ScaleRounding
+from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX
 from hpu_fp8_loader.validate import check_values
 
 __all__ = [
@@ -48,15 +49,13 @@ __all__ = [
     "valid_tp_sizes",
 ]
 
-FASTDEPLOY_FP8_MAX = 240.0  # a Python float, as FastDeploy writes it: see Arithmetic
+FASTDEPLOY_FP8_MAX = GAUDI2_FP8_MAX  # FastDeploy writes it as the Python float 240.0: see Arithmetic
 ATTENTION_SCALES = (
     "cache_k_scale", "cache_k_out_scale", "cache_v_scale", "cache_v_out_scale", "q_scale", "q_out_scale",
     "q_scaling_scale", "q_scaling_out_scale", "s_scale", "s_out_scale",
 )  # fmt: skip
 # FastDeploy always builds a column-parallel lm_head; tied, it holds the rank's embedding rows transposed.
 LM_HEAD_PARAMETER = "lm_head.linear.weight"
-# Rows read per pread when a tensor is split by columns: bounded working memory per tensor.
-_BLOCK_ELEMENTS = 1 << 22
 # Tensors up to this size are read through the memory map instead of pread.
 _SMALL_BYTES = 1 << 16
 
@@ -295,7 +294,7 @@ def _read(checkpoint: Checkpoint, name: str, rows: slice | None = None, columns:
         return _take(_checked_rows(shard, info, 0, info.shape[0]), columns)
     blocks = [
         _take(_checked_rows(shard, info, first, last), columns)
-        for first, last in row_blocks(stop, info.shape[1], _BLOCK_ELEMENTS, start)
+        for first, last in row_blocks(stop, info.shape[1], start=start)
     ]
     return blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
 

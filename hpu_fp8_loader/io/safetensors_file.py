@@ -22,7 +22,7 @@ import numpy as np
 from hpu_fp8_loader.errors import SafetensorsFormatError
 from hpu_fp8_loader.io.jsonfile import JsonFormatError, parse_json, printable
 
-__all__ = ["ITEMSIZES", "SafetensorsFile", "TensorInfo", "dtype_name", "numpy_dtype", "read_header", "row_blocks"]
+__all__ = ["BLOCK_ELEMENTS", "ITEMSIZES", "SafetensorsFile", "TensorInfo", "dtype_name", "numpy_dtype", "read_header", "row_blocks"]
 
 # Item size of every safetensors dtype code; numpy dtypes are made on demand (numpy_dtype), so code
 # that only checks headers or reads F32/uint8 never imports ml_dtypes (its import costs ~0.7 s here).
@@ -235,7 +235,11 @@ def _tensor_info(path: Path, name: str, entry: object, data_start: int, size: in
     return TensorInfo(name, path, dtype, tuple(shape), begin, end)
 
 
-def row_blocks(rows: int, row_elements: int, budget: int, start: int = 0):
+# Elements per row block when a tensor is streamed (row_blocks' usual budget): ~16 MB of float32 working memory.
+BLOCK_ELEMENTS = 1 << 22
+
+
+def row_blocks(rows: int, row_elements: int, budget: int = BLOCK_ELEMENTS, start: int = 0):
     """``(first, stop)`` row ranges of ``start:rows`` holding about ``budget`` elements each (at least one row)."""
     step = max(1, budget // max(1, row_elements))
     for first in range(start, rows, step):

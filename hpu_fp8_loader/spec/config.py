@@ -16,6 +16,7 @@ from pydantic_core import PydanticCustomError
 
 from hpu_fp8_loader.errors import ConfigError, NotHpuFp8CheckpointError, UnsupportedFormatVersionError
 from hpu_fp8_loader.spec import FORMAT_VERSION
+from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX, GAUDI3_FP8_MAX
 
 __all__ = [
     "FASTDEPLOY_ARCHITECTURES",
@@ -65,7 +66,7 @@ class DeadExpertPolicy(str, Enum):
     SIBLING_MAX = "sibling-max"
 
 
-FP8_MAX_BY_TARGET = {Target.GAUDI2: 240.0, Target.GAUDI3: 448.0}
+FP8_MAX_BY_TARGET = {Target.GAUDI2: GAUDI2_FP8_MAX, Target.GAUDI3: GAUDI3_FP8_MAX}
 # Architectures FastDeploy registers, by model_type (docs/spec.md section 2; FastDeploy builds the class
 # named by architectures[0], docs/fastdeploy.md section 2 ("Load dispatch")).
 FASTDEPLOY_ARCHITECTURES = {
@@ -186,7 +187,7 @@ class QuantizationConfig(_Strict):
     quant_method: Literal["hpu_fp8"] = "hpu_fp8"
     format_version: _exactly(FORMAT_VERSION) = FORMAT_VERSION
     fp8_dtype: Literal["float8_e4m3fn"] = "float8_e4m3fn"
-    fp8_max: float = 240.0
+    fp8_max: float = GAUDI2_FP8_MAX
     target: Target = Target.GAUDI2
     weights: WeightStrategies = Field(default_factory=WeightStrategies)
     activations: Activations = Field(default_factory=Activations)
@@ -201,14 +202,16 @@ class QuantizationConfig(_Strict):
     @field_validator("fp8_max")
     @classmethod
     def _known_range(cls, value: float) -> float:
-        if value not in (240.0, 448.0):
-            raise ValueError(f"fp8_max must be 240.0 (Gaudi2 range) or 448.0 (Gaudi3/OCP range), got {value}")
+        if value not in FP8_MAX_BY_TARGET.values():
+            raise ValueError(
+                f"fp8_max must be {GAUDI2_FP8_MAX} (Gaudi2 range) or {GAUDI3_FP8_MAX} (Gaudi3/OCP range), got {value}"
+            )
         return value
 
     @model_validator(mode="after")
     def _consistent(self) -> QuantizationConfig:
-        if self.target is Target.GAUDI2 and self.fp8_max != 240.0:
-            raise ValueError("target gaudi2 requires fp8_max 240.0: Gaudi2 saturates at ±240")
+        if self.target is Target.GAUDI2 and self.fp8_max != GAUDI2_FP8_MAX:
+            raise ValueError(f"target gaudi2 requires fp8_max {GAUDI2_FP8_MAX}: Gaudi2 saturates at ±{GAUDI2_FP8_MAX:g}")
         wants_kv = self.kv_cache_scheme is KvCacheScheme.FP8
         if wants_kv != (self.kv_cache_quant_type == "float8_e4m3"):
             raise ValueError(
@@ -220,7 +223,7 @@ class QuantizationConfig(_Strict):
     @property
     def servable_by_fastdeploy(self) -> bool:
         """FastDeploy's HPU path assumes 240 everywhere (docs/fastdeploy.md section 4, "FP8 storage and the 240 bound")."""
-        return self.fp8_max == 240.0
+        return self.fp8_max == GAUDI2_FP8_MAX
 
 
 def _json_text(value: object, limit: int = 60) -> str:

@@ -17,9 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hpu_fp8_loader.errors import MeasurementError
 from hpu_fp8_loader.io.file_output import write_text_atomically
 from hpu_fp8_loader.io.jsonfile import read_json_object
-from hpu_fp8_loader.scales import act_amax_problem
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import Provenance as MeasurementProvenance
+from hpu_fp8_loader.spec.fp8 import act_amax_problem
 
 __all__ = [
     "MeasurementProvenance",

@@ -1,6 +1,6 @@
 """Issue 14 item 10: an amax or scale outside the spec's ranges is refused before anything is published.
 
-An act_amax must lie in [2^-100, 2^100] (scales.ACT_AMAX_RANGE): inside it every scale FastDeploy derives
+An act_amax must lie in [2^-100, 2^100] (spec.fp8.ACT_AMAX_RANGE): inside it every scale FastDeploy derives
 is a normal float32; outside it ``map`` used to write ``act_scale = inf``, or convert published a
 checkpoint validate then rejected. Each source of amax is tried: a measurement file (convert), a legacy
 checkpoint's activation_scale (import-legacy), a compressed-tensors input_scale (import); and the last
