@@ -20,7 +20,7 @@ from pathlib import Path
 from memory import run_measured
 
 from hpu_fp8_loader.arch import describe
-from hpu_fp8_loader.spec.measurements import write_measurements
+from hpu_fp8_loader.measurements import write_measurements
 from hpu_fp8_loader.synth import preset_config, synthesize, synthetic_measurements
 
 _BASE = {

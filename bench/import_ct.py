@@ -21,7 +21,7 @@ from memory import Measured, run_measured
 from peer_llmcompressor import PEER, QWEN2_1GB
 from timing import taking_turns
 
-from hpu_fp8_loader.spec.measurements import write_measurements
+from hpu_fp8_loader.measurements import write_measurements
 from hpu_fp8_loader.synth import preset_config, synthesize, synthetic_measurements
 
 

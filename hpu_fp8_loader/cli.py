@@ -501,8 +501,9 @@ def import_command(
     from the source's FP8 values to one tensor-wise scale (channel-wise for experts) at ±240 for
     gaudi2; prints the error that adds, worst first. Static input scales become act_amax (x 448).
     """
+    from hpu_fp8_loader.calibrate import calibrate
     from hpu_fp8_loader.convert import ConvertOptions
-    from hpu_fp8_loader.ct_import import import_compressed_tensors
+    from hpu_fp8_loader.ct_import import compressed_tensors_scheme, import_compressed_tensors
     from hpu_fp8_loader.hub import resolve_checkpoint
     from hpu_fp8_loader.measurements import load_measurements
 
@@ -517,8 +518,12 @@ def import_command(
         workers=min(2, os.cpu_count() or 1),
     )
     with _errors():
+        source = resolve_checkpoint(src)
+        compressed_tensors_scheme(source)  # refused before a calibration runs
         extra = [load_measurements(p).measurements for p in measurement_paths]
-        result = import_compressed_tensors(resolve_checkpoint(src), out, options, extra, run_calibration)
+        if run_calibration:
+            extra.append(calibrate(source).measurements)
+        result = import_compressed_tensors(source, out, options, extra)
     _warn_each(result.warnings)
     if as_json:
         emit_json({**dataclasses.asdict(result), "target": target, "kv_cache": kv_cache})
@@ -788,7 +793,7 @@ def calibrate(
     """
     from hpu_fp8_loader.calibrate import calibrate as run_calibration
     from hpu_fp8_loader.calibrate import check_outputs, write_fastdeploy_file
-    from hpu_fp8_loader.spec.measurements import write_measurements
+    from hpu_fp8_loader.measurements import write_measurements
 
     if fastdeploy_file and fastdeploy_file.resolve() == out.resolve():
         raise click.BadParameter(f"{fastdeploy_file} is also the -o file; name another", param_hint="--fastdeploy-format")

@@ -30,6 +30,7 @@ import numpy as np
 from hpu_fp8_loader import __version__, numerics, scales
 from hpu_fp8_loader.activations import merge_measurements, resolve_act_amax
 from hpu_fp8_loader.arch import Layout, ModelDescriptor, WeightTensor, describe
+from hpu_fp8_loader.arch.contents import expected_tensors
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error, NonFiniteError, WorkerDiedError
 from hpu_fp8_loader.fusion import fuse_columns, transposed
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, Checkpoint, copied_source_files
@@ -47,7 +48,7 @@ from hpu_fp8_loader.io.writer import (
     prepare_output_dir,
 )
 from hpu_fp8_loader.requantize import requantize_rows, row_amax
-from hpu_fp8_loader.source_tensors import check_source, source_rows, source_scale
+from hpu_fp8_loader.source_tensors import check_source, detect_layout, source_rows, source_scale
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import (
     FP8_MAX_BY_TARGET,
@@ -71,9 +72,8 @@ __all__ = [
     "ConvertProgress",
     "ConvertResult",
     "convert",
-    "detect_layout",
     "output_config",
-    "plan_tensors",
+    "planned_tensors",
     "quantization_config_for",
 ]
 
@@ -138,16 +138,9 @@ class ConvertResult:
 # ----------------------------------------------------------------------------- planning
 
 
-def detect_layout(checkpoint: Checkpoint, descriptor: ModelDescriptor) -> Layout:
-    """Paddle or torch layout, from which names of the first layer's attention exist."""
-    probe = descriptor.weights()[1:3]
-    for layout in Layout:
-        if all(p.name in checkpoint.tensors for w in probe for p in w.source_parts(layout, descriptor.prefix)):
-            return layout
-    raise ConfigError(
-        f"{checkpoint.root}: neither Paddle names ({probe[1].name}) nor torch names "
-        f"({probe[1].source_parts(Layout.TORCH, descriptor.prefix)[0].name}) found; is this a {descriptor.model_type} checkpoint?"
-    )
+def planned_tensors(descriptor: ModelDescriptor, qc: QuantizationConfig) -> list[PlannedTensor]:
+    """Every output tensor of the spec checkpoint, in the order shards are filled (:func:`expected_tensors`)."""
+    return [PlannedTensor(name, dtype, shape) for name, (dtype, shape) in expected_tensors(descriptor, qc).items()]
 
 
 def _refuse_hpu_fp8_source(checkpoint: Checkpoint) -> None:
@@ -157,22 +150,6 @@ def _refuse_hpu_fp8_source(checkpoint: Checkpoint) -> None:
             f"{checkpoint.root}: already an hpu-fp8 checkpoint; convert reads the BF16 (or compressed-tensors) model, "
             "and `hpu-fp8 retarget` changes an hpu-fp8 checkpoint's target"
         )
-
-
-def plan_tensors(descriptor: ModelDescriptor, act_modules: Sequence[str]) -> list[PlannedTensor]:
-    """Every output tensor of a spec checkpoint, in the order shards are filled."""
-    planned = []
-    for w in descriptor.weights():
-        if w.is_linear:
-            planned.append(PlannedTensor(w.name, "F8_E4M3", w.shape))
-            scale_shape = (w.shape[-1],) if w.channel_wise else (1,)
-            planned.append(PlannedTensor(names.tensor(w.module, names.WEIGHT_SCALE), "F32", scale_shape))
-        else:
-            planned.append(PlannedTensor(w.name, w.source_dtype, w.shape))
-    for module in act_modules:
-        planned.append(PlannedTensor(names.tensor(module, names.ACT_SCALE), "F32", (1,)))
-        planned.append(PlannedTensor(names.tensor(module, names.ACT_AMAX), "F32", (1,)))
-    return planned
 
 
 # ----------------------------------------------------------------------------- the worker side
@@ -521,7 +498,7 @@ def convert(
     amax, origin, sources = merge_measurements(measurements, descriptor)
     act, filled = resolve_act_amax(modules, amax, options.dead_experts)
     qc = quantization_config_for(descriptor, options, act, origin, sources, filled)
-    shards = plan_shards(plan_tensors(descriptor, list(act)), options.max_shard_bytes)
+    shards = plan_shards(planned_tensors(descriptor, qc), options.max_shard_bytes)
     staging = prepare_output_dir(out, options.force, [src])
     fingerprint = _fingerprint(checkpoint, shards, qc, act)
     done = _reusable_shards(staging, fingerprint)

@@ -22,7 +22,6 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hpu_fp8_loader.arch import Layout, ModelDescriptor, Role, describe
-from hpu_fp8_loader.calibrate import calibrate as run_calibration
 from hpu_fp8_loader.convert import ConvertOptions, convert
 from hpu_fp8_loader.errors import ConfigError, MeasurementError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
@@ -31,7 +30,7 @@ from hpu_fp8_loader.spec.config import AmaxSourceKind
 from hpu_fp8_loader.spec.fp8 import E4M3FN_MAX, act_amax_problem
 from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements
 
-__all__ = ["ImportResult", "import_compressed_tensors"]
+__all__ = ["ImportResult", "compressed_tensors_scheme", "import_compressed_tensors"]
 
 
 
@@ -160,18 +159,27 @@ def _imported_amax(checkpoint: Checkpoint, d: ModelDescriptor) -> tuple[dict[str
     return amax, read
 
 
+def compressed_tensors_scheme(src: str | Path) -> str:
+    """The scheme of a compressed-tensors FP8 checkpoint this importer reads, or a named refusal: checked before any work."""
+    config = Checkpoint.open(src).config
+    return _check_scheme(Path(src), _parse_config(Path(src), config.get("quantization_config")))
+
+
 def import_compressed_tensors(
     src: str | Path,
     out: str | Path,
     options: ConvertOptions | None = None,
     measurements: Sequence[Measurements] = (),
-    calibrate: bool = False,
 ) -> ImportResult:
-    """A compressed-tensors FP8 checkpoint -> hpu-fp8 v1 at ``options.fp8_max`` (±240 for Gaudi2)."""
+    """A compressed-tensors FP8 checkpoint -> hpu-fp8 v1 at ``options.fp8_max`` (±240 for Gaudi2).
+
+    The source's static input scales become act_amax; ``measurements`` fill the points it lacks (for dynamic
+    activations: a calibration of ``src`` itself, which the reference engine reads as fp8 x weight_scale).
+    """
     options = options or ConvertOptions()
     checkpoint = Checkpoint.open(src)
     raw = checkpoint.config.get("quantization_config")
-    scheme = _check_scheme(Path(src), _parse_config(Path(src), raw))
+    scheme = compressed_tensors_scheme(src)
     d = describe(checkpoint.config)
     result = ImportResult(Path(out), scheme)
     imported, scale_tensors = _imported_amax(checkpoint, d)
@@ -182,10 +190,7 @@ def import_compressed_tensors(
                 provenance=MeasurementProvenance(kind=AmaxSourceKind.IMPORTED_INPUT_SCALE, files=[Path(src).name]), amax=imported
             )
         )
-    extra = list(measurements)
-    if calibrate:  # the reference engine reads the FP8 weights as fp8 x weight_scale: the dequantized model
-        extra.append(run_calibration(src).measurements)
-    for m in extra:  # the source's own static scales take precedence; the rest fill the gaps
+    for m in measurements:  # the source's own static scales take precedence; the rest fill the gaps
         sources.append(m.model_copy(update={"amax": {k: v for k, v in m.amax.items() if k not in imported}}))
     if not sources:
         raise MeasurementError(f"{src}: dynamic activations carry no statistics; pass --measurements or --calibrate")

@@ -16,7 +16,7 @@ from hpu_fp8_loader.convert import ConvertOptions, convert
 from hpu_fp8_loader.errors import OutputExistsError, UnsafePathError
 from hpu_fp8_loader.evaluate import EvalReport, evaluate
 from hpu_fp8_loader.io.writer import check_apart
-from hpu_fp8_loader.spec.measurements import write_measurements
+from hpu_fp8_loader.measurements import write_measurements
 from hpu_fp8_loader.validate import ValidationReport, validate
 
 __all__ = ["TINY_MODELS", "DemoResult", "run_demo"]

@@ -22,7 +22,7 @@ import numpy as np
 from hpu_fp8_loader import numerics, scales
 from hpu_fp8_loader.activations import merge_measurements, resolve_act_amax
 from hpu_fp8_loader.arch import Layout, ModelDescriptor, Role, WeightTensor, describe
-from hpu_fp8_loader.convert import ConvertOptions, output_config, plan_tensors, quantization_config_for
+from hpu_fp8_loader.convert import ConvertOptions, output_config, planned_tensors, quantization_config_for
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error, MeasurementError, NotHpuFp8CheckpointError
 from hpu_fp8_loader.fastdeploy.mapping import (
     FASTDEPLOY_FP8_MAX,
@@ -251,7 +251,7 @@ def import_legacy(
         )
     options = ConvertOptions(kv_cache=kv, dead_experts=dead_experts, max_shard_bytes=max_shard_bytes)
     qc = quantization_config_for(descriptor, options, act, origin, sources, filled)
-    writer = CheckpointWriter(out, plan_tensors(descriptor, list(act)), max_shard_bytes, force, {"format": "pd"}, [src])
+    writer = CheckpointWriter(out, planned_tensors(descriptor, qc), max_shard_bytes, force, {"format": "pd"}, [src])
     for w in descriptor.weights():
         if w.is_linear:
             weight, scale = _import_linear(checkpoint, w, layout, descriptor.prefix, report)

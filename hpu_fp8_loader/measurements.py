@@ -10,6 +10,7 @@ rank set is complete. No real FastDeploy file has been seen: the format is read 
 from __future__ import annotations
 
 import glob
+import json
 import math
 import os
 import re
@@ -17,18 +18,71 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from hpu_fp8_loader.errors import MeasurementError
+from hpu_fp8_loader.io.file_output import write_text_atomically
+from hpu_fp8_loader.io.jsonfile import read_json_object
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import AmaxSourceKind
-from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements, check_module_numbers, read_measurements
+from hpu_fp8_loader.spec.fp8 import act_amax_problem
+from hpu_fp8_loader.spec.measurements import FORMAT, MeasurementProvenance, Measurements, check_module_numbers
 
-__all__ = ["LoadedMeasurements", "fastdeploy_rank_files", "load_measurements", "read_fastdeploy_file"]
+__all__ = [
+    "LoadedMeasurements",
+    "fastdeploy_rank_files",
+    "load_measurements",
+    "read_fastdeploy_file",
+    "read_measurements",
+    "write_measurements",
+]
 
 _RANK_TAIL = re.compile(r"^(?P<stem>.+?)(?P<tail>(?:_\d+)+)$")  # \d: any Unicode digit, to refuse, never to read
 _PLAIN_RANK = re.compile(rf"_{names.PLAIN_NUMBER}")
 _AMAX = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?")  # Python float text, ASCII
 _JSON_START = (b"{", b"[")
 _FASTDEPLOY_FILE = "model_measurement.txt"
+
+
+
+def _first_error(exc: ValidationError) -> str:
+    """Pydantic's first error as ``where: what``, in the file's own terms (JSON values, no "Value error," prefix)."""
+    first = exc.errors()[0]
+    where = "".join(f"[{json.dumps(p)}]" if i else str(p) for i, p in enumerate(first["loc"]))
+    if first["type"] == "value_error":
+        return f"{where}: {first['ctx']['error']}"
+    if first["type"] == "missing":
+        return f"{where}: missing"
+    return f"{where}: {first['msg'].lower()}, got {json.dumps(first['input'])[:80]}"
+
+
+def read_measurements(path: str | Path) -> Measurements:
+    """A measurement file, validated strictly: a number written as a string or a boolean is an error, not a value.
+
+    ``read_json_object`` names the file for every way it can fail to be one JSON object; the fields are
+    then checked in pydantic's strict JSON mode, where ``"3.5"`` and ``true`` are not numbers.
+    """
+    path = Path(path)
+    data = read_json_object(path, MeasurementError, "no such measurement file")
+    if data.get("format") != FORMAT:
+        raise MeasurementError(f"{path}: 'format' is not {FORMAT!r}")
+    version = data.get("version")
+    if type(version) is not int or version != 1:
+        raise MeasurementError(f"{path}: version {json.dumps(version)}; this reader implements version 1")
+    try:
+        measurements = Measurements.model_validate_json(json.dumps(data), strict=True)
+    except ValidationError as exc:
+        raise MeasurementError(f"{path}: {_first_error(exc)}") from None
+    for module, amax in measurements.amax.items():  # here, where the file can be named; zero is a dead point
+        problem = act_amax_problem(amax) if amax else None
+        if problem:
+            raise MeasurementError(f"{path}: amax[{json.dumps(module)}]: {problem}")
+    return measurements
+
+
+def write_measurements(path: str | Path, measurements: Measurements, replace: bool = True) -> None:
+    """The measurement file, written atomically (see :func:`write_text_atomically`)."""
+    write_text_atomically(path, measurements.model_dump_json(indent=2, exclude_none=True) + "\n", replace)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Reading a source checkpoint's tensor as values: BF16/FP16/FP32 as stored, FP8 times its scale.
+"""Reading a source checkpoint: its layout (Paddle or torch names), and a tensor as values: BF16/FP16/FP32 as stored, FP8 times its scale.
 
 A compressed-tensors (llm-compressor) checkpoint stores a linear as an F8_E4M3 ``X.weight`` beside
 ``X.weight_scale`` (``[1]`` tensor-wise or ``[out, 1]`` per row, bf16 or float32). Its values are
@@ -17,15 +17,23 @@ from hpu_fp8_loader.arch import Layout, ModelDescriptor
 from hpu_fp8_loader.errors import ConfigError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.numerics import fp8_to_float32
+from hpu_fp8_loader.spec.names import scale_name
 
-__all__ = ["SOURCE_DTYPES", "check_source", "scale_name", "source_problem", "source_rows", "source_scale"]
+__all__ = ["SOURCE_DTYPES", "check_source", "detect_layout", "source_problem", "source_rows", "source_scale"]
 
 SOURCE_DTYPES = ("BF16", "F16", "F32", "F8_E4M3")
 
 
-def scale_name(name: str) -> str:
-    """The compressed-tensors weight_scale that goes with an FP8 ``X.weight``."""
-    return name.removesuffix("weight") + "weight_scale"
+def detect_layout(checkpoint: Checkpoint, descriptor: ModelDescriptor) -> Layout:
+    """Paddle or torch layout, from which names of the first layer's attention exist."""
+    probe = descriptor.weights()[1:3]
+    for layout in Layout:
+        if all(p.name in checkpoint.tensors for w in probe for p in w.source_parts(layout, descriptor.prefix)):
+            return layout
+    raise ConfigError(
+        f"{checkpoint.root}: neither Paddle names ({probe[1].name}) nor torch names "
+        f"({probe[1].source_parts(Layout.TORCH, descriptor.prefix)[0].name}) found; is this a {descriptor.model_type} checkpoint?"
+    )
 
 
 def source_problem(checkpoint: Checkpoint, name: str) -> str | None:

@@ -23,6 +23,7 @@ import numpy as np
 
 from hpu_fp8_loader import scales
 from hpu_fp8_loader.arch import ModelDescriptor, describe
+from hpu_fp8_loader.arch.contents import expected_tensors
 from hpu_fp8_loader.errors import CheckpointNotFoundError, HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.io.checkpoint import INDEX_FILE, Checkpoint, read_config, read_index, safe_member
 from hpu_fp8_loader.io.manifest import check_manifest
@@ -42,7 +43,6 @@ __all__ = [
     "ValidationReport",
     "Violation",
     "check_values",
-    "expected_tensors",
     "open_validated",
     "validate",
 ]
@@ -80,22 +80,6 @@ class ValidationReport:
 
     def to_dict(self) -> dict:
         return {"root": self.root, "mode": self.mode, "valid": self.valid, **asdict(self)}
-
-
-def expected_tensors(descriptor: ModelDescriptor, qc: QuantizationConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """name -> (dtype, shape) of every tensor an hpu-fp8 v1 checkpoint of this model must hold."""
-    ignore = frozenset(qc.ignore)
-    expected: dict[str, tuple[str, tuple[int, ...]]] = {}
-    for w in descriptor.weights():
-        if w.is_linear and w.module not in ignore:
-            expected[w.name] = ("F8_E4M3", w.shape)
-            expected[names.tensor(w.module, names.WEIGHT_SCALE)] = ("F32", (w.shape[-1],) if w.channel_wise else (1,))
-        else:
-            expected[w.name] = (w.source_dtype, w.shape)
-    for module in descriptor.act_modules(qc.kv_cache_scheme is KvCacheScheme.FP8, ignore):
-        expected[names.tensor(module, names.ACT_SCALE)] = ("F32", (1,))
-        expected[names.tensor(module, names.ACT_AMAX)] = ("F32", (1,))
-    return expected
 
 
 def _read_shards(root: Path, report: ValidationReport) -> tuple[dict[str, TensorInfo], dict[Path, SafetensorsFile]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from hpu_fp8_loader.cli import main
-from hpu_fp8_loader.spec.measurements import write_measurements
+from hpu_fp8_loader.measurements import write_measurements
 from hpu_fp8_loader.synth import preset_config, synthetic_measurements
 
 

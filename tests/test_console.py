@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from hpu_fp8_loader.cli import INTERRUPTED, main
+from hpu_fp8_loader.measurements import write_measurements
 from hpu_fp8_loader.spec import names
-from hpu_fp8_loader.spec.measurements import write_measurements
 from hpu_fp8_loader.synth import preset_config, synthetic_measurements
 
 HPU_FP8 = str(Path(sys.executable).with_name("hpu-fp8"))

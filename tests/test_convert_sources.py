@@ -21,7 +21,7 @@ from hpu_fp8_loader.cli import main
 from hpu_fp8_loader.convert import convert
 from hpu_fp8_loader.errors import ConfigError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
-from hpu_fp8_loader.spec.measurements import write_measurements
+from hpu_fp8_loader.measurements import write_measurements
 from hpu_fp8_loader.synth import preset_config, synthetic_measurements
 from hpu_fp8_loader.validate import validate
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpu_fp8_loader.convert import ConvertOptions, convert
-from hpu_fp8_loader.spec.measurements import write_measurements
+from hpu_fp8_loader.measurements import write_measurements
 from hpu_fp8_loader.synth import preset_config, synthesize, synthetic_measurements
 from hpu_fp8_loader.validate import validate
 
@@ -236,7 +236,7 @@ def test_a_full_disk_fails_cleanly_and_publishes_nothing(tmp_path, medium):
 import json, sys
 from pathlib import Path
 from hpu_fp8_loader.convert import ConvertOptions, convert
-from hpu_fp8_loader.spec.measurements import read_measurements
+from hpu_fp8_loader.measurements import read_measurements
 out = Path(sys.argv[1]) / "out"
 try:
     convert({str(medium / "src")!r}, out, [read_measurements({str(medium / "m.json")!r})], ConvertOptions())

@@ -74,7 +74,7 @@ def test_a_dynamic_moe_checkpoint_imports_and_evaluates_against_its_bf16_base(tm
 def test_dynamic_without_statistics_is_refused_and_calibrate_fills_them(tmp_path):
     with pytest.raises(MeasurementError, match="dynamic activations carry no statistics"):
         import_compressed_tensors(DYNAMIC, tmp_path / "a")
-    import_compressed_tensors(DYNAMIC, tmp_path / "b", calibrate=True)
+    import_compressed_tensors(DYNAMIC, tmp_path / "b", measurements=[calibrate(DYNAMIC).measurements])
     assert validate(tmp_path / "b").valid
 
 

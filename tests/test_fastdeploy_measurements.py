@@ -13,9 +13,8 @@ from hpu_fp8_loader.cli import main
 from hpu_fp8_loader.convert import ConvertOptions, convert
 from hpu_fp8_loader.errors import MeasurementError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
-from hpu_fp8_loader.measurements import load_measurements
+from hpu_fp8_loader.measurements import load_measurements, write_measurements
 from hpu_fp8_loader.spec import names
-from hpu_fp8_loader.spec.measurements import write_measurements
 from hpu_fp8_loader.synth import preset_config, synthetic_measurements
 
 

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from hpu_fp8_loader.errors import MeasurementError, OutputExistsError
-from hpu_fp8_loader.spec.measurements import read_measurements, write_measurements
+from hpu_fp8_loader.measurements import read_measurements, write_measurements
 from hpu_fp8_loader.synth import preset_config, synthetic_measurements
 
 

@@ -1,4 +1,5 @@
-"""The measurement file: activation abs-max per spec module, with provenance.
+"""The measurement format: activation abs-max per spec module, with provenance (reading and writing the file:
+:mod:`hpu_fp8_loader.measurements`).
 
 Shared by the converter (which reads it) and the calibrator (which writes it); FastDeploy's own
 text files are mapped onto the same module names by :mod:`hpu_fp8_loader.spec.names`.
@@ -6,28 +7,20 @@ text files are mapped onto the same module names by :mod:`hpu_fp8_loader.spec.na
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from hpu_fp8_loader.errors import MeasurementError
-from hpu_fp8_loader.io.file_output import write_text_atomically
-from hpu_fp8_loader.io.jsonfile import read_json_object
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import Provenance as MeasurementProvenance
-from hpu_fp8_loader.spec.fp8 import act_amax_problem
 
 __all__ = [
     "MeasurementProvenance",
     "Measurements",
     "ModelIdentity",
     "check_module_numbers",
-    "read_measurements",
-    "write_measurements",
 ]
 
 FORMAT = "hpu-fp8-measurements"
@@ -93,43 +86,3 @@ class Measurements(_Strict):
             if value < 0:
                 raise ValueError(f"expert_tokens[{key!r}] = {value} is negative")
         return counts
-
-
-def _first_error(exc: ValidationError) -> str:
-    """Pydantic's first error as ``where: what``, in the file's own terms (JSON values, no "Value error," prefix)."""
-    first = exc.errors()[0]
-    where = "".join(f"[{json.dumps(p)}]" if i else str(p) for i, p in enumerate(first["loc"]))
-    if first["type"] == "value_error":
-        return f"{where}: {first['ctx']['error']}"
-    if first["type"] == "missing":
-        return f"{where}: missing"
-    return f"{where}: {first['msg'].lower()}, got {json.dumps(first['input'])[:80]}"
-
-
-def read_measurements(path: str | Path) -> Measurements:
-    """A measurement file, validated strictly: a number written as a string or a boolean is an error, not a value.
-
-    ``read_json_object`` names the file for every way it can fail to be one JSON object; the fields are
-    then checked in pydantic's strict JSON mode, where ``"3.5"`` and ``true`` are not numbers.
-    """
-    path = Path(path)
-    data = read_json_object(path, MeasurementError, "no such measurement file")
-    if data.get("format") != FORMAT:
-        raise MeasurementError(f"{path}: 'format' is not {FORMAT!r}")
-    version = data.get("version")
-    if type(version) is not int or version != 1:
-        raise MeasurementError(f"{path}: version {json.dumps(version)}; this reader implements version 1")
-    try:
-        measurements = Measurements.model_validate_json(json.dumps(data), strict=True)
-    except ValidationError as exc:
-        raise MeasurementError(f"{path}: {_first_error(exc)}") from None
-    for module, amax in measurements.amax.items():  # here, where the file can be named; zero is a dead point
-        problem = act_amax_problem(amax) if amax else None
-        if problem:
-            raise MeasurementError(f"{path}: amax[{json.dumps(module)}]: {problem}")
-    return measurements
-
-
-def write_measurements(path: str | Path, measurements: Measurements, replace: bool = True) -> None:
-    """The measurement file, written atomically (see :func:`write_text_atomically`)."""
-    write_text_atomically(path, measurements.model_dump_json(indent=2, exclude_none=True) + "\n", replace)

@@ -25,6 +25,7 @@ __all__ = [
     "is_act_module",
     "layer",
     "module_from_fastdeploy_key",
+    "scale_name",
     "shared_expert_input",
     "tensor",
 ]
@@ -51,6 +52,11 @@ _FASTDEPLOY_SUFFIX = ".activation_scale"
 def tensor(module: str, suffix: str) -> str:
     """``module.suffix``: the one way a tensor name is formed from a module name."""
     return f"{module}.{suffix}"
+
+
+def scale_name(name: str) -> str:
+    """The ``X.weight_scale`` beside an FP8 ``X.weight``: the spec's name, and compressed-tensors' too."""
+    return name.removesuffix("weight") + "weight_scale"
 
 
 def layer(prefix: str, index: int) -> str:

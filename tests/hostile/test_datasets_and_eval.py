@@ -246,7 +246,7 @@ def test_eval_of_weights_so_large_the_arithmetic_overflows_is_one_line_naming_wh
     import numpy as np
     from safetensors.numpy import load_file, save_file
 
-    from hpu_fp8_loader.spec.measurements import write_measurements
+    from hpu_fp8_loader.measurements import write_measurements
     from hpu_fp8_loader.synth import synthetic_measurements
 
     source = tmp_path / "huge"

@@ -19,7 +19,7 @@ from click.testing import Result
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
 from hpu_fp8_loader.io.manifest import MANIFEST_FILE, write_manifest
-from hpu_fp8_loader.spec.measurements import write_measurements
+from hpu_fp8_loader.measurements import write_measurements
 from hpu_fp8_loader.synth import preset_config, synthetic_measurements
 
 PRESET = "ernie-dense-tiny"

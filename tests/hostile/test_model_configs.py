@@ -17,7 +17,7 @@ import pytest
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
 from hpu_fp8_loader.arch.config_keys import MAX_EXPERT_MODULES, MAX_LAYERS
-from hpu_fp8_loader.spec.measurements import write_measurements
+from hpu_fp8_loader.measurements import write_measurements
 from hpu_fp8_loader.synth import preset_config, synthetic_measurements
 
 MOE, QWEN = "ernie-moe-tiny", "qwen2-tiny"

@@ -17,7 +17,7 @@ import pytest
 from safetensors import safe_open
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
-from hpu_fp8_loader.spec.measurements import write_measurements
+from hpu_fp8_loader.measurements import write_measurements
 from hpu_fp8_loader.synth import preset_config, synthesize, synthetic_measurements
 
 
