@@ -19,9 +19,9 @@ from pathlib import Path
 
 from hpu_fp8_loader.errors import HpuFp8Error, one_line
 from hpu_fp8_loader.evaluate import EvalReport
-from hpu_fp8_loader.hub import check_repo_id
 from hpu_fp8_loader.io.checkpoint import read_config
 from hpu_fp8_loader.io.manifest import MANIFEST_FILE
+from hpu_fp8_loader.resolve import check_repo_id
 from hpu_fp8_loader.spec.config import parse_quantization_config
 
 __all__ = ["CardFile", "check_license", "render_card"]

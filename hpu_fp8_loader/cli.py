@@ -389,8 +389,8 @@ def convert(
     """
     from hpu_fp8_loader.convert import ConvertOptions
     from hpu_fp8_loader.convert import convert as run_convert
-    from hpu_fp8_loader.hub import resolve_checkpoint
     from hpu_fp8_loader.measurements import load_measurements
+    from hpu_fp8_loader.resolve import resolve_checkpoint
 
     options = ConvertOptions(target, kv_cache, scale_rounding, _parse_size(max_shard_size), force, workers, dead_experts)
     with _errors():
@@ -444,7 +444,7 @@ def import_legacy(
     elsewhere), widens the older converter's tensor-wise expert scales to exact channel-wise ones,
     and fuses Hugging Face-named Qwen2 tensors (requantizing once where their scales differ).
     """
-    from hpu_fp8_loader.legacy import import_legacy as run_import
+    from hpu_fp8_loader.legacy_import import import_legacy as run_import
     from hpu_fp8_loader.measurements import load_measurements
 
     with _errors():
@@ -504,8 +504,8 @@ def import_command(
     from hpu_fp8_loader.calibrate import calibrate
     from hpu_fp8_loader.convert import ConvertOptions
     from hpu_fp8_loader.ct_import import compressed_tensors_scheme, import_compressed_tensors
-    from hpu_fp8_loader.hub import resolve_checkpoint
     from hpu_fp8_loader.measurements import load_measurements
+    from hpu_fp8_loader.resolve import resolve_checkpoint
 
     if run_calibration and measurement_paths:
         raise click.UsageError("--measurements and --calibrate both given: pass one source of activation statistics")
@@ -547,7 +547,7 @@ def export_legacy(src: Path, out: Path, tp: int, max_shard_size: str, force: boo
     Serve it with FastDeploy's v0 loader (--load-choices default), without expert parallelism.
     Qwen2 only at TP 1: the v0 loader does not split its FP8 tensors (docs/fastdeploy.md section 5).
     """
-    from hpu_fp8_loader.legacy import export_legacy as run_export
+    from hpu_fp8_loader.fastdeploy.legacy import export_legacy as run_export
 
     with _errors():
         report = run_export(src, out, tp, _parse_size(max_shard_size), force)
@@ -720,7 +720,7 @@ def pull(repo_id: str, revision: str | None, as_json: bool) -> None:
     validation; prints the local path. HF_HUB_OFFLINE=1 uses the cache only; the token comes from
     huggingface_hub's usual sources (HF_TOKEN, `hf auth login`).
     """
-    from hpu_fp8_loader.hub import load
+    from hpu_fp8_loader.load import load
 
     with _errors():
         loaded = load(repo_id, revision)

@@ -16,8 +16,9 @@ from legacy_model_convert import LEGACY_CONFIG, model_convert
 from hpu_fp8_loader.cli import main
 from hpu_fp8_loader.convert import ConvertOptions, convert
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error, MeasurementError, NotHpuFp8CheckpointError
+from hpu_fp8_loader.fastdeploy.legacy import amax_to_legacy, export_legacy
 from hpu_fp8_loader.io.checkpoint import Checkpoint
-from hpu_fp8_loader.legacy import amax_to_legacy, export_legacy, import_legacy
+from hpu_fp8_loader.legacy_import import import_legacy
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.synth import preset_config, synthesize, synthetic_measurements
 from hpu_fp8_loader.validate import validate

@@ -77,7 +77,7 @@ def test_cli_retarget(tmp_path, gaudi3):
 
 def test_a_448_checkpoint_is_not_exported_to_the_240_only_legacy_layout(tmp_path, gaudi3):
     from hpu_fp8_loader.errors import HpuFp8Error
-    from hpu_fp8_loader.legacy import export_legacy
+    from hpu_fp8_loader.fastdeploy.legacy import export_legacy
 
     with pytest.raises(HpuFp8Error, match="retarget --target gaudi2"):
         export_legacy(gaudi3, tmp_path / "legacy")

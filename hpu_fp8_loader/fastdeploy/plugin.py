@@ -272,7 +272,7 @@ def loader_class():
     from fastdeploy.model_executor.model_loader.base_loader import BaseModelLoader
     from fastdeploy.model_executor.models.model_base import ModelRegistry
 
-    from hpu_fp8_loader.hub import load
+    from hpu_fp8_loader.load import load
 
     class HpuFp8ModelLoader(BaseModelLoader):
         """Loads an hpu-fp8 checkpoint (local directory or Hub repo id) into FastDeploy's HPU FP8 model."""

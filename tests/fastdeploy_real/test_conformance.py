@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from hpu_fp8_loader.convert import ConvertOptions, convert
-from hpu_fp8_loader.legacy import amax_from_legacy, amax_to_legacy, export_legacy
+from hpu_fp8_loader.fastdeploy.legacy import amax_from_legacy, amax_to_legacy, export_legacy
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.measurements import Measurements
 from hpu_fp8_loader.synth import preset_config, synthesize, synthetic_measurements

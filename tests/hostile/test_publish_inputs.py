@@ -344,7 +344,7 @@ def test_pull_refuses_a_revision_git_would_not_take(tmp_path, monkeypatch, revis
 
 
 def test_git_ref_names_are_accepted():
-    from hpu_fp8_loader.hub import check_revision
+    from hpu_fp8_loader.resolve import check_revision
 
     for revision in ["main", "fp8", "v1.0", "refs/pr/12", "release/2024-06", "a" * 40, "feature_x+y", "naïve"]:
         assert check_revision(revision) == revision

@@ -1,14 +1,8 @@
-"""FastDeploy's legacy HPU FP8 layout (PaddleCustomDevice ``Model_convert.py``): import and export.
+"""FastDeploy's legacy HPU FP8 layout -> hpu-fp8 v1: the layout's rules live in :mod:`hpu_fp8_loader.fastdeploy.legacy`.
 
-The legacy layout (docs/fastdeploy.md section 9, "The legacy layout") stores each linear as ``P.quant_weight`` (the e4m3fn
-bytes as int8, in the source's own layout), ``P.weight_scale`` (bf16, amax_W / 240, ``[1]``, or
-``[out]`` for routed experts in the newer converter) and one ``P.activation_scale`` per measured
-point whose meaning depends on the key: the **raw amax** when the key contains ``self_attn``, and
-**amax / 240** otherwise (docs/fastdeploy.md section 5, "Linear layers"). This module is the only place that rule lives.
-
-Import resolves both meanings into the spec's act_amax; export writes them back, which stock
-FastDeploy's v0 loader reads without our hook (ERNIE at any tensor parallelism, Qwen2 at tensor
-parallelism 1: docs/fastdeploy.md section 5, "Tensor-parallel splits").
+Each ``activation_scale`` is resolved to an amax by its key's meaning, each ``quant_weight`` read back as
+e4m3fn codes times its ``weight_scale`` and, where the spec's scale differs (fused groups, channel-wise
+experts), requantized once; the error that adds is reported per tensor.
 """
 
 from __future__ import annotations
@@ -21,68 +15,22 @@ import numpy as np
 
 from hpu_fp8_loader import numerics, scales
 from hpu_fp8_loader.activations import merge_measurements, resolve_act_amax
-from hpu_fp8_loader.arch import Layout, ModelDescriptor, Role, WeightTensor, describe
+from hpu_fp8_loader.arch import Layout, ModelDescriptor, WeightTensor, describe
 from hpu_fp8_loader.convert import ConvertOptions, output_config, planned_tensors, quantization_config_for
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error, MeasurementError, NotHpuFp8CheckpointError
+from hpu_fp8_loader.fastdeploy.legacy import ACTIVATION_SCALE, QUANT_WEIGHT, amax_from_legacy, legacy_key
 from hpu_fp8_loader.fastdeploy.mapping import (
     FASTDEPLOY_FP8_MAX,
-    Parallelism,
-    activation_scale_value,
-    check_parallelism,
-    holds_raw_amax,
-    rank_share,
-    scale_share,
-    share_shape,
 )
 from hpu_fp8_loader.fusion import fuse_columns
 from hpu_fp8_loader.io.checkpoint import Checkpoint
-from hpu_fp8_loader.io.writer import CheckpointWriter, PlannedTensor
+from hpu_fp8_loader.io.writer import CheckpointWriter
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import AmaxSourceKind, DeadExpertPolicy, ExpertRef, KvCacheScheme, is_hpu_fp8
 from hpu_fp8_loader.spec.fp8 import act_amax_problem
 from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements
-from hpu_fp8_loader.validate import open_validated
 
-__all__ = [
-    "LEGACY_QUANTIZATION_CONFIG",
-    "ExportReport",
-    "ImportReport",
-    "amax_from_legacy",
-    "amax_to_legacy",
-    "export_legacy",
-    "import_legacy",
-]
-
-QUANT_WEIGHT = "quant_weight"
-ACTIVATION_SCALE = "activation_scale"
-# What Model_convert.py writes into config.json (docs/fastdeploy.md section 9, "The legacy layout").
-LEGACY_QUANTIZATION_CONFIG = {
-    "quantization": "mix_quant",
-    "dense_quant_type": "tensor_wise_fp8",
-    "moe_quant_type": "tensor_wise_fp8",
-    "kv_cache_quant_type": "float8_e4m3",
-    "is_quantized": True,
-}
-
-
-def amax_from_legacy(key: str, value: float) -> float:
-    """The amax a legacy ``activation_scale`` value stands for."""
-    if holds_raw_amax(key):
-        return float(value)
-    with np.errstate(over="ignore"):  # an absurd value becomes inf, which the caller refuses by name
-        return float(np.float32(value) * np.float32(FASTDEPLOY_FP8_MAX))
-
-
-def amax_to_legacy(key: str, amax: float) -> np.ndarray:
-    """The bf16 ``[1]`` value the legacy layout stores for an amax (bf16 storage moves it by up to 2^-8 relative)."""
-    return np.array([activation_scale_value(key, amax)], np.float32).astype(numerics.BF16_DTYPE)
-
-
-def _legacy_key(part_name: str, suffix: str) -> str:
-    return part_name.removesuffix(".weight") + "." + suffix
-
-
-# ----------------------------------------------------------------------------- import
+__all__ = ["ImportReport", "import_legacy"]
 
 
 @dataclass
@@ -99,10 +47,10 @@ class ImportReport:
 def _legacy_layout(checkpoint: Checkpoint, descriptor: ModelDescriptor) -> Layout:
     qkv = next(w for w in descriptor.weights() if w.is_linear)
     for layout in Layout:
-        if all(_legacy_key(p.name, QUANT_WEIGHT) in checkpoint.tensors for p in qkv.source_parts(layout, descriptor.prefix)):
+        if all(legacy_key(p.name, QUANT_WEIGHT) in checkpoint.tensors for p in qkv.source_parts(layout, descriptor.prefix)):
             return layout
     raise ConfigError(
-        f"{checkpoint.root}: no '{_legacy_key(qkv.name, QUANT_WEIGHT)}' (nor its Hugging Face-named parts); "
+        f"{checkpoint.root}: no '{legacy_key(qkv.name, QUANT_WEIGHT)}' (nor its Hugging Face-named parts); "
         "is this a checkpoint of FastDeploy's legacy converter?"
     )
 
@@ -171,9 +119,9 @@ def _import_linear(
     parts = w.source_parts(layout, prefix)
     pieces, part_scales = [], []
     for p in parts:
-        codes = _codes(checkpoint, _legacy_key(p.name, QUANT_WEIGHT), p.shape)
+        codes = _codes(checkpoint, legacy_key(p.name, QUANT_WEIGHT), p.shape)
         width = p.shape[0] if p.transpose else p.shape[-1]
-        scale = _weight_scale(checkpoint, _legacy_key(p.name, "weight_scale"), width, w.channel_wise)
+        scale = _weight_scale(checkpoint, legacy_key(p.name, "weight_scale"), width, w.channel_wise)
         pieces.append(codes)
         part_scales.append(scale)
     transpose = [p.transpose for p in parts]
@@ -241,7 +189,7 @@ def import_legacy(
             raise ConfigError(
                 f"{src}: a torch-layout legacy MoE checkpoint is not supported: the legacy channel-wise rule assumes [in, out]"
             )
-        first = checkpoint.tensors.get(_legacy_key(experts[0].name, "weight_scale"))
+        first = checkpoint.tensors.get(legacy_key(experts[0].name, "weight_scale"))
         report.expert_scales = (
             "tensor-wise (older converter)" if first is not None and first.shape in ((1,), ()) else "channel-wise"
         )
@@ -269,102 +217,3 @@ def import_legacy(
 # ----------------------------------------------------------------------------- export
 
 
-@dataclass
-class ExportReport:
-    out: Path
-    tensors: int
-    warnings: list[str] = field(default_factory=list)
-
-
-def _check_servable(descriptor: ModelDescriptor, tp: int) -> None:
-    """Refuse what stock FastDeploy's v0 loader would load wrongly (docs/fastdeploy.md section 5, "Tensor-parallel splits").
-
-    Its ERNIE split rules cover every FP8 key, the expert up_gate weight scales gate|up-paired (since
-    FastDeploy 44a13e45); its Qwen2 rules list only ``.weight`` and ``.bias`` keys, so FP8 Qwen2
-    tensors would reach every rank whole.
-    """
-    if tp > 1 and descriptor.model_type == "qwen2":
-        raise HpuFp8Error(
-            f"tensor parallelism {tp}: FastDeploy's v0 loader does not split Qwen2 FP8 tensors; "
-            "export for TP 1, or serve the hpu-fp8 checkpoint with the hpu_fp8 loader hook"
-        )
-
-
-def _tied_lm_head_key(descriptor: ModelDescriptor) -> str | None:
-    """The key a tied model's v0 path still reads for its lm_head, holding the embedding ``[vocab, hidden]``.
-
-    FastDeploy's Qwen2 ``set_state_dict`` hands the checkpoint to ``ParallelLMHead.load_state_dict``,
-    which pops ``lm_head.weight`` and, tied, transposes it (docs/fastdeploy.md, "lm_head"); ERNIE
-    passes its embedding parameter instead and reads no key.
-    """
-    return "lm_head.weight" if descriptor.model_type == "qwen2" and descriptor.tie_word_embeddings else None
-
-
-def export_legacy(
-    src: str | Path,
-    out: str | Path,
-    tp: int = 1,
-    max_shard_bytes: int = 5 * 10**9,
-    force: bool = False,
-    rank: Parallelism | None = None,
-) -> ExportReport:
-    """hpu-fp8 v1 -> the legacy layout stock FastDeploy reads (v0 loader, ``--load-choices default``).
-
-    ``tp`` says how it will be served (refused where the v0 loader splits wrongly). ``rank`` writes only
-    that tensor-parallel rank's share, for FastDeploy's pre-sharded ``rank{N}/`` path. Expert
-    parallelism is not offered: FastDeploy's HPU MoE method runs it only from PR 5855 on, and the v0
-    expert-parallel loader before it drops the MoE input scale this layout carries (docs/fastdeploy.md
-    section 5, "Expert parallelism").
-    """
-    opened = open_validated(src)
-    checkpoint, qc, descriptor = opened.checkpoint, opened.qc, opened.descriptor
-    if qc.fp8_max != FASTDEPLOY_FP8_MAX:
-        raise HpuFp8Error(
-            f"{src}: fp8_max is {qc.fp8_max:g}; FastDeploy assumes 240. Run `hpu-fp8 retarget --target gaudi2` first"
-        )
-    if rank is None:  # a whole checkpoint that FastDeploy's v0 loader will split for ``tp`` ranks itself
-        _check_servable(descriptor, tp)
-        check_parallelism(descriptor, Parallelism(tp))
-        rank = Parallelism()
-    check_parallelism(descriptor, rank)
-    attention = qc.kv_cache_scheme is KvCacheScheme.FP8
-    modules = descriptor.act_modules(attention, frozenset(qc.ignore))
-    tied_key = _tied_lm_head_key(descriptor)
-    planned: list[PlannedTensor] = []
-    for w in descriptor.weights():
-        shape = share_shape(descriptor, w, rank)
-        if w.is_linear and w.module not in qc.ignore:
-            planned.append(PlannedTensor(_legacy_key(w.name, QUANT_WEIGHT), "I8", shape))
-            planned.append(PlannedTensor(_legacy_key(w.name, "weight_scale"), "BF16", (shape[-1],) if w.channel_wise else (1,)))
-        else:
-            planned.append(PlannedTensor(w.name, checkpoint.tensors[w.name].dtype, shape))
-            if tied_key and w.role is Role.EMBEDDING:
-                planned.append(PlannedTensor(tied_key, checkpoint.tensors[w.name].dtype, shape))
-    planned += [PlannedTensor(names.fastdeploy_key_from_module(m), "BF16", (1,)) for m in modules]
-    writer = CheckpointWriter(out, planned, max_shard_bytes, force, {"format": "pd"}, [src])
-    for w in descriptor.weights():
-        share = rank_share(checkpoint, descriptor, w, rank)
-        if w.is_linear and w.module not in qc.ignore:
-            writer.write(_legacy_key(w.name, QUANT_WEIGHT), share.view(np.int8))
-            scale = scale_share(checkpoint, descriptor, w, rank).astype(numerics.BF16_DTYPE)  # bf16-exact by the spec
-            writer.write(_legacy_key(w.name, "weight_scale"), scale)
-        else:
-            writer.write(w.name, share)
-            if tied_key and w.role is Role.EMBEDDING:
-                writer.write(tied_key, share)
-    for module in modules:
-        key = names.fastdeploy_key_from_module(module)
-        amax = float(np.asarray(checkpoint.get(names.tensor(module, names.ACT_AMAX)), np.float32)[0])
-        writer.write(key, amax_to_legacy(key, amax))
-    config = {k: v for k, v in checkpoint.config.items() if k != "quantization_config"}
-    config["quantization_config"] = {
-        k: v for k, v in LEGACY_QUANTIZATION_CONFIG.items() if attention or k != "kv_cache_quant_type"
-    }
-    writer.finish(config, copy_from=Path(src))
-    report = ExportReport(Path(out), len(planned))
-    if descriptor.model_type == "qwen2":
-        report.warnings.append(
-            "Qwen2 in the legacy layout is [inferred] from FastDeploy's code: no FP8 Qwen2 has been "
-            "seen served by stock FastDeploy"
-        )
-    return report

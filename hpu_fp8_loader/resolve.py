@@ -9,22 +9,19 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from hpu_fp8_loader.console import hub_bars_follow_ours
-from hpu_fp8_loader.errors import CheckpointNotFoundError, ChecksumMismatchError, HpuFp8Error, HubError, one_line
+from hpu_fp8_loader.errors import CheckpointNotFoundError, HpuFp8Error, HubError, one_line
 
 __all__ = [
     "SOURCE_PATTERNS",
     "SPEC_PATTERNS",
-    "LoadedCheckpoint",
     "check_repo_id",
     "check_revision",
     "hub_error",
     "hub_failures",
-    "load",
     "resolve_checkpoint",
 ]
 
@@ -219,35 +216,3 @@ def resolve_checkpoint(location: str | Path, revision: str | None = None, allow_
         ) from None
     except hub_failures() as exc:
         raise hub_error(text, exc, "downloading") from None
-
-
-@dataclass
-class LoadedCheckpoint:
-    path: Path
-    quantization_config: object  # spec.config.QuantizationConfig
-    warnings: list[str]
-
-
-
-
-def load(location: str | Path, revision: str | None = None, hashes: bool = True) -> LoadedCheckpoint:
-    """An hpu-fp8 checkpoint from a directory or the Hub, checked before anyone uses it.
-
-    Checks: it is an hpu-fp8 checkpoint (a legacy FastDeploy one gets the import-legacy command),
-    its format_version, the manifest (sizes, and sha256 when ``hashes``), and the quick validation
-    (headers, index, config, scales). The offline cache is used when ``HF_HUB_OFFLINE=1``.
-    """
-    from hpu_fp8_loader.validate import validate
-
-    path = resolve_checkpoint(location, revision, SPEC_PATTERNS)
-    report = validate(path, full=False, hashes=hashes)  # raises for "not hpu-fp8", format_version, unreadable
-    manifest = [v for v in report.violations if v.rule == "container.manifest"]
-    if manifest:
-        raise ChecksumMismatchError(f"{location}: " + "; ".join(v.message for v in manifest[:5]))
-    if not report.valid:
-        listing = "; ".join(f"[{v.rule}] {v.where}: {v.message}" for v in report.violations[:5])
-        raise HpuFp8Error(f"{location}: not a valid hpu-fp8 checkpoint: {listing}")
-    from hpu_fp8_loader.io.checkpoint import read_config
-    from hpu_fp8_loader.spec.config import parse_quantization_config
-
-    return LoadedCheckpoint(path, parse_quantization_config(read_config(path)), report.warnings)

@@ -1,0 +1,180 @@
+"""FastDeploy's legacy HPU FP8 layout (PaddleCustomDevice ``Model_convert.py``): its rules, and export to it.
+
+The legacy layout (docs/fastdeploy.md section 9, "The legacy layout") stores each linear as ``P.quant_weight`` (the e4m3fn
+bytes as int8, in the source's own layout), ``P.weight_scale`` (bf16, amax_W / 240, ``[1]``, or
+``[out]`` for routed experts in the newer converter) and one ``P.activation_scale`` per measured
+point whose meaning depends on the key: the **raw amax** when the key contains ``self_attn``, and
+**amax / 240** otherwise (docs/fastdeploy.md section 5, "Linear layers"). This module is the only place that rule lives.
+
+Import (:mod:`hpu_fp8_loader.legacy_import`) resolves both meanings into the spec's act_amax; export writes them back, which stock
+FastDeploy's v0 loader reads without our hook (ERNIE at any tensor parallelism, Qwen2 at tensor
+parallelism 1: docs/fastdeploy.md section 5, "Tensor-parallel splits").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hpu_fp8_loader import numerics
+from hpu_fp8_loader.arch import ModelDescriptor, Role
+from hpu_fp8_loader.errors import HpuFp8Error
+from hpu_fp8_loader.fastdeploy.mapping import (
+    FASTDEPLOY_FP8_MAX,
+    Parallelism,
+    activation_scale_value,
+    check_parallelism,
+    holds_raw_amax,
+    rank_share,
+    scale_share,
+    share_shape,
+)
+from hpu_fp8_loader.io.writer import CheckpointWriter, PlannedTensor
+from hpu_fp8_loader.spec import names
+from hpu_fp8_loader.spec.config import KvCacheScheme
+from hpu_fp8_loader.validate import open_validated
+
+__all__ = [
+    "ACTIVATION_SCALE",
+    "LEGACY_QUANTIZATION_CONFIG",
+    "QUANT_WEIGHT",
+    "ExportReport",
+    "amax_from_legacy",
+    "amax_to_legacy",
+    "export_legacy",
+    "legacy_key",
+]
+
+QUANT_WEIGHT = "quant_weight"
+ACTIVATION_SCALE = "activation_scale"
+# What Model_convert.py writes into config.json (docs/fastdeploy.md section 9, "The legacy layout").
+LEGACY_QUANTIZATION_CONFIG = {
+    "quantization": "mix_quant",
+    "dense_quant_type": "tensor_wise_fp8",
+    "moe_quant_type": "tensor_wise_fp8",
+    "kv_cache_quant_type": "float8_e4m3",
+    "is_quantized": True,
+}
+
+
+def amax_from_legacy(key: str, value: float) -> float:
+    """The amax a legacy ``activation_scale`` value stands for."""
+    if holds_raw_amax(key):
+        return float(value)
+    with np.errstate(over="ignore"):  # an absurd value becomes inf, which the caller refuses by name
+        return float(np.float32(value) * np.float32(FASTDEPLOY_FP8_MAX))
+
+
+def amax_to_legacy(key: str, amax: float) -> np.ndarray:
+    """The bf16 ``[1]`` value the legacy layout stores for an amax (bf16 storage moves it by up to 2^-8 relative)."""
+    return np.array([activation_scale_value(key, amax)], np.float32).astype(numerics.BF16_DTYPE)
+
+
+def legacy_key(part_name: str, suffix: str) -> str:
+    return part_name.removesuffix(".weight") + "." + suffix
+
+
+# ----------------------------------------------------------------------------- export
+
+
+@dataclass
+class ExportReport:
+    out: Path
+    tensors: int
+    warnings: list[str] = field(default_factory=list)
+
+
+def _check_servable(descriptor: ModelDescriptor, tp: int) -> None:
+    """Refuse what stock FastDeploy's v0 loader would load wrongly (docs/fastdeploy.md section 5, "Tensor-parallel splits").
+
+    Its ERNIE split rules cover every FP8 key, the expert up_gate weight scales gate|up-paired (since
+    FastDeploy 44a13e45); its Qwen2 rules list only ``.weight`` and ``.bias`` keys, so FP8 Qwen2
+    tensors would reach every rank whole.
+    """
+    if tp > 1 and descriptor.model_type == "qwen2":
+        raise HpuFp8Error(
+            f"tensor parallelism {tp}: FastDeploy's v0 loader does not split Qwen2 FP8 tensors; "
+            "export for TP 1, or serve the hpu-fp8 checkpoint with the hpu_fp8 loader hook"
+        )
+
+
+def _tied_lm_head_key(descriptor: ModelDescriptor) -> str | None:
+    """The key a tied model's v0 path still reads for its lm_head, holding the embedding ``[vocab, hidden]``.
+
+    FastDeploy's Qwen2 ``set_state_dict`` hands the checkpoint to ``ParallelLMHead.load_state_dict``,
+    which pops ``lm_head.weight`` and, tied, transposes it (docs/fastdeploy.md, "lm_head"); ERNIE
+    passes its embedding parameter instead and reads no key.
+    """
+    return "lm_head.weight" if descriptor.model_type == "qwen2" and descriptor.tie_word_embeddings else None
+
+
+def export_legacy(
+    src: str | Path,
+    out: str | Path,
+    tp: int = 1,
+    max_shard_bytes: int = 5 * 10**9,
+    force: bool = False,
+    rank: Parallelism | None = None,
+) -> ExportReport:
+    """hpu-fp8 v1 -> the legacy layout stock FastDeploy reads (v0 loader, ``--load-choices default``).
+
+    ``tp`` says how it will be served (refused where the v0 loader splits wrongly). ``rank`` writes only
+    that tensor-parallel rank's share, for FastDeploy's pre-sharded ``rank{N}/`` path. Expert
+    parallelism is not offered: FastDeploy's HPU MoE method runs it only from PR 5855 on, and the v0
+    expert-parallel loader before it drops the MoE input scale this layout carries (docs/fastdeploy.md
+    section 5, "Expert parallelism").
+    """
+    opened = open_validated(src)
+    checkpoint, qc, descriptor = opened.checkpoint, opened.qc, opened.descriptor
+    if qc.fp8_max != FASTDEPLOY_FP8_MAX:
+        raise HpuFp8Error(
+            f"{src}: fp8_max is {qc.fp8_max:g}; FastDeploy assumes 240. Run `hpu-fp8 retarget --target gaudi2` first"
+        )
+    if rank is None:  # a whole checkpoint that FastDeploy's v0 loader will split for ``tp`` ranks itself
+        _check_servable(descriptor, tp)
+        check_parallelism(descriptor, Parallelism(tp))
+        rank = Parallelism()
+    check_parallelism(descriptor, rank)
+    attention = qc.kv_cache_scheme is KvCacheScheme.FP8
+    modules = descriptor.act_modules(attention, frozenset(qc.ignore))
+    tied_key = _tied_lm_head_key(descriptor)
+    planned: list[PlannedTensor] = []
+    for w in descriptor.weights():
+        shape = share_shape(descriptor, w, rank)
+        if w.is_linear and w.module not in qc.ignore:
+            planned.append(PlannedTensor(legacy_key(w.name, QUANT_WEIGHT), "I8", shape))
+            planned.append(PlannedTensor(legacy_key(w.name, "weight_scale"), "BF16", (shape[-1],) if w.channel_wise else (1,)))
+        else:
+            planned.append(PlannedTensor(w.name, checkpoint.tensors[w.name].dtype, shape))
+            if tied_key and w.role is Role.EMBEDDING:
+                planned.append(PlannedTensor(tied_key, checkpoint.tensors[w.name].dtype, shape))
+    planned += [PlannedTensor(names.fastdeploy_key_from_module(m), "BF16", (1,)) for m in modules]
+    writer = CheckpointWriter(out, planned, max_shard_bytes, force, {"format": "pd"}, [src])
+    for w in descriptor.weights():
+        share = rank_share(checkpoint, descriptor, w, rank)
+        if w.is_linear and w.module not in qc.ignore:
+            writer.write(legacy_key(w.name, QUANT_WEIGHT), share.view(np.int8))
+            scale = scale_share(checkpoint, descriptor, w, rank).astype(numerics.BF16_DTYPE)  # bf16-exact by the spec
+            writer.write(legacy_key(w.name, "weight_scale"), scale)
+        else:
+            writer.write(w.name, share)
+            if tied_key and w.role is Role.EMBEDDING:
+                writer.write(tied_key, share)
+    for module in modules:
+        key = names.fastdeploy_key_from_module(module)
+        amax = float(np.asarray(checkpoint.get(names.tensor(module, names.ACT_AMAX)), np.float32)[0])
+        writer.write(key, amax_to_legacy(key, amax))
+    config = {k: v for k, v in checkpoint.config.items() if k != "quantization_config"}
+    config["quantization_config"] = {
+        k: v for k, v in LEGACY_QUANTIZATION_CONFIG.items() if attention or k != "kv_cache_quant_type"
+    }
+    writer.finish(config, copy_from=Path(src))
+    report = ExportReport(Path(out), len(planned))
+    if descriptor.model_type == "qwen2":
+        report.warnings.append(
+            "Qwen2 in the legacy layout is [inferred] from FastDeploy's code: no FP8 Qwen2 has been "
+            "seen served by stock FastDeploy"
+        )
+    return report
