@@ -20,8 +20,8 @@ from pathlib import Path
 from memory import run_measured
 
 from hpu_fp8_loader.arch import describe
-from hpu_fp8_loader.measurements import write_measurements
-from hpu_fp8_loader.synth import preset_config, synthesize, synthetic_measurements
+from hpu_fp8_loader.sources.measurements import write_measurements
+from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 
 _BASE = {
     "hidden_size": 1024,

@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 from timing import best_of
 
-from hpu_fp8_loader.calibrate import AmaxObserver
 from hpu_fp8_loader.engine.model import forward
 from hpu_fp8_loader.engine.weights import open_weights
-from hpu_fp8_loader.synth import preset_config, synthesize
+from hpu_fp8_loader.quality.calibrate import AmaxObserver
+from hpu_fp8_loader.sources.synth import preset_config, synthesize
 
 SIZES = {  # hidden 512, 4 layers, vocab 32000 (45M parameters): transformers' float32 forward, batch 4 x 128, ~1.3 s on 2 cores
     "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 4, "num_attention_heads": 8,

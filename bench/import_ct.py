@@ -21,8 +21,8 @@ from memory import Measured, run_measured
 from peer_llmcompressor import PEER, QWEN2_1GB
 from timing import taking_turns
 
-from hpu_fp8_loader.measurements import write_measurements
-from hpu_fp8_loader.synth import preset_config, synthesize, synthetic_measurements
+from hpu_fp8_loader.sources.measurements import write_measurements
+from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 
 
 def main() -> None:

@@ -25,8 +25,8 @@ from pathlib import Path
 from memory import run_measured
 
 from hpu_fp8_loader.arch import describe
-from hpu_fp8_loader.measurements import write_measurements
-from hpu_fp8_loader.synth import preset_config, synthesize, synthetic_measurements
+from hpu_fp8_loader.sources.measurements import write_measurements
+from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 
 QWEN2_1GB = {  # a 1.34 GB BF16 random Qwen2: model-free PTQ took 16-24 s per process on 2 cores
     "hidden_size": 2048,

@@ -17,12 +17,12 @@ import ml_dtypes
 import numpy as np
 from timing import best_of
 
-from hpu_fp8_loader import numerics, scales
+from hpu_fp8_loader.numerics import e4m3, scales
 
 
 def _one_process(rows: int) -> float:
     x = np.random.default_rng(rows).standard_normal((rows, 4096), dtype=np.float32)
-    return best_of(3, lambda: numerics.quantize(x, 0.01, 240.0))
+    return best_of(3, lambda: e4m3.quantize(x, 0.01, 240.0))
 
 
 def process_ceiling(rows: int, cores: int) -> float:
@@ -42,7 +42,7 @@ def main() -> None:
     rows = args.elements // 4096
     x32 = rng.standard_normal((rows, 4096), dtype=np.float32)
     x16 = x32.astype(ml_dtypes.bfloat16)
-    scale = float(scales.weight_scale_from_amax(numerics.abs_max(x32), 240.0))
+    scale = float(scales.weight_scale_from_amax(e4m3.abs_max(x32), 240.0))
     cores = os.cpu_count() or 1
 
     baseline = best_of(args.repeat, lambda: x32.astype(ml_dtypes.float8_e4m3fn))
@@ -52,7 +52,7 @@ def main() -> None:
     results = {}
     for label, data in (("float32", x32), ("bfloat16", x16)):
         for threads in sorted({1, cores}):
-            t = best_of(args.repeat, lambda d=data, n=threads: numerics.quantize(d, scale, 240.0, threads=n))
+            t = best_of(args.repeat, lambda d=data, n=threads: e4m3.quantize(d, scale, 240.0, threads=n))
             results[(label, threads)] = t
             print(f"quantize {label:8s} input, {threads} thread(s): {t:.3f} s  -> {baseline / t:.2f}x the baseline")
     if cores > 1:
@@ -62,7 +62,7 @@ def main() -> None:
         print(f"machine ceiling: {cores} independent processes doing the same work give {ceiling:.2f}x one process")
     # The same bytes as the oracle, so the speed is not bought with a different answer.
     ref = np.clip(x32[:1000] / np.float32(scale), -240, 240).astype(ml_dtypes.float8_e4m3fn)
-    assert np.array_equal(numerics.quantize(x32[:1000], scale, 240.0).view(np.uint8), ref.view(np.uint8))
+    assert np.array_equal(e4m3.quantize(x32[:1000], scale, 240.0).view(np.uint8), ref.view(np.uint8))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import transformers
 
-from hpu_fp8_loader.datasets import load_text
+from hpu_fp8_loader.quality.datasets import load_text
 
 MODELS = {
     "qwen2-bytes": transformers.Qwen2Config(

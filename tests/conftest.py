@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hpu_fp8_loader.convert import ConvertOptions, convert
-from hpu_fp8_loader.synth import preset_config, synthesize, synthetic_measurements
+from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 
 PRESETS = ("ernie-moe-tiny", "ernie-dense-tiny", "qwen2-tiny")
 

@@ -16,15 +16,15 @@ import transformers
 from checkpoint_damage import overwrite_tensor_bytes
 from click.testing import CliRunner
 
-from hpu_fp8_loader.calibrate import AmaxObserver, calibrate
-from hpu_fp8_loader.cli import main
-from hpu_fp8_loader.convert import convert
-from hpu_fp8_loader.datasets import load_text, token_batches, tokenize
+from hpu_fp8_loader.checks.validate import validate
+from hpu_fp8_loader.cli.main import main
+from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.engine.memory import memory_budget
 from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
-from hpu_fp8_loader.measurements import load_measurements
-from hpu_fp8_loader.validate import validate
+from hpu_fp8_loader.quality.calibrate import AmaxObserver, calibrate
+from hpu_fp8_loader.quality.datasets import load_text, token_batches, tokenize
+from hpu_fp8_loader.sources.measurements import load_measurements
 
 
 def hooked_amax(model_dir, ids: np.ndarray, points: dict[str, str]) -> dict[str, float]:

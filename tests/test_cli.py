@@ -9,9 +9,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from hpu_fp8_loader.cli import main
-from hpu_fp8_loader.measurements import write_measurements
-from hpu_fp8_loader.synth import preset_config, synthetic_measurements
+from hpu_fp8_loader.cli.main import main
+from hpu_fp8_loader.sources.measurements import write_measurements
+from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 
 
 def test_demo_runs_the_pipeline_end_to_end_through_the_console_script(tmp_path):
@@ -78,7 +78,7 @@ def test_the_quantize_benchmark_runs_and_reports_ratios():
 
 
 def test_the_command_list_reads_as_the_pipeline_and_nothing_is_cut_short():
-    from hpu_fp8_loader.cli import _PIPELINE_ORDER
+    from hpu_fp8_loader.cli.main import _PIPELINE_ORDER
 
     result = CliRunner().invoke(main, ["--help"], terminal_width=80)
     listing = result.output.split("Commands:")[1].strip().splitlines()

@@ -11,11 +11,11 @@ import pytest
 from checkpoint_damage import overwrite_tensor_bytes
 
 from hpu_fp8_loader.arch import Layout, describe
-from hpu_fp8_loader.convert import ConvertOptions, convert
+from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error, MeasurementError, NonFiniteError, OutputExistsError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
+from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 from hpu_fp8_loader.spec import names
-from hpu_fp8_loader.synth import preset_config, synthetic_measurements
 
 
 @pytest.mark.parametrize("preset", ["ernie-moe-tiny", "qwen2-tiny"])
@@ -168,7 +168,7 @@ def test_existing_output_is_refused_without_force_and_source_never_equals_output
 
 
 def test_pow2_rounding_makes_every_scale_a_power_of_two_and_validates(source_factory, tmp_path):
-    from hpu_fp8_loader.validate import validate
+    from hpu_fp8_loader.checks.validate import validate
 
     out = convert(
         source_factory(),

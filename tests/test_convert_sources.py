@@ -17,13 +17,13 @@ from click.testing import CliRunner
 from hub_cache import add_to_cache
 from safetensors.numpy import load_file, save_file
 
-from hpu_fp8_loader.cli import main
-from hpu_fp8_loader.convert import convert
+from hpu_fp8_loader.checks.validate import validate
+from hpu_fp8_loader.cli.main import main
+from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.errors import ConfigError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
-from hpu_fp8_loader.measurements import write_measurements
-from hpu_fp8_loader.synth import preset_config, synthetic_measurements
-from hpu_fp8_loader.validate import validate
+from hpu_fp8_loader.sources.measurements import write_measurements
+from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 
 
 def _recast(src: Path, dst: Path, dtype) -> None:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from hpu_fp8_loader.convert import ConvertOptions, convert
-from hpu_fp8_loader.measurements import write_measurements
-from hpu_fp8_loader.synth import preset_config, synthesize, synthetic_measurements
-from hpu_fp8_loader.validate import validate
+from hpu_fp8_loader.checks.validate import validate
+from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+from hpu_fp8_loader.sources.measurements import write_measurements
+from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 
 pytestmark = pytest.mark.slow  # worker pools, kill -9 and resume: the inner loop leaves them to CI
 
@@ -235,8 +235,8 @@ def test_a_full_disk_fails_cleanly_and_publishes_nothing(tmp_path, medium):
     script = f"""
 import json, sys
 from pathlib import Path
-from hpu_fp8_loader.convert import ConvertOptions, convert
-from hpu_fp8_loader.measurements import read_measurements
+from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+from hpu_fp8_loader.sources.measurements import read_measurements
 out = Path(sys.argv[1]) / "out"
 try:
     convert({str(medium / "src")!r}, out, [read_measurements({str(medium / "m.json")!r})], ConvertOptions())

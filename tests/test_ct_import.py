@@ -14,19 +14,19 @@ import pytest
 from click.testing import CliRunner
 from safetensors.numpy import load_file, save_file
 
-from hpu_fp8_loader import numerics, scales
 from hpu_fp8_loader.arch import Layout, describe
-from hpu_fp8_loader.calibrate import calibrate
-from hpu_fp8_loader.cli import main
-from hpu_fp8_loader.convert import ConvertOptions
-from hpu_fp8_loader.ct_import import import_compressed_tensors
-from hpu_fp8_loader.demo import TINY_MODELS
+from hpu_fp8_loader.checks.validate import validate
+from hpu_fp8_loader.cli.demo import TINY_MODELS
+from hpu_fp8_loader.cli.main import main
+from hpu_fp8_loader.conversion.compressed_tensors import import_compressed_tensors
+from hpu_fp8_loader.conversion.convert import ConvertOptions
 from hpu_fp8_loader.errors import ConfigError, MeasurementError, NonFiniteError
-from hpu_fp8_loader.evaluate import evaluate
 from hpu_fp8_loader.io.checkpoint import Checkpoint
-from hpu_fp8_loader.source_tensors import source_rows
+from hpu_fp8_loader.numerics import e4m3, scales
+from hpu_fp8_loader.quality.calibrate import calibrate
+from hpu_fp8_loader.quality.evaluate import evaluate
+from hpu_fp8_loader.sources.source_tensors import source_rows
 from hpu_fp8_loader.spec import names
-from hpu_fp8_loader.validate import validate
 
 np.float8_e4m3fn = ml_dtypes.float8_e4m3fn  # safetensors issue 682: its numpy path needs this alias for F8
 FIXTURES = Path(__file__).with_name("fixtures")
@@ -216,7 +216,7 @@ def test_k_and_v_scales_become_the_kv_cache_amax(tmp_path, measured):
 
 def _requantized_by_dequantizing(source: Checkpoint, spec: Checkpoint, fp8_max: float = 240.0) -> None:
     """Every linear of ``spec`` equals the element-wise route: each source part dequantized to float32,
-    fused in [in, out], one scale from the amax (per channel for experts), numerics.quantize."""
+    fused in [in, out], one scale from the amax (per channel for experts), e4m3.quantize."""
     d = describe(source.config)
     for w in (w for w in d.weights() if w.is_linear):
         parts = w.source_parts(Layout.TORCH, d.prefix)
@@ -226,7 +226,7 @@ def _requantized_by_dequantizing(source: Checkpoint, spec: Checkpoint, fp8_max: 
         scale = scales.weight_scale_from_amax(amax, fp8_max)
         weight_scale = spec.get(names.tensor(w.module, names.WEIGHT_SCALE))
         np.testing.assert_array_equal(weight_scale, np.reshape(scale, weight_scale.shape), err_msg=w.name)
-        expected = numerics.quantize(fused, scale if w.channel_wise else scale.reshape(()), fp8_max, w.name)
+        expected = e4m3.quantize(fused, scale if w.channel_wise else scale.reshape(()), fp8_max, w.name)
         np.testing.assert_array_equal(spec.get(w.name).view(np.uint8), expected.view(np.uint8), err_msg=w.name)
 
 

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from fastdeploy_standin import forget_standin, write_standin
 
-from hpu_fp8_loader.cli import main
+from hpu_fp8_loader.cli.main import main
 from hpu_fp8_loader.fastdeploy import plugin
 from hpu_fp8_loader.fastdeploy.doctor import doctor, fastdeploy_moe_layout
 

@@ -10,19 +10,19 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from hpu_fp8_loader.calibrate import calibrate
-from hpu_fp8_loader.cli import main
-from hpu_fp8_loader.convert import ConvertOptions, convert
-from hpu_fp8_loader.datasets import load_text
-from hpu_fp8_loader.demo import TINY_MODELS
+from hpu_fp8_loader.checks.validate import validate
+from hpu_fp8_loader.cli.demo import TINY_MODELS
+from hpu_fp8_loader.cli.main import main
+from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
 from hpu_fp8_loader.engine.fp8 import EmulationOptions, Fp8Emulator, quantize_by_multiplier
 from hpu_fp8_loader.engine.model import forward
 from hpu_fp8_loader.engine.weights import open_weights
-from hpu_fp8_loader.evaluate import EvalRow, attention_warning, evaluate
 from hpu_fp8_loader.fastdeploy.mapping import Parallelism
 from hpu_fp8_loader.fastdeploy.rankfiles import write_rank_file
 from hpu_fp8_loader.io.checkpoint import Checkpoint
-from hpu_fp8_loader.validate import validate
+from hpu_fp8_loader.quality.calibrate import calibrate
+from hpu_fp8_loader.quality.datasets import load_text
+from hpu_fp8_loader.quality.evaluate import EvalRow, attention_warning, evaluate
 
 # Two windows of held-out text (never calibrated on), byte tokens as the tiny models use.
 IDS = np.frombuffer(load_text("builtin", split="held-out").encode()[:256], np.uint8).astype(np.int64).reshape(2, 128)

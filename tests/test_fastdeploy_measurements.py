@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from hpu_fp8_loader.cli import main
-from hpu_fp8_loader.convert import ConvertOptions, convert
+from hpu_fp8_loader.cli.main import main
+from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
 from hpu_fp8_loader.errors import MeasurementError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
-from hpu_fp8_loader.measurements import load_measurements, write_measurements
+from hpu_fp8_loader.sources.measurements import load_measurements, write_measurements
+from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 from hpu_fp8_loader.spec import names
-from hpu_fp8_loader.synth import preset_config, synthetic_measurements
 
 
 def write_fastdeploy(path, amax: dict[str, float], skip=lambda module: False) -> None:

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from real_configs import ERNIE_21B, ERNIE_300B, QWEN2
 
 from hpu_fp8_loader.arch import describe
-from hpu_fp8_loader.cli import main
+from hpu_fp8_loader.cli.main import main
 from hpu_fp8_loader.errors import ConfigError
 from hpu_fp8_loader.fastdeploy.plan import plan_deployment
 

@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hpu_fp8_loader.fusion import fuse_columns, transposed
+from hpu_fp8_loader.numerics.fusion import fuse_columns, transposed
 
 DTYPES = [np.uint8, ml_dtypes.float8_e4m3fn, ml_dtypes.bfloat16, np.float16, np.float32]
 

@@ -1,4 +1,4 @@
-"""Loading hpu-fp8 checkpoints from the Hub cache: `hpu_fp8_loader.load.load` and `hpu-fp8 pull`, run
+"""Loading hpu-fp8 checkpoints from the Hub cache: `hpu_fp8_loader.checks.load.load` and `hpu-fp8 pull`, run
 as users run them, against a Hugging Face cache laid out by the test and HF_HUB_OFFLINE=1."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hub_cache import add_to_cache
 
 LOAD = """
 import json, sys
-from hpu_fp8_loader.load import load
+from hpu_fp8_loader.checks.load import load
 loaded = load(sys.argv[1])
 print(json.dumps({"path": str(loaded.path), "target": loaded.quantization_config.target.value}))
 """

@@ -7,8 +7,8 @@ import json
 import numpy as np
 from click.testing import CliRunner
 
-from hpu_fp8_loader.cli import main
-from hpu_fp8_loader.inspection import inspect_checkpoint
+from hpu_fp8_loader.checks.inspection import inspect_checkpoint
+from hpu_fp8_loader.cli.main import main
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 
 

@@ -13,15 +13,15 @@ import pytest
 from click.testing import CliRunner
 from legacy_model_convert import LEGACY_CONFIG, model_convert
 
-from hpu_fp8_loader.cli import main
-from hpu_fp8_loader.convert import ConvertOptions, convert
+from hpu_fp8_loader.checks.validate import validate
+from hpu_fp8_loader.cli.main import main
+from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+from hpu_fp8_loader.conversion.legacy_import import import_legacy
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error, MeasurementError, NotHpuFp8CheckpointError
 from hpu_fp8_loader.fastdeploy.legacy import amax_to_legacy, export_legacy
 from hpu_fp8_loader.io.checkpoint import Checkpoint
-from hpu_fp8_loader.legacy_import import import_legacy
+from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 from hpu_fp8_loader.spec import names
-from hpu_fp8_loader.synth import preset_config, synthesize, synthetic_measurements
-from hpu_fp8_loader.validate import validate
 
 
 def fd_measurement(preset: str, skip=lambda module: False) -> dict[str, float]:

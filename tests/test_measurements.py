@@ -8,8 +8,8 @@ import os
 import pytest
 
 from hpu_fp8_loader.errors import MeasurementError, OutputExistsError
-from hpu_fp8_loader.measurements import read_measurements, write_measurements
-from hpu_fp8_loader.synth import preset_config, synthetic_measurements
+from hpu_fp8_loader.sources.measurements import read_measurements, write_measurements
+from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 
 
 @pytest.fixture

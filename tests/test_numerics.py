@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from hpu_fp8_loader import numerics, scales
 from hpu_fp8_loader.errors import NonFiniteError
+from hpu_fp8_loader.numerics import e4m3, scales
 
 F8 = ml_dtypes.float8_e4m3fn
 RANGES = (240.0, 448.0)
@@ -30,7 +30,7 @@ def all_bf16() -> np.ndarray:
 def test_every_finite_bf16_pattern_matches_ml_dtypes(fp8_max):
     values = all_bf16()
     finite = values[np.isfinite(values.astype(np.float32))]
-    got = numerics.cast_to_fp8(finite, fp8_max).view(np.uint8)
+    got = e4m3.cast_to_fp8(finite, fp8_max).view(np.uint8)
     np.testing.assert_array_equal(got, oracle(finite, fp8_max))
     assert finite.size == 65536 - 256  # the 254 NaN and 2 inf patterns are tested below
 
@@ -42,7 +42,7 @@ def test_every_non_finite_bf16_pattern_raises(fp8_max):
     assert bad.size == 256
     for i in range(bad.size):
         with pytest.raises(NonFiniteError, match=r"'w' holds (nan|inf|-inf) at index \[1\]"):
-            numerics.cast_to_fp8(np.concatenate([np.zeros(1, ml_dtypes.bfloat16), bad[i : i + 1]]), fp8_max, "w")
+            e4m3.cast_to_fp8(np.concatenate([np.zeros(1, ml_dtypes.bfloat16), bad[i : i + 1]]), fp8_max, "w")
 
 
 @pytest.mark.parametrize("fp8_max", RANGES)
@@ -50,24 +50,24 @@ def test_a_million_random_float32_values_with_scale_match_ml_dtypes(fp8_max):
     rng = np.random.default_rng(1)
     x = (rng.standard_normal(1_000_000) * np.exp(rng.uniform(-12, 8, 1_000_000))).astype(np.float32)
     scale = np.float32(0.0173)
-    got = numerics.quantize(x, scale, fp8_max).view(np.uint8)
+    got = e4m3.quantize(x, scale, fp8_max).view(np.uint8)
     np.testing.assert_array_equal(got, oracle(x / scale, fp8_max))
 
 
 def test_clamp_happens_before_rounding():
     # 248 lies exactly between 240 and 256: rounding first would give 256, Gaudi2 saturates to 240.
-    got = numerics.cast_to_fp8(np.array([248.0, 250.0, -1e9, 1e9], np.float32), 240.0).astype(np.float32)
+    got = e4m3.cast_to_fp8(np.array([248.0, 250.0, -1e9, 1e9], np.float32), 240.0).astype(np.float32)
     np.testing.assert_array_equal(got, [240.0, 240.0, -240.0, 240.0])
 
 
 def test_no_code_above_range_is_ever_produced():
     values = all_bf16()
-    codes = numerics.cast_to_fp8(values[np.isfinite(values.astype(np.float32))], 240.0).view(np.uint8)
+    codes = e4m3.cast_to_fp8(values[np.isfinite(values.astype(np.float32))], 240.0).view(np.uint8)
     assert (codes & 0x7F).max() == scales.max_code(240.0) == 0x77
 
 
 def test_finite_value_that_overflows_when_scaled_saturates():
-    got = numerics.quantize(np.array([3e38, -3e38, 1.0], np.float32), np.float32(1e-3), 240.0)
+    got = e4m3.quantize(np.array([3e38, -3e38, 1.0], np.float32), np.float32(1e-3), 240.0)
     np.testing.assert_array_equal(got.astype(np.float32), [240.0, -240.0, 240.0])
 
 
@@ -76,32 +76,32 @@ def test_nan_is_refused_with_name_and_first_index():
     x[1, 2] = np.nan
     x[2, 0] = np.inf
     with pytest.raises(NonFiniteError, match=r"'layer.w' holds nan at index \[1, 2\]"):
-        numerics.quantize(x, 1.0, 240.0, "layer.w")
+        e4m3.quantize(x, 1.0, 240.0, "layer.w")
     with pytest.raises(NonFiniteError, match=r"index \[1, 2\]"):
-        numerics.abs_max(x, "layer.w")
+        e4m3.abs_max(x, "layer.w")
     with pytest.raises(NonFiniteError, match=r"index \[1, 2\]"):
-        numerics.channel_abs_max(x, "layer.w")
+        e4m3.channel_abs_max(x, "layer.w")
 
 
 def test_channel_wise_quantize_uses_one_scale_per_output_column():
     rng = np.random.default_rng(2)
     w = rng.standard_normal((70, 33)).astype(np.float32) * np.linspace(0.1, 10, 33, dtype=np.float32)
-    scale = scales.weight_scale_from_amax(numerics.channel_abs_max(w), 240.0)
-    got = numerics.quantize(w, scale, 240.0).view(np.uint8)
+    scale = scales.weight_scale_from_amax(e4m3.channel_abs_max(w), 240.0)
+    got = e4m3.quantize(w, scale, 240.0).view(np.uint8)
     np.testing.assert_array_equal(got, oracle(w / scale[None, :], 240.0))
-    np.testing.assert_array_equal(numerics.channel_abs_max(w), np.abs(w).max(axis=0))
+    np.testing.assert_array_equal(e4m3.channel_abs_max(w), np.abs(w).max(axis=0))
 
 
 def test_threads_give_identical_bits():
     x = np.random.default_rng(3).standard_normal((1000, 300)).astype(ml_dtypes.bfloat16)
-    one = numerics.quantize(x, 0.01, 240.0).view(np.uint8)
-    two = numerics.quantize(x, 0.01, 240.0, threads=2).view(np.uint8)
+    one = e4m3.quantize(x, 0.01, 240.0).view(np.uint8)
+    two = e4m3.quantize(x, 0.01, 240.0, threads=2).view(np.uint8)
     np.testing.assert_array_equal(one, two)
 
 
 def test_abs_max_over_chunks_matches_numpy():
     x = np.random.default_rng(4).standard_normal(300_001).astype(ml_dtypes.bfloat16)
-    assert numerics.abs_max(x) == float(np.abs(x.astype(np.float32)).max())
+    assert e4m3.abs_max(x) == float(np.abs(x.astype(np.float32)).max())
 
 
 def test_zero_amax_weight_gets_scale_one():
@@ -132,9 +132,9 @@ def test_pow2_round_up_is_the_smallest_power_of_two_not_below(scale):
 @settings(max_examples=200)
 @given(hnp.arrays(np.float32, st.integers(1, 300), elements=st.floats(-1e4, 1e4, width=32)), st.sampled_from(RANGES))
 def test_quantize_then_dequantize_is_within_half_an_fp8_step(x, fp8_max):
-    amax = numerics.abs_max(x)
+    amax = e4m3.abs_max(x)
     scale = scales.weight_scale_from_amax(amax, fp8_max).reshape(())
-    back = numerics.dequantize(numerics.quantize(x, scale, fp8_max), scale)
+    back = e4m3.dequantize(e4m3.quantize(x, scale, fp8_max), scale)
     # e4m3 has 3 mantissa bits: relative step 2^-3 for normals, absolute 2^-9 * scale for subnormals.
     tolerance = np.maximum(np.abs(x) * 2.0**-4, 2.0**-10 * scale) * 1.0001
     assert np.all(np.abs(back - x) <= tolerance)
@@ -143,8 +143,8 @@ def test_quantize_then_dequantize_is_within_half_an_fp8_step(x, fp8_max):
 
 @given(hnp.arrays(np.float32, st.integers(1, 100), elements=st.floats(-1e6, 1e6, width=32)))
 def test_cast_is_odd_and_monotonic(x):
-    codes = numerics.cast_to_fp8(x, 240.0)
-    np.testing.assert_array_equal(numerics.cast_to_fp8(-x, 240.0).astype(np.float32), -codes.astype(np.float32))
+    codes = e4m3.cast_to_fp8(x, 240.0)
+    np.testing.assert_array_equal(e4m3.cast_to_fp8(-x, 240.0).astype(np.float32), -codes.astype(np.float32))
     order = np.argsort(x, kind="stable")
     assert np.all(np.diff(codes.astype(np.float32)[order]) >= 0)
 
@@ -163,5 +163,5 @@ def test_a_denormal_amax_never_gives_a_zero_scale():
         act_scale = scales.act_scale_from_amax(np.float32(amax), 240.0)
         assert weight_scale > 0 and act_scale >= np.finfo(np.float32).tiny
     x = np.array([1e-45, -1e-45], np.float32)
-    scale = scales.weight_scale_from_amax(numerics.abs_max(x), 240.0)
-    assert np.all(np.abs(numerics.dequantize(numerics.quantize(x, scale, 240.0), scale) - x) <= 1e-45)
+    scale = scales.weight_scale_from_amax(e4m3.abs_max(x), 240.0)
+    assert np.all(np.abs(e4m3.dequantize(e4m3.quantize(x, scale, 240.0), scale) - x) <= 1e-45)

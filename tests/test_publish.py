@@ -13,10 +13,10 @@ import pytest
 from hub_test_double import HubTestDouble
 from huggingface_hub import ModelCard, ModelCardData
 
-from hpu_fp8_loader.cards import render_card
-from hpu_fp8_loader.demo import TINY_MODELS
-from hpu_fp8_loader.evaluate import evaluate
-from hpu_fp8_loader.publish import git_blob_id
+from hpu_fp8_loader.cli.demo import TINY_MODELS
+from hpu_fp8_loader.hub.cards import render_card
+from hpu_fp8_loader.hub.publish import git_blob_id
+from hpu_fp8_loader.quality.evaluate import evaluate
 
 pytestmark = pytest.mark.slow  # subprocesses against the Hub double: the inner loop leaves them to CI
 
@@ -280,8 +280,8 @@ def test_git_blob_id_is_gits():
 
 @pytest.mark.parametrize(("model", "kv_cache"), [("ernie-moe-bytes", "fp8"), ("qwen2-bytes", "none")])
 def test_cards_parse_offline_and_their_metadata_round_trips(tmp_path, model, kv_cache):
-    from hpu_fp8_loader.calibrate import calibrate
-    from hpu_fp8_loader.convert import ConvertOptions, convert
+    from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+    from hpu_fp8_loader.quality.calibrate import calibrate
 
     source = TINY_MODELS[model]
     convert(

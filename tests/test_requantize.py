@@ -1,5 +1,5 @@
 """FP8 -> FP8 requantization by code tables (requantize.py) against the element-wise route it replaces:
-dequantize to float32 (numerics.fp8_to_float32 x scale), then numerics.quantize. Codes must be
+dequantize to float32 (e4m3.fp8_to_float32 x scale), then e4m3.quantize. Codes must be
 bit-identical; amax exact; the error sums equal to float64 sums over every element."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hpu_fp8_loader import numerics
 from hpu_fp8_loader.errors import NonFiniteError
-from hpu_fp8_loader.requantize import requantize_rows, row_amax
+from hpu_fp8_loader.numerics import e4m3
+from hpu_fp8_loader.numerics.requantize import requantize_rows, row_amax
 
 
 def _codes(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
@@ -29,7 +29,7 @@ def test_codes_are_those_of_dequantize_then_quantize(fp8_max, source_per_row, ta
     rng = np.random.default_rng(7)
     codes = _codes(rng, (600, 300))  # more rows than one 256-row table group
     source = _scales(rng, 600, source_per_row)
-    values = numerics.fp8_to_float32(codes) * source.reshape(-1, 1)
+    values = e4m3.fp8_to_float32(codes) * source.reshape(-1, 1)
     amax = row_amax(codes, source, "w", 0, codes.shape)
     np.testing.assert_array_equal(amax, np.abs(values).max(axis=1))
     new_scale = {
@@ -41,10 +41,10 @@ def test_codes_are_those_of_dequantize_then_quantize(fp8_max, source_per_row, ta
     new = requantize_rows(codes, source, new_scale, fp8_max)
     # quantize divides along the last axis: a per-row scale is a per-column one of the transpose
     expected = (
-        numerics.quantize(values.T, new_scale, fp8_max).T if new_scale.ndim else numerics.quantize(values, new_scale, fp8_max)
+        e4m3.quantize(values.T, new_scale, fp8_max).T if new_scale.ndim else e4m3.quantize(values, new_scale, fp8_max)
     )
     np.testing.assert_array_equal(new.codes.view(np.uint8), expected.view(np.uint8))
-    difference = (numerics.fp8_to_float32(expected) * np.reshape(new_scale, (-1, 1)) - values).astype(np.float64)
+    difference = (e4m3.fp8_to_float32(expected) * np.reshape(new_scale, (-1, 1)) - values).astype(np.float64)
     assert new.squared_error == pytest.approx(float(np.sum(difference**2)), rel=1e-9)
     assert new.squared_source == pytest.approx(float(np.sum(values.astype(np.float64) ** 2)), rel=1e-9)
 

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from hpu_fp8_loader.cli import main
-from hpu_fp8_loader.convert import ConvertOptions, convert
+from hpu_fp8_loader.checks.validate import validate
+from hpu_fp8_loader.cli.main import main
+from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+from hpu_fp8_loader.conversion.retarget import retarget
 from hpu_fp8_loader.io.checkpoint import Checkpoint
-from hpu_fp8_loader.retarget import retarget
+from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 from hpu_fp8_loader.spec import names
-from hpu_fp8_loader.synth import preset_config, synthetic_measurements
-from hpu_fp8_loader.validate import validate
 
 
 @pytest.fixture(scope="module")

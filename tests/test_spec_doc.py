@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import hpu_fp8_loader.validate as validate_module
+import hpu_fp8_loader.checks.validate as validate_module
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 
 from hpu_fp8_loader.arch import Layout, Role, describe
-from hpu_fp8_loader.cli import main
+from hpu_fp8_loader.cli.main import main
 from hpu_fp8_loader.errors import ConfigError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
-from hpu_fp8_loader.synth import preset_config, synthesize, weight_values
+from hpu_fp8_loader.sources.synth import preset_config, synthesize, weight_values
 
 
 def _digest(root):

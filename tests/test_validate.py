@@ -11,12 +11,12 @@ import pytest
 from checkpoint_damage import overwrite_tensor_bytes
 from click.testing import CliRunner
 
-from hpu_fp8_loader.cli import main
+from hpu_fp8_loader.checks.validate import validate
+from hpu_fp8_loader.cli.main import main
 from hpu_fp8_loader.errors import ConfigError, NotHpuFp8CheckpointError, UnsupportedFormatVersionError
 from hpu_fp8_loader.io.checkpoint import read_config
 from hpu_fp8_loader.io.manifest import write_manifest
 from hpu_fp8_loader.io.safetensors_file import read_header
-from hpu_fp8_loader.validate import validate
 
 QKV = "ernie.layers.0.self_attn.qkv_proj"
 

@@ -35,11 +35,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpu_fp8_loader import numerics
 from hpu_fp8_loader.arch import ModelDescriptor, describe
 from hpu_fp8_loader.engine.model import EngineConfig, rms_norm, rotary, route, silu
 from hpu_fp8_loader.fastdeploy.mapping import FASTDEPLOY_FP8_MAX, Parallelism, map_rank
 from hpu_fp8_loader.io.checkpoint import Checkpoint
+from hpu_fp8_loader.numerics import e4m3
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import KvCacheScheme, QuantizationConfig, parse_quantization_config
 
@@ -47,7 +47,7 @@ __all__ = ["EmulationOptions", "Fp8Emulator"]
 
 def bf16(x) -> np.ndarray:
     """Round to bf16 (nearest even) and back to float32."""
-    return np.asarray(x, np.float32).astype(numerics.BF16_DTYPE).astype(np.float32)
+    return np.asarray(x, np.float32).astype(e4m3.BF16_DTYPE).astype(np.float32)
 
 
 def f32(x) -> np.ndarray:
@@ -59,7 +59,7 @@ def quantize_by_multiplier(x: np.ndarray, multiplier, point: str) -> np.ndarray:
 
     ``point`` (the module or attention point) names the activation when it is not finite: the float32
     arithmetic before it overflowed."""
-    return numerics.cast_to_fp8(bf16(x * bf16(multiplier)), FASTDEPLOY_FP8_MAX, f"activation {point}").astype(np.float32)
+    return e4m3.cast_to_fp8(bf16(x * bf16(multiplier)), FASTDEPLOY_FP8_MAX, f"activation {point}").astype(np.float32)
 
 
 @dataclass(frozen=True)

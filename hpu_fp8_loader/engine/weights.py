@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 
 from hpu_fp8_loader.arch import Layout, ModelDescriptor, WeightTensor, describe
+from hpu_fp8_loader.checks.validate import open_validated
 from hpu_fp8_loader.engine.memory import memory_budget
-from hpu_fp8_loader.fusion import fuse_columns
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, Checkpoint, read_config
-from hpu_fp8_loader.source_tensors import check_source, detect_layout, source_rows
+from hpu_fp8_loader.numerics.fusion import fuse_columns
+from hpu_fp8_loader.sources.source_tensors import check_source, detect_layout, source_rows
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import is_hpu_fp8
-from hpu_fp8_loader.validate import open_validated
 
 __all__ = ["EngineWeights", "open_weights"]
 

@@ -210,10 +210,10 @@ def _check_routing(report: DoctorReport) -> None:
 
 def _check_checkpoint(report: DoctorReport, checkpoint: str, tp: int, ep: int, revision: str | None) -> bool:
     from hpu_fp8_loader.arch import describe
+    from hpu_fp8_loader.checks.load import load
     from hpu_fp8_loader.fastdeploy.mapping import FASTDEPLOY_FP8_MAX, Parallelism, check_parallelism
     from hpu_fp8_loader.fastdeploy.plan import plan_deployment
     from hpu_fp8_loader.io.checkpoint import read_config
-    from hpu_fp8_loader.load import load
 
     try:
         loaded = load(checkpoint, revision=revision, hashes=False)
@@ -240,8 +240,8 @@ def _check_checkpoint(report: DoctorReport, checkpoint: str, tp: int, ep: int, r
 
 def _check_model(report: DoctorReport, checkpoint: str, tp: int) -> None:
     """FastDeploy builds the model at meta shapes here; every parameter must be one the hook fills, alike."""
+    from hpu_fp8_loader.checks.load import load
     from hpu_fp8_loader.fastdeploy.probe import mismatches
-    from hpu_fp8_loader.load import load
 
     path = load(checkpoint, hashes=False).path
     try:

@@ -6,7 +6,7 @@ bytes as int8, in the source's own layout), ``P.weight_scale`` (bf16, amax_W / 2
 point whose meaning depends on the key: the **raw amax** when the key contains ``self_attn``, and
 **amax / 240** otherwise (docs/fastdeploy.md section 5, "Linear layers"). This module is the only place that rule lives.
 
-Import (:mod:`hpu_fp8_loader.legacy_import`) resolves both meanings into the spec's act_amax; export writes them back, which stock
+Import (:mod:`hpu_fp8_loader.conversion.legacy_import`) resolves both meanings into the spec's act_amax; export writes them back, which stock
 FastDeploy's v0 loader reads without our hook (ERNIE at any tensor parallelism, Qwen2 at tensor
 parallelism 1: docs/fastdeploy.md section 5, "Tensor-parallel splits").
 """
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hpu_fp8_loader import numerics
 from hpu_fp8_loader.arch import ModelDescriptor, Role
+from hpu_fp8_loader.checks.validate import open_validated
 from hpu_fp8_loader.errors import HpuFp8Error
 from hpu_fp8_loader.fastdeploy.mapping import (
     FASTDEPLOY_FP8_MAX,
@@ -32,9 +32,9 @@ from hpu_fp8_loader.fastdeploy.mapping import (
     share_shape,
 )
 from hpu_fp8_loader.io.writer import CheckpointWriter, PlannedTensor
+from hpu_fp8_loader.numerics import e4m3
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import KvCacheScheme
-from hpu_fp8_loader.validate import open_validated
 
 __all__ = [
     "ACTIVATION_SCALE",
@@ -69,7 +69,7 @@ def amax_from_legacy(key: str, value: float) -> float:
 
 def amax_to_legacy(key: str, amax: float) -> np.ndarray:
     """The bf16 ``[1]`` value the legacy layout stores for an amax (bf16 storage moves it by up to 2^-8 relative)."""
-    return np.array([activation_scale_value(key, amax)], np.float32).astype(numerics.BF16_DTYPE)
+    return np.array([activation_scale_value(key, amax)], np.float32).astype(e4m3.BF16_DTYPE)
 
 
 def legacy_key(part_name: str, suffix: str) -> str:
@@ -156,7 +156,7 @@ def export_legacy(
         share = rank_share(checkpoint, descriptor, w, rank)
         if w.is_linear and w.module not in qc.ignore:
             writer.write(legacy_key(w.name, QUANT_WEIGHT), share.view(np.int8))
-            scale = scale_share(checkpoint, descriptor, w, rank).astype(numerics.BF16_DTYPE)  # bf16-exact by the spec
+            scale = scale_share(checkpoint, descriptor, w, rank).astype(e4m3.BF16_DTYPE)  # bf16-exact by the spec
             writer.write(legacy_key(w.name, "weight_scale"), scale)
         else:
             writer.write(w.name, share)

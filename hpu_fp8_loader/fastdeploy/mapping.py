@@ -18,15 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from hpu_fp8_loader import numerics
 from hpu_fp8_loader.arch import ModelDescriptor, Role, WeightTensor
+from hpu_fp8_loader.checks.validate import check_values
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.safetensors_file import SafetensorsFile, TensorInfo, row_blocks
+from hpu_fp8_loader.numerics import e4m3
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import KvCacheScheme, QuantizationConfig, ScaleRounding
 from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX
-from hpu_fp8_loader.validate import check_values
 
 __all__ = [
     "FASTDEPLOY_FP8_MAX",
@@ -264,7 +264,7 @@ def parameter_specs(d: ModelDescriptor, kv_cache: KvCacheScheme, par: Parallelis
 
 
 def _bf16(values) -> np.ndarray:
-    return np.asarray(values, np.float32).astype(numerics.BF16_DTYPE)
+    return np.asarray(values, np.float32).astype(e4m3.BF16_DTYPE)
 
 
 def _checked_rows(shard: SafetensorsFile, info: TensorInfo, start: int, stop: int) -> np.ndarray:
@@ -324,7 +324,7 @@ class Arithmetic:
 
 
 def _numpy_array(value, dtype: str) -> np.ndarray:
-    return np.array([value], np.float32).astype(numerics.BF16_DTYPE if dtype == "BF16" else np.float32)
+    return np.array([value], np.float32).astype(e4m3.BF16_DTYPE if dtype == "BF16" else np.float32)
 
 
 NUMPY = Arithmetic(np.float32, _numpy_array)
@@ -495,7 +495,7 @@ def _pieces(
             continue
         if not w.is_linear:
             value = rank_share(checkpoint, d, w, par)
-            value = value if w.source_dtype == "F32" else value.astype(numerics.BF16_DTYPE, copy=False)
+            value = value if w.source_dtype == "F32" else value.astype(e4m3.BF16_DTYPE, copy=False)
             yield MappedPiece(fastdeploy_name(w), value)
             if w.role is Role.EMBEDDING and d.tie_word_embeddings:
                 yield MappedPiece(LM_HEAD_PARAMETER, np.ascontiguousarray(value.T))

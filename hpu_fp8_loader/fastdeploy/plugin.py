@@ -160,10 +160,10 @@ def _paddle_result(value, dtype: str) -> np.ndarray:
     """A float32 paddle result cast as FastDeploy casts it, back as the exact numpy bits."""
     import paddle
 
-    from hpu_fp8_loader import numerics
+    from hpu_fp8_loader.numerics import e4m3
 
     if dtype == "BF16":
-        return value.astype(paddle.bfloat16).view(paddle.uint16).numpy().astype(np.uint16).view(numerics.BF16_DTYPE)
+        return value.astype(paddle.bfloat16).view(paddle.uint16).numpy().astype(np.uint16).view(e4m3.BF16_DTYPE)
     return value.astype(paddle.float32).numpy().astype(np.float32)
 
 
@@ -272,7 +272,7 @@ def loader_class():
     from fastdeploy.model_executor.model_loader.base_loader import BaseModelLoader
     from fastdeploy.model_executor.models.model_base import ModelRegistry
 
-    from hpu_fp8_loader.load import load
+    from hpu_fp8_loader.checks.load import load
 
     class HpuFp8ModelLoader(BaseModelLoader):
         """Loads an hpu-fp8 checkpoint (local directory or Hub repo id) into FastDeploy's HPU FP8 model."""

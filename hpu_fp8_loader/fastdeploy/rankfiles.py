@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpu_fp8_loader.checks.validate import open_validated
 from hpu_fp8_loader.fastdeploy.legacy import export_legacy
 from hpu_fp8_loader.fastdeploy.mapping import MappedPiece, Parallelism, ParameterSpec, map_rank, parameter_specs
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE
@@ -28,7 +29,6 @@ from hpu_fp8_loader.io.writer import (
     prepare_output_dir,
     publish_output_dir,
 )
-from hpu_fp8_loader.validate import open_validated
 
 __all__ = ["RankFile", "write_presharded", "write_rank_file"]
 

@@ -1,5 +1,5 @@
 """The measurement format: activation abs-max per spec module, with provenance (reading and writing the file:
-:mod:`hpu_fp8_loader.measurements`).
+:mod:`hpu_fp8_loader.sources.measurements`).
 
 Shared by the converter (which reads it) and the calibrator (which writes it); FastDeploy's own
 text files are mapped onto the same module names by :mod:`hpu_fp8_loader.spec.names`.

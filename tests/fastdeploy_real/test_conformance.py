@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpu_fp8_loader.convert import ConvertOptions, convert
+from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
 from hpu_fp8_loader.fastdeploy.legacy import amax_from_legacy, amax_to_legacy, export_legacy
+from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.measurements import Measurements
-from hpu_fp8_loader.synth import preset_config, synthesize, synthetic_measurements
 
 pytestmark = pytest.mark.slow
 
@@ -180,7 +180,7 @@ def test_doctor_in_fastdeploys_environment(fastdeploy_env, checkpoints, tmp_path
 
     environment = fastdeploy_env["environment"]
     spec, _ = checkpoints("ernie-moe-tiny", True)
-    command = ["-c", "import fd_bootstrap, sys; from hpu_fp8_loader.cli import main; sys.argv[0] = 'hpu-fp8'; main()",
+    command = ["-c", "import fd_bootstrap, sys; from hpu_fp8_loader.cli.main import main; sys.argv[0] = 'hpu-fp8'; main()",
                "doctor", str(spec), "--tp", "2", "--json"]  # fmt: skip
     ready = environment.run(command, cwd=tmp_path, FD_PLUGINS="hpu_fp8", FD_ATTENTION_BACKEND="HPU_ATTN")
     checks = {c["name"]: c for c in json.loads(ready.stdout)["checks"]}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from click.testing import CliRunner, Result
 
-from hpu_fp8_loader.cli import main
+from hpu_fp8_loader.cli.main import main
 
 
 def run_cli(*args: object, env: dict | None = None, input: str | None = None) -> Result:

@@ -23,16 +23,16 @@ from safetensors.numpy import load_file, save_file
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
 from hpu_fp8_loader.arch import describe
-from hpu_fp8_loader.convert import ConvertOptions, convert
-from hpu_fp8_loader.ct_import import import_compressed_tensors
+from hpu_fp8_loader.checks.validate import validate
+from hpu_fp8_loader.conversion.compressed_tensors import import_compressed_tensors
+from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
 from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.fastdeploy.mapping import Parallelism, map_rank
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.safetensors_file import SafetensorsFile
+from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import parse_quantization_config
-from hpu_fp8_loader.synth import preset_config, synthetic_measurements
-from hpu_fp8_loader.validate import validate
 
 np.float8_e4m3fn = ml_dtypes.float8_e4m3fn  # safetensors issue 682: its numpy path needs this alias for F8
 

@@ -15,7 +15,7 @@ import pytest
 from checkpoint_damage import overwrite_tensor_bytes
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
-from hpu_fp8_loader.measurements import load_measurements
+from hpu_fp8_loader.sources.measurements import load_measurements
 
 QUICK = ("--samples", "2", "--seq-len", "32", "-q")
 

@@ -19,10 +19,10 @@ import pytest
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
 from hpu_fp8_loader.arch import describe
-from hpu_fp8_loader.datasets import load_text
 from hpu_fp8_loader.errors import HpuFp8Error
-from hpu_fp8_loader.evaluate import check_same_model, evaluate
-from hpu_fp8_loader.synth import preset_config, synthesize
+from hpu_fp8_loader.quality.datasets import load_text
+from hpu_fp8_loader.quality.evaluate import check_same_model, evaluate
+from hpu_fp8_loader.sources.synth import preset_config, synthesize
 
 QUICK = ("--samples", "1", "--seq-len", "16")
 
@@ -246,8 +246,8 @@ def test_eval_of_weights_so_large_the_arithmetic_overflows_is_one_line_naming_wh
     import numpy as np
     from safetensors.numpy import load_file, save_file
 
-    from hpu_fp8_loader.measurements import write_measurements
-    from hpu_fp8_loader.synth import synthetic_measurements
+    from hpu_fp8_loader.sources.measurements import write_measurements
+    from hpu_fp8_loader.sources.synth import synthetic_measurements
 
     source = tmp_path / "huge"
     shutil.copytree(source_factory("qwen2-tiny"), source)

@@ -19,8 +19,8 @@ from click.testing import Result
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
 from hpu_fp8_loader.io.manifest import MANIFEST_FILE, write_manifest
-from hpu_fp8_loader.measurements import write_measurements
-from hpu_fp8_loader.synth import preset_config, synthetic_measurements
+from hpu_fp8_loader.sources.measurements import write_measurements
+from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 
 PRESET = "ernie-dense-tiny"
 INDEX = "model.safetensors.index.json"
@@ -294,6 +294,6 @@ def test_a_shard_the_system_cannot_read_makes_the_checkpoint_unreadable_not_inva
     def refused(path, *args, **kwargs):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr("hpu_fp8_loader.validate.SafetensorsFile", refused)
+    monkeypatch.setattr("hpu_fp8_loader.checks.validate.SafetensorsFile", refused)
     line = assert_refused(run_cli("validate", checkpoint), "Permission denied", ".safetensors", code=2)
     assert "Errno" not in line

@@ -14,8 +14,8 @@ import os
 import pytest
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
+from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 from hpu_fp8_loader.spec import names
-from hpu_fp8_loader.synth import preset_config, synthetic_measurements
 
 KEY = "ernie.layers.0.self_attn.qkv_proj"
 FD_KEY = names.fastdeploy_key_from_module(KEY)

@@ -17,8 +17,8 @@ import pytest
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
 from hpu_fp8_loader.arch.config_keys import MAX_EXPERT_MODULES, MAX_LAYERS
-from hpu_fp8_loader.measurements import write_measurements
-from hpu_fp8_loader.synth import preset_config, synthetic_measurements
+from hpu_fp8_loader.sources.measurements import write_measurements
+from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 
 MOE, QWEN = "ernie-moe-tiny", "qwen2-tiny"
 # (preset, key, value): a value of the wrong JSON type, out of bounds, or inconsistent with other keys.

@@ -17,8 +17,8 @@ import pytest
 from safetensors import safe_open
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
-from hpu_fp8_loader.measurements import write_measurements
-from hpu_fp8_loader.synth import preset_config, synthesize, synthetic_measurements
+from hpu_fp8_loader.sources.measurements import write_measurements
+from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 
 
 @pytest.fixture
@@ -268,7 +268,7 @@ def test_demo_force_never_deletes_its_own_models_the_working_or_the_home_directo
     package = tmp_path / "site" / "hpu_fp8_loader"  # stands in for the installed package: a broken check must not
     (package / "tiny_models" / "qwen2-bytes").mkdir(parents=True)  # delete the real one while this test runs
     (package / "tiny_models" / "qwen2-bytes" / "config.json").write_text("{}")
-    monkeypatch.setattr("hpu_fp8_loader.demo._PACKAGE", package)
+    monkeypatch.setattr("hpu_fp8_loader.cli.demo._PACKAGE", package)
     home = tmp_path / "home"
     (home / "project").mkdir(parents=True)
     monkeypatch.setenv("HOME", str(home))

@@ -16,7 +16,7 @@ import pytest
 from huggingface_hub import ModelCard
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
-from hpu_fp8_loader.synth import preset_config, synthetic_measurements
+from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 
 PRESET = "qwen2-tiny"
 
@@ -344,7 +344,7 @@ def test_pull_refuses_a_revision_git_would_not_take(tmp_path, monkeypatch, revis
 
 
 def test_git_ref_names_are_accepted():
-    from hpu_fp8_loader.resolve import check_revision
+    from hpu_fp8_loader.sources.resolve import check_revision
 
     for revision in ["main", "fp8", "v1.0", "refs/pr/12", "release/2024-06", "a" * 40, "feature_x+y", "naïve"]:
         assert check_revision(revision) == revision

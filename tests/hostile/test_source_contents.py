@@ -20,8 +20,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
-from hpu_fp8_loader.measurements import write_measurements
-from hpu_fp8_loader.synth import preset_config, synthetic_measurements
+from hpu_fp8_loader.sources.measurements import write_measurements
+from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 
 np.float8_e4m3fn = ml_dtypes.float8_e4m3fn  # safetensors issue 682: its numpy path needs this alias for F8
 QWEN, MOE = "qwen2-tiny", "ernie-moe-tiny"

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
-from hpu_fp8_loader import scales
 from hpu_fp8_loader.arch import ModelDescriptor, describe
 from hpu_fp8_loader.arch.contents import expected_tensors
 from hpu_fp8_loader.errors import CheckpointNotFoundError, HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.io.checkpoint import INDEX_FILE, Checkpoint, read_config, read_index, safe_member
 from hpu_fp8_loader.io.manifest import check_manifest
 from hpu_fp8_loader.io.safetensors_file import SafetensorsFile, TensorInfo
+from hpu_fp8_loader.numerics import scales
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import (
     KvCacheScheme,

@@ -18,10 +18,10 @@ from importlib import resources
 from pathlib import Path
 
 from hpu_fp8_loader.errors import HpuFp8Error, one_line
-from hpu_fp8_loader.evaluate import EvalReport
 from hpu_fp8_loader.io.checkpoint import read_config
 from hpu_fp8_loader.io.manifest import MANIFEST_FILE
-from hpu_fp8_loader.resolve import check_repo_id
+from hpu_fp8_loader.quality.evaluate import EvalReport
+from hpu_fp8_loader.sources.resolve import check_repo_id
 from hpu_fp8_loader.spec.config import parse_quantization_config
 
 __all__ = ["CardFile", "check_license", "render_card"]
@@ -79,7 +79,7 @@ def _environment():
 
     templates = resources.files("hpu_fp8_loader") / "model_cards"  # a wheel ships model_cards/ inside the package
     if not templates.is_dir():  # a source checkout or an editable install: the repository's model_cards/
-        templates = Path(__file__).resolve().parents[1] / "model_cards"
+        templates = Path(__file__).resolve().parents[2] / "model_cards"
     environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates)),
         keep_trailing_newline=True,

@@ -27,12 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from hpu_fp8_loader import __version__, numerics, scales
-from hpu_fp8_loader.activations import merge_measurements, resolve_act_amax
+from hpu_fp8_loader import __version__
 from hpu_fp8_loader.arch import Layout, ModelDescriptor, WeightTensor, describe
 from hpu_fp8_loader.arch.contents import expected_tensors
+from hpu_fp8_loader.conversion.activations import merge_measurements, resolve_act_amax
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error, NonFiniteError, WorkerDiedError
-from hpu_fp8_loader.fusion import fuse_columns, transposed
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, Checkpoint, copied_source_files
 from hpu_fp8_loader.io.fingerprint import file_fingerprint
 from hpu_fp8_loader.io.manifest import file_digest
@@ -47,8 +46,10 @@ from hpu_fp8_loader.io.writer import (
     plan_shards,
     prepare_output_dir,
 )
-from hpu_fp8_loader.requantize import requantize_rows, row_amax
-from hpu_fp8_loader.source_tensors import check_source, detect_layout, source_rows, source_scale
+from hpu_fp8_loader.numerics import e4m3, scales
+from hpu_fp8_loader.numerics.fusion import fuse_columns, transposed
+from hpu_fp8_loader.numerics.requantize import requantize_rows, row_amax
+from hpu_fp8_loader.sources.source_tensors import check_source, detect_layout, source_rows, source_scale
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import (
     FP8_MAX_BY_TARGET,
@@ -222,16 +223,16 @@ def _part_amax(part, blocks, channel_wise: bool) -> np.ndarray | float:
     for start, block in blocks:
         try:
             if not channel_wise:
-                value = numerics.abs_max(block, part.name)
+                value = e4m3.abs_max(block, part.name)
                 result = value if result is None else max(result, value)
             elif part.transpose:  # [out_p, in]: one channel per row
-                peak = numerics.channel_abs_max(transposed(block), part.name)
+                peak = e4m3.channel_abs_max(transposed(block), part.name)
                 result = peak if result is None else np.concatenate([result, peak])
             else:  # [in, out_p]: one channel per column
-                peak = numerics.channel_abs_max(block, part.name)
+                peak = e4m3.channel_abs_max(block, part.name)
                 result = peak if result is None else np.maximum(result, peak)
         except NonFiniteError:
-            raise numerics.locate_non_finite(part.name, block, start, part.shape) from None
+            raise e4m3.locate_non_finite(part.name, block, start, part.shape) from None
     return result if result is not None else 0.0
 
 
@@ -247,7 +248,7 @@ class _ErrorSum:
         self.difference = self.norm = 0.0
 
     def add(self, values: np.ndarray, encoded: np.ndarray, scale: np.ndarray | float) -> None:
-        difference = numerics.dequantize(encoded, scale)
+        difference = e4m3.dequantize(encoded, scale)
         difference -= values
         difference = difference.reshape(-1)
         flat = np.ascontiguousarray(values, np.float32).reshape(-1)
@@ -353,8 +354,8 @@ def _requantize_fp8(source: Checkpoint, weight: WeightTensor, parts, target, sca
 def _encode(weight: WeightTensor, values: np.ndarray, scale: np.ndarray | None, options: ConvertOptions) -> np.ndarray:
     """The output bytes of a block: fp8 codes for linears (scale over the last axis), BF16/F32 otherwise."""
     if scale is not None:
-        return numerics.quantize(values, scale if weight.channel_wise else scale[0], options.fp8_max, weight.name)
-    dtype = np.float32 if weight.source_dtype == "F32" else numerics.BF16_DTYPE
+        return e4m3.quantize(values, scale if weight.channel_wise else scale[0], options.fp8_max, weight.name)
+    dtype = np.float32 if weight.source_dtype == "F32" else e4m3.BF16_DTYPE
     return values.astype(dtype, copy=False)
 
 

@@ -13,18 +13,18 @@ from pathlib import Path
 
 import numpy as np
 
-from hpu_fp8_loader import numerics, scales
-from hpu_fp8_loader.activations import merge_measurements, resolve_act_amax
 from hpu_fp8_loader.arch import Layout, ModelDescriptor, WeightTensor, describe
-from hpu_fp8_loader.convert import ConvertOptions, output_config, planned_tensors, quantization_config_for
+from hpu_fp8_loader.conversion.activations import merge_measurements, resolve_act_amax
+from hpu_fp8_loader.conversion.convert import ConvertOptions, output_config, planned_tensors, quantization_config_for
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error, MeasurementError, NotHpuFp8CheckpointError
 from hpu_fp8_loader.fastdeploy.legacy import ACTIVATION_SCALE, QUANT_WEIGHT, amax_from_legacy, legacy_key
 from hpu_fp8_loader.fastdeploy.mapping import (
     FASTDEPLOY_FP8_MAX,
 )
-from hpu_fp8_loader.fusion import fuse_columns
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.writer import CheckpointWriter
+from hpu_fp8_loader.numerics import e4m3, scales
+from hpu_fp8_loader.numerics.fusion import fuse_columns
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import AmaxSourceKind, DeadExpertPolicy, ExpertRef, KvCacheScheme, is_hpu_fp8
 from hpu_fp8_loader.spec.fp8 import act_amax_problem
@@ -91,7 +91,7 @@ def _codes(checkpoint: Checkpoint, key: str, shape: tuple[int, ...]) -> np.ndarr
     codes = np.asarray(checkpoint.get(key)).view(np.uint8)
     if (np.bitwise_and(codes, 0x7F) > scales.max_code(FASTDEPLOY_FP8_MAX)).any():
         raise ConfigError(f"{checkpoint.root}: '{key}' holds NaN codes or values beyond ±240; not a Gaudi2 FP8 tensor")
-    return codes.view(numerics.FP8_DTYPE)
+    return codes.view(e4m3.FP8_DTYPE)
 
 
 def _weight_scale(checkpoint: Checkpoint, key: str, channels: int, channel_wise: bool) -> np.ndarray:
@@ -128,10 +128,10 @@ def _import_linear(
     if len(parts) == 1 or w.channel_wise or all(np.array_equal(s, part_scales[0]) for s in part_scales):
         scale = np.concatenate(part_scales) if w.channel_wise else part_scales[0]
         return fuse_columns(pieces, transpose), scale
-    values = fuse_columns([numerics.dequantize(q, s[0]) for q, s in zip(pieces, part_scales, strict=True)], transpose)
-    scale = scales.weight_scale_from_amax(numerics.abs_max(values, w.name), FASTDEPLOY_FP8_MAX).reshape(1)
-    requantized = numerics.quantize(values, scale[0], FASTDEPLOY_FP8_MAX, w.name)
-    error = np.linalg.norm(numerics.dequantize(requantized, scale[0]) - values) / max(np.linalg.norm(values), 1e-30)
+    values = fuse_columns([e4m3.dequantize(q, s[0]) for q, s in zip(pieces, part_scales, strict=True)], transpose)
+    scale = scales.weight_scale_from_amax(e4m3.abs_max(values, w.name), FASTDEPLOY_FP8_MAX).reshape(1)
+    requantized = e4m3.quantize(values, scale[0], FASTDEPLOY_FP8_MAX, w.name)
+    error = np.linalg.norm(e4m3.dequantize(requantized, scale[0]) - values) / max(np.linalg.norm(values), 1e-30)
     report.requantized.append((w.name, float(error)))
     return requantized, scale
 
@@ -144,10 +144,10 @@ def _import_kept(checkpoint: Checkpoint, w: WeightTensor, layout: Layout, prefix
         if info is None or info.shape != p.shape:
             raise ConfigError(f"{checkpoint.root}: '{p.name}' is missing or not {list(p.shape)}")
         a = np.asarray(checkpoint.get(p.name))
-        numerics.abs_max(a, p.name)  # refuses NaN/inf by name
+        e4m3.abs_max(a, p.name)  # refuses NaN/inf by name
         arrays.append(a)
     values = fuse_columns(arrays, [p.transpose for p in parts])
-    return values.astype(np.float32 if w.source_dtype == "F32" else numerics.BF16_DTYPE)
+    return values.astype(np.float32 if w.source_dtype == "F32" else e4m3.BF16_DTYPE)
 
 
 def import_legacy(

@@ -224,7 +224,7 @@ def validate(directory: Path, quick: bool, hashes: bool, as_json: bool, quiet: b
     config.json missing or not JSON, not an hpu-fp8 checkpoint, unknown format_version, a file
     the system cannot read).
     """
-    from hpu_fp8_loader.validate import validate as run_validation
+    from hpu_fp8_loader.checks.validate import validate as run_validation
 
     try:
         with progress_bar("scanning weights", quiet or quick or as_json) as bar:
@@ -251,7 +251,7 @@ def validate(directory: Path, quick: bool, hashes: bool, as_json: bool, quiet: b
 @json_option(help="Print the summary as JSON.")
 def inspect(directory: Path, as_json: bool) -> None:
     """Summarise DIRECTORY: layers, roles, dtypes, bytes, scale ranges, saturated share."""
-    from hpu_fp8_loader.inspection import inspect_checkpoint
+    from hpu_fp8_loader.checks.inspection import inspect_checkpoint
 
     with _errors(EXIT_UNREADABLE):
         result = inspect_checkpoint(directory)
@@ -321,7 +321,7 @@ def synth(
 ) -> None:
     """Write a deterministic random-init BF16 source checkpoint to OUT."""
     from hpu_fp8_loader.arch import describe
-    from hpu_fp8_loader.synth import preset_config, synthesize
+    from hpu_fp8_loader.sources.synth import preset_config, synthesize
 
     with _errors():
         config = preset_config(preset, _parse_overrides(overrides))
@@ -387,10 +387,10 @@ def convert(
     (the local cache is used offline). Output is written into OUT.partial and renamed when complete;
     after an interruption the same command resumes, reusing finished shards whose sha256 still matches.
     """
-    from hpu_fp8_loader.convert import ConvertOptions
-    from hpu_fp8_loader.convert import convert as run_convert
-    from hpu_fp8_loader.measurements import load_measurements
-    from hpu_fp8_loader.resolve import resolve_checkpoint
+    from hpu_fp8_loader.conversion.convert import ConvertOptions
+    from hpu_fp8_loader.conversion.convert import convert as run_convert
+    from hpu_fp8_loader.sources.measurements import load_measurements
+    from hpu_fp8_loader.sources.resolve import resolve_checkpoint
 
     options = ConvertOptions(target, kv_cache, scale_rounding, _parse_size(max_shard_size), force, workers, dead_experts)
     with _errors():
@@ -444,8 +444,8 @@ def import_legacy(
     elsewhere), widens the older converter's tensor-wise expert scales to exact channel-wise ones,
     and fuses Hugging Face-named Qwen2 tensors (requantizing once where their scales differ).
     """
-    from hpu_fp8_loader.legacy_import import import_legacy as run_import
-    from hpu_fp8_loader.measurements import load_measurements
+    from hpu_fp8_loader.conversion.legacy_import import import_legacy as run_import
+    from hpu_fp8_loader.sources.measurements import load_measurements
 
     with _errors():
         extra = [load_measurements(p).measurements for p in measurement_paths]
@@ -501,11 +501,11 @@ def import_command(
     from the source's FP8 values to one tensor-wise scale (channel-wise for experts) at ±240 for
     gaudi2; prints the error that adds, worst first. Static input scales become act_amax (x 448).
     """
-    from hpu_fp8_loader.calibrate import calibrate
-    from hpu_fp8_loader.convert import ConvertOptions
-    from hpu_fp8_loader.ct_import import compressed_tensors_scheme, import_compressed_tensors
-    from hpu_fp8_loader.measurements import load_measurements
-    from hpu_fp8_loader.resolve import resolve_checkpoint
+    from hpu_fp8_loader.conversion.compressed_tensors import compressed_tensors_scheme, import_compressed_tensors
+    from hpu_fp8_loader.conversion.convert import ConvertOptions
+    from hpu_fp8_loader.quality.calibrate import calibrate
+    from hpu_fp8_loader.sources.measurements import load_measurements
+    from hpu_fp8_loader.sources.resolve import resolve_checkpoint
 
     if run_calibration and measurement_paths:
         raise click.UsageError("--measurements and --calibrate both given: pass one source of activation statistics")
@@ -574,7 +574,7 @@ def export_legacy(src: Path, out: Path, tp: int, max_shard_size: str, force: boo
 @json_option()
 def retarget(src: Path, out: Path, target: str, max_shard_size: str, force: bool, as_json: bool) -> None:
     """Move hpu-fp8 checkpoint SRC between the Gaudi3 (±448) and Gaudi2 (±240) FP8 ranges."""
-    from hpu_fp8_loader.retarget import retarget as run_retarget
+    from hpu_fp8_loader.conversion.retarget import retarget as run_retarget
 
     with _errors():
         report = run_retarget(src, out, target, _parse_size(max_shard_size), force)
@@ -720,7 +720,7 @@ def pull(repo_id: str, revision: str | None, as_json: bool) -> None:
     validation; prints the local path. HF_HUB_OFFLINE=1 uses the cache only; the token comes from
     huggingface_hub's usual sources (HF_TOKEN, `hf auth login`).
     """
-    from hpu_fp8_loader.load import load
+    from hpu_fp8_loader.checks.load import load
 
     with _errors():
         loaded = load(repo_id, revision)
@@ -791,9 +791,9 @@ def calibrate(
     The output files are checked before any work and written atomically; an existing one is
     replaced only with --force, and never one inside MODEL.
     """
-    from hpu_fp8_loader.calibrate import calibrate as run_calibration
-    from hpu_fp8_loader.calibrate import check_outputs, write_fastdeploy_file
-    from hpu_fp8_loader.measurements import write_measurements
+    from hpu_fp8_loader.quality.calibrate import calibrate as run_calibration
+    from hpu_fp8_loader.quality.calibrate import check_outputs, write_fastdeploy_file
+    from hpu_fp8_loader.sources.measurements import write_measurements
 
     if fastdeploy_file and fastdeploy_file.resolve() == out.resolve():
         raise click.BadParameter(f"{fastdeploy_file} is also the -o file; name another", param_hint="--fastdeploy-format")
@@ -866,7 +866,7 @@ def eval_command(
     Prints top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both perplexities. Without
     --weights-only / --no-kv-fp8 every row is shown; with them, the FP8 row and the rows asked for.
     """
-    from hpu_fp8_loader.evaluate import evaluate
+    from hpu_fp8_loader.quality.evaluate import evaluate
 
     variants = ("fp8", *(["weights-only"] if only_weights else []), *(["no-kv-fp8"] if only_no_kv else []))
     if not (only_weights or only_no_kv):
@@ -947,9 +947,9 @@ def push(
     Re-running after an interrupted upload resumes it. The token comes from huggingface_hub's usual
     sources (HF_TOKEN, `hf auth login`) and is never printed.
     """
-    from hpu_fp8_loader.convert import ConvertOptions
-    from hpu_fp8_loader.publish import PushOptions
-    from hpu_fp8_loader.publish import push as run_push
+    from hpu_fp8_loader.conversion.convert import ConvertOptions
+    from hpu_fp8_loader.hub.publish import PushOptions
+    from hpu_fp8_loader.hub.publish import push as run_push
 
     options = PushOptions(
         repo_id=repo_id,
@@ -1019,7 +1019,7 @@ def push(
 @json_option()
 def demo(work_dir: Path, model: str, kv_cache: str, force: bool, as_json: bool) -> None:
     """Run the main job on the embedded default: calibrate, convert, validate and evaluate a tiny trained model."""
-    from hpu_fp8_loader.demo import run_demo
+    from hpu_fp8_loader.cli.demo import run_demo
 
     with _errors():
         result = run_demo(work_dir, model, kv_cache, say=_say(as_json), force=force)

@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from hpu_fp8_loader import __version__
-from hpu_fp8_loader.datasets import BUILTIN, check_seq_len, load_text, token_batches, tokenize
 from hpu_fp8_loader.engine.model import EngineConfig, Observer, forward
 from hpu_fp8_loader.engine.weights import open_weights
 from hpu_fp8_loader.errors import NonFiniteError
 from hpu_fp8_loader.io.file_output import check_output_file, write_text_atomically
+from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, load_text, token_batches, tokenize
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import AmaxSourceKind
 from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements, ModelIdentity

@@ -16,7 +16,7 @@ import numpy as np
 from hpu_fp8_loader.arch import Layout, ModelDescriptor
 from hpu_fp8_loader.errors import ConfigError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
-from hpu_fp8_loader.numerics import fp8_to_float32
+from hpu_fp8_loader.numerics.e4m3 import fp8_to_float32
 from hpu_fp8_loader.spec.names import scale_name
 
 __all__ = ["SOURCE_DTYPES", "check_source", "detect_layout", "source_problem", "source_rows", "source_scale"]

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpu_fp8_loader.checks.validate import validate
 from hpu_fp8_loader.errors import ChecksumMismatchError, HpuFp8Error
 from hpu_fp8_loader.io.checkpoint import read_config
-from hpu_fp8_loader.resolve import SPEC_PATTERNS, resolve_checkpoint
+from hpu_fp8_loader.sources.resolve import SPEC_PATTERNS, resolve_checkpoint
 from hpu_fp8_loader.spec.config import QuantizationConfig, parse_quantization_config
-from hpu_fp8_loader.validate import validate
 
 __all__ = ["LoadedCheckpoint", "load"]
 

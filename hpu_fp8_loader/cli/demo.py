@@ -11,18 +11,18 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpu_fp8_loader.calibrate import calibrate
-from hpu_fp8_loader.convert import ConvertOptions, convert
+from hpu_fp8_loader.checks.validate import ValidationReport, validate
+from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
 from hpu_fp8_loader.errors import OutputExistsError, UnsafePathError
-from hpu_fp8_loader.evaluate import EvalReport, evaluate
 from hpu_fp8_loader.io.writer import check_apart
-from hpu_fp8_loader.measurements import write_measurements
-from hpu_fp8_loader.validate import ValidationReport, validate
+from hpu_fp8_loader.quality.calibrate import calibrate
+from hpu_fp8_loader.quality.evaluate import EvalReport, evaluate
+from hpu_fp8_loader.sources.measurements import write_measurements
 
 __all__ = ["TINY_MODELS", "DemoResult", "run_demo"]
 
 _MARKER = ".hpu-fp8-demo"
-_PACKAGE = Path(__file__).parent
+_PACKAGE = Path(__file__).parents[1]
 TINY_MODELS = {name: _PACKAGE / "tiny_models" / name for name in ("ernie-moe-bytes", "qwen2-bytes")}
 
 

@@ -25,7 +25,7 @@ import ml_dtypes
 import numpy as np
 
 from hpu_fp8_loader.errors import NonFiniteError
-from hpu_fp8_loader.scales import max_code
+from hpu_fp8_loader.numerics.scales import max_code
 
 __all__ = [
     "BF16_DTYPE",

@@ -25,19 +25,26 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 
-from hpu_fp8_loader.calibrate import calibrate
-from hpu_fp8_loader.cards import CardFile, check_license, render_card
+from hpu_fp8_loader.checks.validate import validate
 from hpu_fp8_loader.console import hub_bars_follow_ours
-from hpu_fp8_loader.convert import ConvertOptions, convert
+from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
 from hpu_fp8_loader.errors import HpuFp8Error, OutputExistsError, UnsafePathError, UploadError
-from hpu_fp8_loader.evaluate import EvalReport, evaluate
+from hpu_fp8_loader.hub.cards import CardFile, check_license, render_card
 from hpu_fp8_loader.io.checkpoint import read_config, source_file
 from hpu_fp8_loader.io.manifest import MANIFEST_FILE, write_manifest
 from hpu_fp8_loader.io.writer import check_apart
-from hpu_fp8_loader.measurements import load_measurements
-from hpu_fp8_loader.resolve import SOURCE_PATTERNS, check_repo_id, check_revision, hub_error, hub_failures, resolve_checkpoint
+from hpu_fp8_loader.quality.calibrate import calibrate
+from hpu_fp8_loader.quality.evaluate import EvalReport, evaluate
+from hpu_fp8_loader.sources.measurements import load_measurements
+from hpu_fp8_loader.sources.resolve import (
+    SOURCE_PATTERNS,
+    check_repo_id,
+    check_revision,
+    hub_error,
+    hub_failures,
+    resolve_checkpoint,
+)
 from hpu_fp8_loader.spec.measurements import Measurements
-from hpu_fp8_loader.validate import validate
 
 __all__ = ["MEASUREMENTS_FILE", "PushOptions", "PushResult", "git_blob_id", "push", "remote_problems"]
 

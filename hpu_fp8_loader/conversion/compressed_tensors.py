@@ -22,7 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hpu_fp8_loader.arch import Layout, ModelDescriptor, Role, describe
-from hpu_fp8_loader.convert import ConvertOptions, convert
+from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
 from hpu_fp8_loader.errors import ConfigError, MeasurementError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.spec import names

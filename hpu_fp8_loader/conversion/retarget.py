@@ -16,14 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from hpu_fp8_loader import numerics, scales
+from hpu_fp8_loader.checks.validate import check_values, open_validated
 from hpu_fp8_loader.errors import HpuFp8Error
 from hpu_fp8_loader.io.safetensors_file import row_blocks
 from hpu_fp8_loader.io.writer import CheckpointWriter, PlannedTensor
+from hpu_fp8_loader.numerics import e4m3, scales
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import FP8_MAX_BY_TARGET, Target
 from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX
-from hpu_fp8_loader.validate import check_values, open_validated
 
 __all__ = ["RetargetReport", "retarget"]
 
@@ -39,7 +39,7 @@ class RetargetReport:
 def _halve(codes: np.ndarray) -> tuple[np.ndarray, int]:
     """fp8 values x 0.5 in the ±240 range; returns the new codes and how many did not halve exactly."""
     halved = codes.astype(np.float32) * np.float32(0.5)
-    result = numerics.cast_to_fp8(halved, GAUDI2_FP8_MAX)
+    result = e4m3.cast_to_fp8(halved, GAUDI2_FP8_MAX)
     return result, int(np.count_nonzero(result.astype(np.float32) != halved))
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hpu_fp8_loader import scales
+from hpu_fp8_loader.checks.validate import open_validated
+from hpu_fp8_loader.numerics import scales
 from hpu_fp8_loader.spec import names
-from hpu_fp8_loader.validate import open_validated
 
 __all__ = ["Inspection", "RoleSummary", "inspect_checkpoint"]
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 
 from hpu_fp8_loader.arch import ModelDescriptor
-from hpu_fp8_loader.datasets import BUILTIN, check_seq_len, load_text, token_batches, tokenize
+from hpu_fp8_loader.checks.validate import open_validated
 from hpu_fp8_loader.engine.fp8 import EmulationOptions, Fp8Emulator
 from hpu_fp8_loader.engine.model import forward
 from hpu_fp8_loader.engine.weights import open_weights
 from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
-from hpu_fp8_loader.validate import open_validated
+from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, load_text, token_batches, tokenize
 
 __all__ = ["VARIANTS", "EvalReport", "EvalRow", "check_same_model", "evaluate"]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpu_fp8_loader.errors import NonFiniteError
-from hpu_fp8_loader.numerics import FP8_DTYPE, cast_to_fp8, fp8_to_float32, locate_non_finite
+from hpu_fp8_loader.numerics.e4m3 import FP8_DTYPE, cast_to_fp8, fp8_to_float32, locate_non_finite
 from hpu_fp8_loader.spec.names import scale_name
 
 __all__ = ["Requantized", "requantize_rows", "row_amax"]

@@ -1,0 +1,1 @@
+"""Checking a checkpoint against the spec: the validator, inspection, and loading (resolve + quick validation)."""

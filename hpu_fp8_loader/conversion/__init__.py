@@ -1,0 +1,1 @@
+"""Writing hpu-fp8 checkpoints: BF16 conversion, compressed-tensors and legacy import, retargeting, activation amax."""
