@@ -16,7 +16,6 @@ from safetensors.numpy import load_file, save_file
 
 from hpu_fp8_loader.arch import Layout, describe
 from hpu_fp8_loader.checks.validate import validate
-from hpu_fp8_loader.cli.demo import TINY_MODELS
 from hpu_fp8_loader.cli.main import main
 from hpu_fp8_loader.conversion.compressed_tensors import import_compressed_tensors
 from hpu_fp8_loader.conversion.convert import ConvertOptions
@@ -26,6 +25,7 @@ from hpu_fp8_loader.numerics import e4m3, scales
 from hpu_fp8_loader.quality.calibrate import calibrate
 from hpu_fp8_loader.quality.evaluate import evaluate
 from hpu_fp8_loader.sources.source_tensors import source_rows
+from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 from hpu_fp8_loader.spec import names
 
 np.float8_e4m3fn = ml_dtypes.float8_e4m3fn  # safetensors issue 682: its numpy path needs this alias for F8

@@ -11,7 +11,6 @@ import pytest
 from click.testing import CliRunner
 
 from hpu_fp8_loader.checks.validate import validate
-from hpu_fp8_loader.cli.demo import TINY_MODELS
 from hpu_fp8_loader.cli.main import main
 from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
 from hpu_fp8_loader.engine.fp8 import EmulationOptions, Fp8Emulator, quantize_by_multiplier
@@ -23,6 +22,7 @@ from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.quality.calibrate import calibrate
 from hpu_fp8_loader.quality.datasets import load_text
 from hpu_fp8_loader.quality.evaluate import EvalRow, attention_warning, evaluate
+from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 
 # Two windows of held-out text (never calibrated on), byte tokens as the tiny models use.
 IDS = np.frombuffer(load_text("builtin", split="held-out").encode()[:256], np.uint8).astype(np.int64).reshape(2, 128)

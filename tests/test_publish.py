@@ -13,10 +13,10 @@ import pytest
 from hub_test_double import HubTestDouble
 from huggingface_hub import ModelCard, ModelCardData
 
-from hpu_fp8_loader.cli.demo import TINY_MODELS
 from hpu_fp8_loader.hub.cards import render_card
 from hpu_fp8_loader.hub.publish import git_blob_id
 from hpu_fp8_loader.quality.evaluate import evaluate
+from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 
 pytestmark = pytest.mark.slow  # subprocesses against the Hub double: the inner loop leaves them to CI
 

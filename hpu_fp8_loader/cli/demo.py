@@ -16,14 +16,14 @@ from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
 from hpu_fp8_loader.errors import OutputExistsError, UnsafePathError
 from hpu_fp8_loader.io.writer import check_apart
 from hpu_fp8_loader.quality.calibrate import calibrate
-from hpu_fp8_loader.quality.evaluate import EvalReport, evaluate
+from hpu_fp8_loader.quality.evaluate import EvaluationResult, evaluate
 from hpu_fp8_loader.sources.measurements import write_measurements
+from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 
-__all__ = ["TINY_MODELS", "DemoResult", "run_demo"]
+__all__ = ["DemoResult", "run_demo"]
 
 _MARKER = ".hpu-fp8-demo"
-_PACKAGE = Path(__file__).parents[1]
-TINY_MODELS = {name: _PACKAGE / "tiny_models" / name for name in ("ernie-moe-bytes", "qwen2-bytes")}
+_PACKAGE = Path(__file__).parents[1]  # the shipped models live inside it
 
 
 @dataclass
@@ -32,7 +32,7 @@ class DemoResult:
     measurements: Path
     checkpoint: Path
     report: ValidationReport
-    evaluation: EvalReport
+    evaluation: EvaluationResult
 
 
 def _replace_work_dir(work_dir: Path, force: bool) -> None:

@@ -681,20 +681,10 @@ def plan(model: Path, tp: int, ep: int, kv_cache: str, as_json: bool) -> None:
 
     When the directory also holds the weights, the config's layer and expert counts are checked against them.
     """
-    from hpu_fp8_loader.arch import describe
-    from hpu_fp8_loader.errors import ConfigError
-    from hpu_fp8_loader.fastdeploy.plan import plan_deployment
-    from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, Checkpoint, read_config
-    from hpu_fp8_loader.io.jsonfile import read_json_object
+    from hpu_fp8_loader.fastdeploy.plan import describe_model, plan_deployment
 
     with _errors():
-        if model.is_dir():
-            config, source = read_config(model), str(model / CONFIG_FILE)
-            has_weights = (model / INDEX_FILE).is_file() or (model / SINGLE_FILE).is_file()
-            tensors = Checkpoint.open(model).tensors if has_weights else None
-        else:
-            config, source, tensors = read_json_object(model, ConfigError), str(model), None
-        result = plan_deployment(describe(config, source, tensors), tp, ep, kv_cache)
+        result = plan_deployment(describe_model(model), tp, ep, kv_cache)
     if as_json:
         emit_json(result.to_dict())
         return

@@ -30,12 +30,12 @@ from hpu_fp8_loader.spec.config import AmaxSourceKind
 from hpu_fp8_loader.spec.fp8 import E4M3FN_MAX, act_amax_problem
 from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements
 
-__all__ = ["ImportResult", "compressed_tensors_scheme", "import_compressed_tensors"]
+__all__ = ["CompressedTensorsImportResult", "compressed_tensors_scheme", "import_compressed_tensors"]
 
 
 
 @dataclass
-class ImportResult:
+class CompressedTensorsImportResult:
     out: Path
     scheme: str
     errors: list[tuple[str, float]] = field(default_factory=list)  # (spec tensor, relative RMSE added to the source's)
@@ -170,7 +170,7 @@ def import_compressed_tensors(
     out: str | Path,
     options: ConvertOptions | None = None,
     measurements: Sequence[Measurements] = (),
-) -> ImportResult:
+) -> CompressedTensorsImportResult:
     """A compressed-tensors FP8 checkpoint -> hpu-fp8 v1 at ``options.fp8_max`` (±240 for Gaudi2).
 
     The source's static input scales become act_amax; ``measurements`` fill the points it lacks (for dynamic
@@ -181,7 +181,7 @@ def import_compressed_tensors(
     raw = checkpoint.config.get("quantization_config")
     scheme = compressed_tensors_scheme(src)
     d = describe(checkpoint.config)
-    result = ImportResult(Path(out), scheme)
+    result = CompressedTensorsImportResult(Path(out), scheme)
     imported, scale_tensors = _imported_amax(checkpoint, d)
     sources = []
     if imported:

@@ -30,11 +30,11 @@ from hpu_fp8_loader.spec.config import AmaxSourceKind, DeadExpertPolicy, ExpertR
 from hpu_fp8_loader.spec.fp8 import act_amax_problem
 from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements
 
-__all__ = ["ImportReport", "import_legacy"]
+__all__ = ["LegacyImportResult", "import_legacy"]
 
 
 @dataclass
-class ImportReport:
+class LegacyImportResult:
     out: Path
     layout: Layout
     expert_scales: str  # "channel-wise", "tensor-wise (older converter)" or "none"
@@ -113,7 +113,7 @@ def _weight_scale(checkpoint: Checkpoint, key: str, channels: int, channel_wise:
 
 
 def _import_linear(
-    checkpoint: Checkpoint, w: WeightTensor, layout: Layout, prefix: str, report: ImportReport
+    checkpoint: Checkpoint, w: WeightTensor, layout: Layout, prefix: str, report: LegacyImportResult
 ) -> tuple[np.ndarray, np.ndarray]:
     """(fp8 weight, weight scale) in the spec layout; fusing parts with different scales requantizes once."""
     parts = w.source_parts(layout, prefix)
@@ -157,7 +157,7 @@ def import_legacy(
     dead_experts: DeadExpertPolicy = DeadExpertPolicy.ERROR,
     max_shard_bytes: int = 5 * 10**9,
     force: bool = False,
-) -> ImportReport:
+) -> LegacyImportResult:
     """A legacy FastDeploy FP8 checkpoint -> hpu-fp8 v1, one tensor at a time.
 
     ``measurements`` supply points the legacy checkpoint lacks (FastDeploy never measures Qwen2's
@@ -183,7 +183,7 @@ def import_legacy(
     except MeasurementError as exc:
         raise MeasurementError(f"{src}: {exc} (pass --measurements for points the legacy checkpoint lacks)") from None
     experts = [w for w in descriptor.weights() if w.channel_wise]
-    report = ImportReport(Path(out), layout, "none", kv, filled_experts=filled)
+    report = LegacyImportResult(Path(out), layout, "none", kv, filled_experts=filled)
     if experts:
         if layout is Layout.TORCH:
             raise ConfigError(

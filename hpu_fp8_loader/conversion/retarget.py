@@ -25,10 +25,10 @@ from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import FP8_MAX_BY_TARGET, Target
 from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX
 
-__all__ = ["RetargetReport", "retarget"]
+__all__ = ["RetargetResult", "retarget"]
 
 @dataclass
-class RetargetReport:
+class RetargetResult:
     out: Path
     action: str  # "rescaled" or "relabelled"
     message: str
@@ -54,7 +54,7 @@ def _doubled(name: str, scale: np.ndarray) -> np.ndarray:
 
 def retarget(
     src: str | Path, out: str | Path, target: Target | str, max_shard_bytes: int = 5 * 10**9, force: bool = False
-) -> RetargetReport:
+) -> RetargetResult:
     """Retarget ``src`` for ``target``, writing ``out``; a checkpoint that already targets it is refused.
 
     ``src`` passes the quick validation first, and every block read is value-checked on the way.
@@ -83,7 +83,7 @@ def retarget(
         message = "relabelled for gaudi2: the checkpoint already uses ±240"
     planned = [PlannedTensor(name, info.dtype, info.shape) for name, info in checkpoint.tensors.items()]
     writer = CheckpointWriter(out, planned, max_shard_bytes, force, {"format": "pd"}, [src])
-    report = RetargetReport(Path(out), "rescaled" if rescale else "relabelled", message)
+    report = RetargetResult(Path(out), "rescaled" if rescale else "relabelled", message)
     for name, info in checkpoint.tensors.items():
         shard = checkpoint.files[info.file]
         if rescale and name.endswith(names.WEIGHT_SCALE):

@@ -40,7 +40,7 @@ __all__ = [
     "ACTIVATION_SCALE",
     "LEGACY_QUANTIZATION_CONFIG",
     "QUANT_WEIGHT",
-    "ExportReport",
+    "LegacyExportResult",
     "amax_from_legacy",
     "amax_to_legacy",
     "export_legacy",
@@ -80,7 +80,7 @@ def legacy_key(part_name: str, suffix: str) -> str:
 
 
 @dataclass
-class ExportReport:
+class LegacyExportResult:
     out: Path
     tensors: int
     warnings: list[str] = field(default_factory=list)
@@ -117,7 +117,7 @@ def export_legacy(
     max_shard_bytes: int = 5 * 10**9,
     force: bool = False,
     rank: Parallelism | None = None,
-) -> ExportReport:
+) -> LegacyExportResult:
     """hpu-fp8 v1 -> the legacy layout stock FastDeploy reads (v0 loader, ``--load-choices default``).
 
     ``tp`` says how it will be served (refused where the v0 loader splits wrongly). ``rank`` writes only
@@ -171,7 +171,7 @@ def export_legacy(
         k: v for k, v in LEGACY_QUANTIZATION_CONFIG.items() if attention or k != "kv_cache_quant_type"
     }
     writer.finish(config, copy_from=Path(src))
-    report = ExportReport(Path(out), len(planned))
+    report = LegacyExportResult(Path(out), len(planned))
     if descriptor.model_type == "qwen2":
         report.warnings.append(
             "Qwen2 in the legacy layout is [inferred] from FastDeploy's code: no FP8 Qwen2 has been "

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
-from hpu_fp8_loader.arch import ModelDescriptor
+from hpu_fp8_loader.arch import ModelDescriptor, describe
+from hpu_fp8_loader.errors import ConfigError
 from hpu_fp8_loader.fastdeploy.mapping import Parallelism, check_parallelism, parameter_specs
+from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, Checkpoint, read_config
+from hpu_fp8_loader.io.jsonfile import read_json_object
 from hpu_fp8_loader.io.safetensors_file import ITEMSIZES
 from hpu_fp8_loader.spec.config import KvCacheScheme
 
-__all__ = ["DeploymentPlan", "parameter_group", "plan_deployment"]
+__all__ = ["DeploymentPlan", "describe_model", "parameter_group", "plan_deployment"]
 
 GROUPS = ("attention", "dense_mlp", "shared_experts", "routed_experts", "router", "embeddings", "lm_head", "norms")
 
@@ -74,3 +78,20 @@ def plan_deployment(d: ModelDescriptor, tp: int = 1, ep: int = 1, kv_cache: KvCa
         kv_bytes_per_token_per_rank=per_token * (1 if kv_cache is KvCacheScheme.FP8 else 2),
         kv_bytes_per_token_per_rank_bf16=per_token * 2,
     )
+
+
+def describe_model(model: str | Path) -> ModelDescriptor:
+    """The descriptor of MODEL: a directory (its config.json) or a config.json file.
+
+    When the directory also holds the weights, the config's layer and expert counts are checked against
+    them, so that a deployment is never planned for a config its files do not back.
+
+    Example:
+        >>> plan_deployment(describe_model("ERNIE-4.5-21B-A3B-Paddle"), tp=2).total_bytes_per_rank
+    """
+    model = Path(model)
+    if not model.is_dir():
+        return describe(read_json_object(model, ConfigError), str(model))
+    has_weights = (model / INDEX_FILE).is_file() or (model / SINGLE_FILE).is_file()
+    return describe(read_config(model), str(model / CONFIG_FILE), Checkpoint.open(model).tensors if has_weights else None)
+

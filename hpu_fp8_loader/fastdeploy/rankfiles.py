@@ -10,7 +10,7 @@ without splitting anything itself.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from hpu_fp8_loader.io.writer import (
     publish_output_dir,
 )
 
-__all__ = ["RankFile", "write_presharded", "write_rank_file"]
+__all__ = ["RankFile", "rank_parameters", "write_presharded", "write_rank_file"]
 
 
 @dataclass
@@ -38,6 +38,20 @@ class RankFile:
     path: Path
     parameters: int
     bytes: int
+
+
+def rank_parameters(src: str | Path, par: Parallelism | None = None) -> Iterator[MappedPiece]:
+    """Every parameter value FastDeploy's rank ``par`` gets from the hpu-fp8 checkpoint at ``src``, as the hook sets it.
+
+    The checkpoint is validated quickly first; values come in model order under FastDeploy's parameter
+    names, stacked MoE parameters one expert at a time (``piece.expert``). ``par`` defaults to one rank (TP 1, EP 1).
+
+    Example:
+        >>> for piece in rank_parameters("qwen2-fp8", Parallelism(tp_size=2, tp_rank=0)):
+        ...     print(piece.name, piece.array.dtype, piece.array.shape)
+    """
+    opened = open_validated(src)
+    return map_rank(opened.checkpoint, opened.qc, opened.descriptor, par or Parallelism())
 
 
 def write_rank_file(src: str | Path, out: str | Path, par: Parallelism, force: bool = False) -> RankFile:

@@ -20,7 +20,7 @@ from pathlib import Path
 from hpu_fp8_loader.errors import HpuFp8Error, one_line
 from hpu_fp8_loader.io.checkpoint import read_config
 from hpu_fp8_loader.io.manifest import MANIFEST_FILE
-from hpu_fp8_loader.quality.evaluate import EvalReport
+from hpu_fp8_loader.quality.evaluate import EvaluationResult
 from hpu_fp8_loader.sources.resolve import check_repo_id
 from hpu_fp8_loader.spec.config import parse_quantization_config
 
@@ -97,7 +97,7 @@ def render_card(
     base_model: str,
     license: str,
     command: str,
-    evaluation: EvalReport | None = None,
+    evaluation: EvaluationResult | None = None,
     eval_note: str | None = None,
     measurement_files: list[str] | tuple[str, ...] = (),
 ) -> str:

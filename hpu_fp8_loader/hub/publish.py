@@ -34,7 +34,7 @@ from hpu_fp8_loader.io.checkpoint import read_config, source_file
 from hpu_fp8_loader.io.manifest import MANIFEST_FILE, write_manifest
 from hpu_fp8_loader.io.writer import check_apart
 from hpu_fp8_loader.quality.calibrate import calibrate
-from hpu_fp8_loader.quality.evaluate import EvalReport, evaluate
+from hpu_fp8_loader.quality.evaluate import EvaluationResult, evaluate
 from hpu_fp8_loader.sources.measurements import load_measurements
 from hpu_fp8_loader.sources.resolve import (
     SOURCE_PATTERNS,
@@ -88,7 +88,7 @@ class PushOptions:
 class PushResult:
     checkpoint: Path
     files: list[CardFile]
-    evaluation: EvalReport | None
+    evaluation: EvaluationResult | None
     commit_url: str | None = None
     pull_request_url: str | None = None
 
@@ -300,7 +300,7 @@ def _add_files(checkpoint: Path, files: dict[str, bytes]) -> list[CardFile]:
 
 def _stage(
     src: Path, measurements: list[Measurements], options: PushOptions, checkpoint: Path, say: Callable[[str], None]
-) -> tuple[EvalReport | None, str | None, list[str]]:
+) -> tuple[EvaluationResult | None, str | None, list[str]]:
     """Convert into ``checkpoint`` (replacing an earlier push's), validate, add the measurement files (their names
     are returned too), evaluate."""
     if options.calibrate:
@@ -357,7 +357,7 @@ def _write_card(
     license_: str,
     base_model: str,
     options: PushOptions,
-    evaluation: EvalReport | None,
+    evaluation: EvaluationResult | None,
     note: str | None,
     measurement_files: Sequence[str],
 ) -> list[CardFile]:

@@ -21,7 +21,7 @@ from hpu_fp8_loader.engine.weights import open_weights
 from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, load_text, token_batches, tokenize
 
-__all__ = ["VARIANTS", "EvalReport", "EvalRow", "check_same_model", "evaluate"]
+__all__ = ["VARIANTS", "EvalRow", "EvaluationResult", "check_same_model", "evaluate"]
 
 VARIANTS = {
     "fp8": EmulationOptions(),
@@ -45,7 +45,7 @@ class EvalRow:
 
 
 @dataclass
-class EvalReport:
+class EvaluationResult:
     tokens: int
     tp: int
     dataset: str
@@ -101,7 +101,7 @@ def evaluate(
     tp: int = 1,
     variants: tuple[str, ...] = tuple(VARIANTS),
     decode_attention: bool = False,
-) -> EvalReport:
+) -> EvaluationResult:
     """Top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both perplexities, per variant.
 
     ``fp8_checkpoint`` passes the quick validation before anything runs; its values are checked as the
@@ -140,7 +140,7 @@ def evaluate(
                 _check_finite(logits, f"{fp8_checkpoint}: the emulated FP8 logits ({name} row)")
                 accumulators[name].add(ref, logits, batch[:, 1:])
         tokens += batch.size
-    report = EvalReport(tokens, tp, str(dataset), [accumulators[name].row(name) for name in emulators])
+    report = EvaluationResult(tokens, tp, str(dataset), [accumulators[name].row(name) for name in emulators])
     warning = attention_warning(report.rows)
     if warning:
         report.warnings.append(warning)

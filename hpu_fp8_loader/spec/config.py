@@ -39,11 +39,24 @@ __all__ = [
 
 
 class Target(str, Enum):
+    """The Gaudi generation a checkpoint is made for, which fixes its FP8 range (FP8_MAX_BY_TARGET).
+
+    Example:
+        >>> FP8_MAX_BY_TARGET[Target("gaudi2")]
+        240.0
+    """
+
     GAUDI2 = "gaudi2"
     GAUDI3 = "gaudi3"
 
 
 class KvCacheScheme(str, Enum):
+    """How attention and the KV cache run: FP8 (FastDeploy's ``cache_fp8_sdpa_fp8``, four more amax per layer) or BF16.
+
+    Example:
+        >>> ConvertOptions(kv_cache=KvCacheScheme.NONE)  # attention and KV cache stay BF16
+    """
+
     FP8 = "fp8"  # fp8 KV cache and fp8 SDPA: FastDeploy's cache_fp8_sdpa_fp8
     NONE = "none"  # attention and KV cache stay BF16
 
