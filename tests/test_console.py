@@ -62,7 +62,9 @@ def _fastdeploy_file_with_a_warning(tmp_path: Path) -> Path:
     """FastDeploy's measurement text with an s_matmul amax other than 1.0: converts, with a warning."""
     amax = synthetic_measurements(preset_config("ernie-moe-tiny")).amax
     path = tmp_path / "model_measurement.txt"
-    path.write_text("".join(f"{names.fastdeploy_key_from_module(m)}\t{0.3 if m.endswith('.s') else v}\n" for m, v in amax.items()))
+    path.write_text(
+        "".join(f"{names.fastdeploy_key_from_module(m)}\t{0.3 if m.endswith('.s') else v}\n" for m, v in amax.items())
+    )
     return path
 
 
@@ -90,7 +92,9 @@ def _convert_with_stderr(tmp_path: Path, source: Path, measurements: Path, termi
     """Run convert with stderr on a pipe or on a pseudo-terminal; returns what reached stderr."""
     out = tmp_path / f"out-{len(list(tmp_path.iterdir()))}"
     argv = [HPU_FP8, "convert", str(source), str(out), "--measurements", str(measurements), "--workers", "1"]
-    environment = {name: value for name, value in os.environ.items() if name not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
+    environment = {
+        name: value for name, value in os.environ.items() if name not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")
+    }
     environment.update(env)
     if not terminal:
         done = subprocess.run(argv, capture_output=True, text=True, env=environment, check=True)

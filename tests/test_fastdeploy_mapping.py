@@ -81,7 +81,10 @@ def test_moe_values_follow_the_contract_formulas(spec_factory):
     np.testing.assert_array_equal(
         params[f"{base}.down_proj_in_scale"], bf16(np.array(experts, np.float32)[:, None] / np.float32(240))
     )
-    assert params[f"{base}.down_proj_in_scale"].shape == (4, 1)  # [E, 1], not pre-packed to [E, 1, 64] (docs/fastdeploy.md section 5)
+    assert params[f"{base}.down_proj_in_scale"].shape == (
+        4,
+        1,
+    )  # [E, 1], not pre-packed to [E, 1, 64] (docs/fastdeploy.md section 5)
     for e in range(4):
         np.testing.assert_array_equal(
             params[f"{base}.up_gate_proj_weight"][e].view(np.uint8), spec.get(f"{base}.{e}.up_gate_proj.weight").view(np.uint8)
@@ -162,7 +165,9 @@ def test_tensor_parallel_shares_reassemble_the_checkpoint(spec_factory):
     up_scales = [f32(r[f"{base}.up_gate_proj_weight_scale"][3])[inter // tp :] for r in ranks]
     np.testing.assert_array_equal(np.concatenate(gate_scales), scale[:inter])
     np.testing.assert_array_equal(np.concatenate(up_scales), scale[inter:])
-    contiguous = scale[: 2 * inter // tp]  # 404cf0ec's rule (docs/fastdeploy.md section 5): would pair rank 0's weights with gate-only scales
+    contiguous = scale[
+        : 2 * inter // tp
+    ]  # 404cf0ec's rule (docs/fastdeploy.md section 5): would pair rank 0's weights with gate-only scales
     assert not np.array_equal(f32(ranks[0][f"{base}.up_gate_proj_weight_scale"][3]), contiguous)
     np.testing.assert_array_equal(
         np.concatenate([u8(r[f"{base}.down_proj_weight"][3]) for r in ranks]), u8(spec.get(f"{base}.3.down_proj.weight"))
@@ -254,7 +259,8 @@ def test_a_tied_lm_head_is_each_ranks_embedding_rows_transposed(spec_factory):
     spec = Checkpoint.open(untied)
     params = mapped(untied, Parallelism(2, 1))
     np.testing.assert_array_equal(
-        params["lm_head.linear.weight"].view(np.uint16), spec.get("lm_head.weight")[:, spec.get("lm_head.weight").shape[1] // 2 :].view(np.uint16)
+        params["lm_head.linear.weight"].view(np.uint16),
+        spec.get("lm_head.weight")[:, spec.get("lm_head.weight").shape[1] // 2 :].view(np.uint16),
     )
 
 

@@ -75,5 +75,7 @@ def test_no_import_from_a_later_stage(path: Path):
 def test_the_checker_sees_a_violation(tmp_path: Path):
     """The AST walk finds a deferred import inside a function, and a from-import of the package root."""
     module = tmp_path / "m.py"
-    module.write_text("def f():\n    from hpu_fp8_loader.cli.main import main\n\nfrom hpu_fp8_loader import __version__, errors\n")
+    module.write_text(
+        "def f():\n    from hpu_fp8_loader.cli.main import main\n\nfrom hpu_fp8_loader import __version__, errors\n"
+    )
     assert _imports(module) == [(2, "hpu_fp8_loader.cli.main"), (4, "hpu_fp8_loader.errors")]

@@ -15,7 +15,9 @@ from hpu_fp8_loader.spec.names import COPIED_SOURCE_FILES
 
 
 def tree_digest(root) -> dict:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()
+    }
 
 
 @pytest.fixture
@@ -55,7 +57,11 @@ def test_a_tokenizer_file_linking_out_of_the_source_is_refused_and_nothing_is_pu
         run_convert(source, tmp_path / "out", [synthetic_measurements(preset_config("qwen2-tiny"))], ConvertOptions())
     assert not (tmp_path / "out").exists()
     assert tree_digest(source) == before  # the input is never modified
-    leaked = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink() and p != secret and b"hf_secret_value" in p.read_bytes()]
+    leaked = [
+        p
+        for p in tmp_path.rglob("*")
+        if p.is_file() and not p.is_symlink() and p != secret and b"hf_secret_value" in p.read_bytes()
+    ]
     assert leaked == []
 
 

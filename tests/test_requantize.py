@@ -40,9 +40,7 @@ def test_codes_are_those_of_dequantize_then_quantize(fp8_max, source_per_row, ta
     }[target]
     new = requantize_rows(codes, source, new_scale, fp8_max)
     # quantize divides along the last axis: a per-row scale is a per-column one of the transpose
-    expected = (
-        e4m3.quantize(values.T, new_scale, fp8_max).T if new_scale.ndim else e4m3.quantize(values, new_scale, fp8_max)
-    )
+    expected = e4m3.quantize(values.T, new_scale, fp8_max).T if new_scale.ndim else e4m3.quantize(values, new_scale, fp8_max)
     np.testing.assert_array_equal(new.codes.view(np.uint8), expected.view(np.uint8))
     difference = (e4m3.fp8_to_float32(expected) * np.reshape(new_scale, (-1, 1)) - values).astype(np.float64)
     assert new.squared_error == pytest.approx(float(np.sum(difference**2)), rel=1e-9)

@@ -45,7 +45,9 @@ def _replace_work_dir(work_dir: Path, force: bool) -> None:
         if work_dir.exists() and place.resolve().is_relative_to(work_dir.resolve()):
             raise UnsafePathError(f"{work_dir}: it holds {what}; --out must be a directory of its own")
     if work_dir.exists() and any(work_dir.iterdir()) and not (work_dir / _MARKER).is_file() and not force:
-        raise OutputExistsError(f"{work_dir}: exists and was not made by the demo; pass --force to replace it, or choose another --out")
+        raise OutputExistsError(
+            f"{work_dir}: exists and was not made by the demo; pass --force to replace it, or choose another --out"
+        )
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
     (work_dir / _MARKER).write_text("made by hpu-fp8 demo; replaced on each run\n", encoding="utf-8")

@@ -33,7 +33,6 @@ from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements
 __all__ = ["CompressedTensorsImportResult", "compressed_tensors_scheme", "import_compressed_tensors"]
 
 
-
 @dataclass
 class CompressedTensorsImportResult:
     out: Path
@@ -93,7 +92,9 @@ def _check_scheme(src: Path, qc: _CompressedTensorsConfig) -> str:
     """The FP8 scheme found, or a refusal naming what was found instead."""
     sparsity = (qc.sparsity_config or {}).get("format")
     if sparsity not in (None, "dense"):
-        raise ConfigError(f"{src}: sparsity_config.format is {sparsity!r}; only dense weights import (no 2:4 or bitmask sparsity)")
+        raise ConfigError(
+            f"{src}: sparsity_config.format is {sparsity!r}; only dense weights import (no 2:4 or bitmask sparsity)"
+        )
     described = []
     for name, group in qc.config_groups.items():
         weights, group_format = group.weights, group.format or qc.format
@@ -203,6 +204,7 @@ def import_compressed_tensors(
                 f"{part.name}: quantized in the source (its ignore list {raw.get('ignore')} misses the router); "
                 "dequantized to float32, as FastDeploy keeps the router unquantized"
             )
-    converted = convert(src, out, sources, options, used_elsewhere=scale_tensors)  # the converter reads FP8 sources as fp8 x weight_scale
+    # the converter reads FP8 sources as fp8 x weight_scale
+    converted = convert(src, out, sources, options, used_elsewhere=scale_tensors)
     result.errors = list(converted.requantization_errors.items())
     return result

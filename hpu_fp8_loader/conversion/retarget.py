@@ -27,6 +27,7 @@ from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX
 
 __all__ = ["RetargetResult", "retarget"]
 
+
 @dataclass
 class RetargetResult:
     out: Path

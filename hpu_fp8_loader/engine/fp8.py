@@ -45,6 +45,7 @@ from hpu_fp8_loader.spec.config import KvCacheScheme, QuantizationConfig, parse_
 
 __all__ = ["EmulationOptions", "Fp8Emulator"]
 
+
 def bf16(x) -> np.ndarray:
     """Round to bf16 (nearest even) and back to float32."""
     return np.asarray(x, np.float32).astype(e4m3.BF16_DTYPE).astype(np.float32)
@@ -175,7 +176,9 @@ class Fp8Emulator:
             gate_up = bf16(gate_up)
             hidden = bf16(silu(gate_up[:, :half]) * gate_up[:, half:])
             y = bf16(
-                (quantize_by_multiplier(hidden, np.float32(1) / down_in[e], f"{experts}.{e}.down_proj") @ down[e]) * down_in[e] * down_scale[e]
+                (quantize_by_multiplier(hidden, np.float32(1) / down_in[e], f"{experts}.{e}.down_proj") @ down[e])
+                * down_in[e]
+                * down_scale[e]
             )
             out[rows] = bf16(out[rows] + bf16(weights[rows, slot][:, None] * y))
         return out

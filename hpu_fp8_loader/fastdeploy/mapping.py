@@ -293,8 +293,7 @@ def _read(checkpoint: Checkpoint, name: str, rows: slice | None = None, columns:
     if len(info.shape) == 1:
         return _take(_checked_rows(shard, info, 0, info.shape[0]), columns)
     blocks = [
-        _take(_checked_rows(shard, info, first, last), columns)
-        for first, last in row_blocks(stop, info.shape[1], start=start)
+        _take(_checked_rows(shard, info, first, last), columns) for first, last in row_blocks(stop, info.shape[1], start=start)
     ]
     return blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
 

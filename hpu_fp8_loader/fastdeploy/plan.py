@@ -94,4 +94,3 @@ def describe_model(model: str | Path) -> ModelDescriptor:
         return describe(read_json_object(model, ConfigError), str(model))
     has_weights = (model / INDEX_FILE).is_file() or (model / SINGLE_FILE).is_file()
     return describe(read_config(model), str(model / CONFIG_FILE), Checkpoint.open(model).tensors if has_weights else None)
-

@@ -95,7 +95,9 @@ def mismatches(checkpoint: str | Path, tp: int = 1, rank: int = 0) -> tuple[list
     built = {name: (tuple(p.shape), str(p.dtype).removeprefix("paddle.")) for name, p in model.named_parameters()}
     layout = moe_layout(model)
     opened = Checkpoint.open(checkpoint)
-    specs = parameter_specs(describe(opened.config), parse_quantization_config(opened.config).kv_cache_scheme, Parallelism(tp, rank))
+    specs = parameter_specs(
+        describe(opened.config), parse_quantization_config(opened.config).kv_cache_scheme, Parallelism(tp, rank)
+    )
     dtypes = {"F8_E4M3": "float8_e4m3fn", "BF16": "bfloat16", "F32": "float32"}
     expected = {
         name: (spec.shape, dtypes[spec.dtype])

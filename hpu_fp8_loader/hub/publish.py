@@ -64,9 +64,6 @@ _CARD_HEAD_BYTES = 1 << 20
 _LICENSE_SHOWN = 64
 
 
-
-
-
 @dataclass
 class PushOptions:
     repo_id: str

@@ -22,7 +22,16 @@ import numpy as np
 from hpu_fp8_loader.errors import SafetensorsFormatError
 from hpu_fp8_loader.io.jsonfile import JsonFormatError, parse_json, printable
 
-__all__ = ["BLOCK_ELEMENTS", "ITEMSIZES", "SafetensorsFile", "TensorInfo", "dtype_name", "numpy_dtype", "read_header", "row_blocks"]
+__all__ = [
+    "BLOCK_ELEMENTS",
+    "ITEMSIZES",
+    "SafetensorsFile",
+    "TensorInfo",
+    "dtype_name",
+    "numpy_dtype",
+    "read_header",
+    "row_blocks",
+]
 
 # Item size of every safetensors dtype code; numpy dtypes are made on demand (numpy_dtype), so code
 # that only checks headers or reads F32/uint8 never imports ml_dtypes (its import costs ~0.7 s here).

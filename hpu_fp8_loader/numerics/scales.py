@@ -23,6 +23,7 @@ __all__ = [
     "weight_scale_from_amax",
 ]
 
+
 def max_code(fp8_max: float) -> int:
     """The e4m3fn code (sign bit clear) of ``fp8_max``: the largest magnitude a checkpoint may contain.
 

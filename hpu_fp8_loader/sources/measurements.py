@@ -44,7 +44,6 @@ _JSON_START = (b"{", b"[")
 _FASTDEPLOY_FILE = "model_measurement.txt"
 
 
-
 def _first_error(exc: ValidationError) -> str:
     """Pydantic's first error as ``where: what``, in the file's own terms (JSON values, no "Value error," prefix)."""
     first = exc.errors()[0]

@@ -48,8 +48,6 @@ def _without_credentials(text: str) -> str:
     return _URL_CREDENTIALS.sub("***@", text)
 
 
-
-
 def _check_endpoint(repo_id: str) -> None:
     """Refuse an HF_ENDPOINT that is no http(s) URL with a host, naming the repo id that was to be reached.
 

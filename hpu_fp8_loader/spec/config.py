@@ -287,9 +287,7 @@ def parse_quantization_config(config: dict, source: str = "config.json") -> Quan
             if qc.get("quantization") == "mix_quant"
             else ""
         )
-        raise NotHpuFp8CheckpointError(
-            f"{source}: quantization_config.quant_method is {found}, not \"hpu_fp8\".{hint}"
-        )
+        raise NotHpuFp8CheckpointError(f'{source}: quantization_config.quant_method is {found}, not "hpu_fp8".{hint}')
     version = qc.get("format_version")
     if isinstance(version, int) and not isinstance(version, bool) and version != FORMAT_VERSION:
         raise UnsupportedFormatVersionError(

@@ -82,7 +82,9 @@ def _git(git_dir: Path, *args: str) -> str:
 def _source() -> tuple[Path, str]:
     given = os.environ.get("HPU_FP8_FASTDEPLOY_SRC")
     if not given:
-        raise FastDeployUnavailableError("no FastDeploy source: set HPU_FP8_FASTDEPLOY_SRC to a FastDeploy checkout or git directory")
+        raise FastDeployUnavailableError(
+            "no FastDeploy source: set HPU_FP8_FASTDEPLOY_SRC to a FastDeploy checkout or git directory"
+        )
     path = Path(given)
     if (path / "fastdeploy" / "__init__.py").is_file():
         return path, "checkout"
@@ -95,7 +97,9 @@ def _source() -> tuple[Path, str]:
     if not (target / ".complete").is_file():
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
-        archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", commit, "fastdeploy"], capture_output=True, check=True)
+        archive = subprocess.run(
+            ["git", "--git-dir", str(git_dir), "archive", commit, "fastdeploy"], capture_output=True, check=True
+        )
         subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
         # what FastDeploy's build.sh writes, so that `hpu-fp8 doctor` can name the commit
         (target / "fastdeploy" / "version.txt").write_text(f"fastdeploy GIT COMMIT ID: {commit}\nfastdeploy version: develop\n")

@@ -47,7 +47,12 @@ def checkpoints(tmp_path_factory):
             config = preset_config(preset, {} if tied is None else {"tie_word_embeddings": tied})
             synthesize(root / "bf16", config, seed=11)
             measurements = synthetic_measurements(config)
-            convert(root / "bf16", root / "spec", [legacy_exact(measurements) if exact else measurements], ConvertOptions(kv_cache=kv_cache))
+            convert(
+                root / "bf16",
+                root / "spec",
+                [legacy_exact(measurements) if exact else measurements],
+                ConvertOptions(kv_cache=kv_cache),
+            )
             export_legacy(root / "spec", root / "legacy")
             made[key] = (root / "spec", root / "legacy")
         return made[key]
@@ -101,8 +106,11 @@ def test_every_parameter_fastdeploy_builds_is_filled_by_its_own_loading_too(run_
 
 @pytest.mark.parametrize(
     ("fault", "where"),
-    [("flip-weight-bit", "qkv_proj.weight"), ("act-scale-as-descale", "mlp.up_gate_proj.act_scale"),
-     ("expert-scales-swapped", "down_proj_in_scale")],
+    [
+        ("flip-weight-bit", "qkv_proj.weight"),
+        ("act-scale-as-descale", "mlp.up_gate_proj.act_scale"),
+        ("expert-scales-swapped", "down_proj_in_scale"),
+    ],
 )
 def test_a_fault_in_the_hooks_output_is_reported(run_case, checkpoints, fault, where):
     """Negative control: one wrong value in what the hook hands FastDeploy is found and named."""

@@ -126,7 +126,12 @@ def test_map_to_a_file_never_writes_through_a_planted_partial_link(tmp_path, ckp
     with safe_open(out, "np") as rank_file:  # the library FastDeploy reads with
         held = rank_file.keys()
     assert any(name.endswith("qkv_proj.weight_scale") for name in held)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["project", "rank0.safetensors", "rank0.safetensors.partial", "victim.bin"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "project",
+        "rank0.safetensors",
+        "rank0.safetensors.partial",
+        "victim.bin",
+    ]
 
 
 def test_map_to_a_file_refuses_an_existing_one_and_replaces_a_link_not_its_target(tmp_path, ckpt):
@@ -311,7 +316,18 @@ def slow_src(tmp_path_factory):
 
 def _start_convert(slow_src, out) -> subprocess.Popen:
     cli = shutil.which("hpu-fp8", path=os.path.dirname(sys.executable))
-    argv = ["convert", slow_src / "src", out, "--measurements", slow_src / "m.json", "-q", "--workers", "2", "--max-shard-size", "1MB"]
+    argv = [
+        "convert",
+        slow_src / "src",
+        out,
+        "--measurements",
+        slow_src / "m.json",
+        "-q",
+        "--workers",
+        "2",
+        "--max-shard-size",
+        "1MB",
+    ]
     return subprocess.Popen(
         [cli, *map(str, argv)],
         stdout=subprocess.PIPE,

@@ -153,7 +153,9 @@ def inject(kind: str) -> str:
                 piece = mapping.MappedPiece(piece.name, array, piece.expert)
                 target.append(piece.name)
             elif not target and kind == "act-scale-as-descale" and piece.name.endswith(".mlp.up_gate_proj.act_scale"):
-                piece = mapping.MappedPiece(piece.name, (np.float32(1) / piece.array.astype(np.float32)).astype(piece.array.dtype))
+                piece = mapping.MappedPiece(
+                    piece.name, (np.float32(1) / piece.array.astype(np.float32)).astype(piece.array.dtype)
+                )
                 target.append(piece.name)
             elif not target and kind == "expert-scales-swapped" and piece.name.endswith(".down_proj_in_scale"):
                 piece = mapping.MappedPiece(piece.name, piece.array[::-1].copy())
@@ -210,6 +212,7 @@ def run(case: dict) -> dict:
         "rounded_values": TOLERANCE["values"],
         "largest_relative_difference": TOLERANCE["largest"],
     }
+
 
 if __name__ == "__main__":
     try:
