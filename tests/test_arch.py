@@ -1,9 +1,9 @@
-"""Architecture descriptors on the models' published configurations (real_configs.py)."""
+"""Architecture descriptors on the models' published configurations (tests/helpers/real_configs.py)."""
 
 from __future__ import annotations
 
 import pytest
-from real_configs import ERNIE_03B, ERNIE_21B, ERNIE_300B, QWEN2
+from helpers.real_configs import ERNIE_03B, ERNIE_21B, ERNIE_300B, QWEN2
 
 from hpu_fp8_loader.arch import Layout, Role, describe
 from hpu_fp8_loader.errors import ConfigError, UnknownArchitectureError

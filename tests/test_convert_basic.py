@@ -8,7 +8,7 @@ import shutil
 import ml_dtypes
 import numpy as np
 import pytest
-from checkpoint_damage import overwrite_tensor_bytes
+from helpers.checkpoint_damage import overwrite_tensor_bytes
 
 from hpu_fp8_loader.arch import Layout, describe
 from hpu_fp8_loader.conversion.convert import ConvertOptions, convert

@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from hub_cache import add_to_cache
+from helpers.hub_cache import add_to_cache
 from safetensors.numpy import load_file, save_file
 
 from hpu_fp8_loader.checks.validate import validate

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from fastdeploy_standin import forget_standin, write_standin
+from doubles.fastdeploy import forget_standin, write_standin
 
 from hpu_fp8_loader.cli.main import main
 from hpu_fp8_loader.fastdeploy import plugin

@@ -234,7 +234,7 @@ def test_rank_out_of_range_and_gaudi3_range_are_refused(tmp_path, spec_factory):
 
 
 def test_valid_tp_sizes_of_the_real_models():
-    from real_configs import ERNIE_21B, ERNIE_300B, QWEN2
+    from helpers.real_configs import ERNIE_21B, ERNIE_300B, QWEN2
 
     assert valid_tp_sizes(describe(ERNIE_21B), 8) == [1, 2, 4]
     assert valid_tp_sizes(describe(ERNIE_300B), 8) == [1, 2, 4, 8]
@@ -266,7 +266,7 @@ def test_a_tied_lm_head_is_each_ranks_embedding_rows_transposed(spec_factory):
 
 def test_moe_layers_fastdeploy_would_build_differently_are_refused():
     """FastDeploy's ERNIE builds MoE at every layer >= moe_layer_start_index, ignoring the end index and interval."""
-    from real_configs import ERNIE_21B
+    from helpers.real_configs import ERNIE_21B
 
     check_parallelism(describe(ERNIE_21B), Parallelism())  # MoE from layer 1 to the last: served
     for key, value, layers in (("moe_layer_interval", 2, r"\[1, 3, 5"), ("moe_layer_end_index", 20, "layers 1-20")):

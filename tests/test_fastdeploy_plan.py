@@ -1,4 +1,4 @@
-"""`plan` on the models' published configurations (real_configs.py), against byte counts worked out here by hand."""
+"""`plan` on the models' published configurations (tests/helpers/real_configs.py), against byte counts worked out here by hand."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from real_configs import ERNIE_21B, ERNIE_300B, QWEN2
+from helpers.real_configs import ERNIE_21B, ERNIE_300B, QWEN2
 
 from hpu_fp8_loader.arch import describe
 from hpu_fp8_loader.cli.main import main

@@ -1,4 +1,4 @@
-"""The FastDeploy plugin against a stand-in of FastDeploy's module surface (tests/fastdeploy_standin.py),
+"""The FastDeploy plugin against a stand-in of FastDeploy's module surface (tests/doubles/fastdeploy.py),
 labelled as such: FastDeploy itself cannot be installed here."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import paddle
 import pytest
-from fastdeploy_standin import forget_standin, write_standin
+from doubles.fastdeploy import forget_standin, write_standin
 
 from hpu_fp8_loader.errors import HpuFp8Error
 from hpu_fp8_loader.fastdeploy import plugin

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hub_cache import add_to_cache
+from helpers.hub_cache import add_to_cache
 
 LOAD = """
 import json, sys

@@ -1,5 +1,5 @@
 """import-legacy and export-legacy against checkpoints laid out exactly as docs/fastdeploy.md section 9
-("The legacy layout") describes FastDeploy's legacy converter output (tests/legacy_model_convert.py)."""
+("The legacy layout") describes FastDeploy's legacy converter output (tests/doubles/legacy_model_convert.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from legacy_model_convert import LEGACY_CONFIG, model_convert
+from doubles.legacy_model_convert import LEGACY_CONFIG, model_convert
 
 from hpu_fp8_loader.checks.validate import validate
 from hpu_fp8_loader.cli.main import main

@@ -1,5 +1,5 @@
 """Publishing: model cards, and `hpu-fp8 push` through the real huggingface_hub client against a test
-double of the Hub on 127.0.0.1 (tests/hub_test_double.py), LFS path included."""
+double of the Hub on 127.0.0.1 (tests/doubles/hub.py), LFS path included."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hub_test_double import HubTestDouble
+from doubles.hub import HubTestDouble
 from huggingface_hub import ModelCard, ModelCardData
 
 from hpu_fp8_loader.hub.cards import render_card
@@ -140,7 +140,7 @@ def test_push_to_an_endpoint_that_is_no_url_is_one_line_naming_it(tmp_path, endp
     ids=["no-repo", "no-revision", "bad-token"],
 )
 def test_pull_failures_on_the_hub_are_one_line(tmp_path, hub, args, token, names):
-    from hub_test_double import Repo
+    from doubles.hub import Repo
 
     hub.repos["acme/empty"] = Repo(private=False)
     line = assert_one_error_line(run(args, hub, tmp_path, token=token), *names)
@@ -149,7 +149,7 @@ def test_pull_failures_on_the_hub_are_one_line(tmp_path, hub, args, token, names
 
 def test_a_hub_source_gives_the_license_of_its_card(tmp_path, hub):
     """SRC as a Hub id: its README.md is downloaded with the weights, so that its license needs no --license."""
-    from hub_test_double import Repo, StoredFile
+    from doubles.hub import Repo, StoredFile
 
     files = {p.name: StoredFile(p.read_bytes(), lfs=p.suffix == ".safetensors") for p in Path(QWEN).iterdir()}
     files["README.md"] = StoredFile(b"---\nlicense: mit\n---\n# qwen2-bytes\n", lfs=False)
@@ -337,7 +337,7 @@ def test_live_push_to_the_real_hub(tmp_path):
 
 
 def test_the_readme_publish_demo_command_runs(tmp_path):
-    double = Path(__file__).with_name("hub_test_double.py")
+    double = Path(__file__).with_name("doubles") / "hub.py"
     command = [
         sys.executable,
         str(double),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from real_configs import ERNIE_21B, QWEN2
+from helpers.real_configs import ERNIE_21B, QWEN2
 
 from hpu_fp8_loader.arch import describe
 from hpu_fp8_loader.spec import names

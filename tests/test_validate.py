@@ -8,8 +8,8 @@ import struct
 
 import numpy as np
 import pytest
-from checkpoint_damage import overwrite_tensor_bytes
 from click.testing import CliRunner
+from helpers.checkpoint_damage import overwrite_tensor_bytes
 
 from hpu_fp8_loader.checks.validate import validate
 from hpu_fp8_loader.cli.main import main

@@ -17,8 +17,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from checkpoint_damage import overwrite_tensor_bytes
-from legacy_model_convert import model_convert
+from doubles.legacy_model_convert import model_convert
+from helpers.checkpoint_damage import overwrite_tensor_bytes
 from safetensors.numpy import load_file, save_file
 
 from hostile.refusal import assert_refused, run_cli, tree_digest

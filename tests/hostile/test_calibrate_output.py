@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from checkpoint_damage import overwrite_tensor_bytes
+from helpers.checkpoint_damage import overwrite_tensor_bytes
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
 from hpu_fp8_loader.sources.measurements import load_measurements

@@ -18,7 +18,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from checkpoint_damage import overwrite_tensor_bytes
+from helpers.checkpoint_damage import overwrite_tensor_bytes
 from safetensors.numpy import load_file, save_file
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
