@@ -197,6 +197,7 @@ class ModelDescriptor:
             out.extend(_mlp(f"{base}.mlp", h, self.intermediate_size, Role.MLP_UP_GATE, Role.MLP_DOWN, i, None))
             return out
         moe = self.moe
+        assert moe is not None  # is_moe_layer(i) holds only when the model has a MoE config
         out.append(WeightTensor(f"{base}.mlp.gate.weight", Role.ROUTER, (h, moe.num_experts), i))
         if moe.correction_bias:
             out.append(WeightTensor(f"{base}.mlp.moe_statics.e_score_correction_bias", Role.ROUTER_BIAS, (1, moe.num_experts), i))
@@ -213,6 +214,7 @@ class ModelDescriptor:
         for w in self.weights():
             if not w.is_linear or w.module in ignore:
                 continue
+            assert w.layer is not None  # every linear weight belongs to a decoder layer
             if w.role is Role.EXPERT_UP_GATE:
                 shared = names.shared_expert_input(self.prefix, w.layer)
                 if shared not in out:
@@ -227,7 +229,9 @@ class ModelDescriptor:
         return sum(math.prod(w.shape) for w in self.weights())
 
 
-def _mlp(module: str, hidden: int, width: int, up_role: Role, down_role: Role, layer: int, expert: int | None):
+def _mlp(
+    module: str, hidden: int, width: int, up_role: Role, down_role: Role, layer: int, expert: int | None
+) -> list[WeightTensor]:
     return [
         WeightTensor(
             f"{module}.up_gate_proj.weight",

@@ -51,7 +51,11 @@ __all__ = [
 _SCAN_BLOCK = 8 << 20
 _SCAN_THREADS = 2
 # Bits that are all set exactly in the inf and NaN encodings of each float dtype a checkpoint may hold.
-_EXPONENT_BITS = {"BF16": np.uint16(0x7F80), "F16": np.uint16(0x7C00), "F32": np.uint32(0x7F800000)}
+_EXPONENT_BITS: dict[str, np.uint16 | np.uint32] = {
+    "BF16": np.uint16(0x7F80),
+    "F16": np.uint16(0x7C00),
+    "F32": np.uint32(0x7F800000),
+}
 _SCALE_SUFFIXES = (names.WEIGHT_SCALE, names.ACT_SCALE, names.ACT_AMAX)
 
 
@@ -106,9 +110,9 @@ def _read_shards(root: Path, report: ValidationReport) -> tuple[dict[str, Tensor
         except HpuFp8Error as exc:  # an OSError (permissions, I/O) is not a defect of the checkpoint: unreadable
             report.add("container.shard", relative, str(exc))
     for name, relative in weight_map.items():
-        info = tensors.get(name)
-        if info is not None and info.file.name != Path(relative).name:
-            report.add("container.index", name, f"index says {relative}, tensor is in {info.file.name}")
+        found = tensors.get(name)
+        if found is not None and found.file.name != Path(relative).name:
+            report.add("container.index", name, f"index says {relative}, tensor is in {found.file.name}")
     readable = {info.file.name for info in tensors.values()}
     for name in sorted(set(tensors) - set(weight_map)):
         report.add("container.index", name, f"in shard {tensors[name].file.name} but not in the index")

@@ -89,15 +89,17 @@ def resolve_act_amax(
     Refuses, by name, every module without a positive amax; never divides by zero or invents 1e-5.
     """
     out: dict[str, float] = {}
-    missing, zero, dead = [], [], []
+    missing: list[str] = []
+    zero: list[str] = []
+    dead: list[tuple[str, tuple[int, int]]] = []  # (module, (layer, expert))
     for module in modules:
         value = amax.get(module)
         if module.endswith(".self_attn.s"):
             out[module] = 1.0  # FastDeploy's decode path quantizes exp scores peaking at exactly 1
         elif value is not None and value > 0:
             out[module] = value
-        elif _expert_of(module) is not None:
-            dead.append(module)
+        elif (expert := _expert_of(module)) is not None:
+            dead.append((module, expert))
         else:
             (missing if value is None else zero).append(module)
     if missing:
@@ -106,19 +108,18 @@ def resolve_act_amax(
         raise MeasurementError(f"amax is zero for {len(zero)} module(s) (an uncalibrated path?): {', '.join(zero[:20])}")
     filled: list[ExpertRef] = []
     if dead:
-        refs = [_expert_of(m) for m in dead]
-        listing = ", ".join(f"layer {layer} expert {e}" for layer, e in refs)
+        listing = ", ".join(f"layer {layer} expert {e}" for _, (layer, e) in dead)
         if policy is DeadExpertPolicy.ERROR:
             raise MeasurementError(
                 f"{len(dead)} expert(s) have no positive amax (no calibration token was routed to them): {listing}. "
                 "Calibrate with more data or `hpu-fp8 calibrate --all-experts`, or pass --dead-experts sibling-max "
                 "to give each the max of its layer's other experts (recorded in config.json)."
             )
-        for module, (layer, expert) in zip(dead, refs, strict=True):
+        for module, (layer, expert_id) in dead:
             prefix = module.split(".mlp.experts.")[0] + ".mlp.experts."
             siblings = [v for m, v in out.items() if m.startswith(prefix) and m.endswith(".down_proj")]
             if not siblings:
                 raise MeasurementError(f"every expert of layer {layer} is dead; there is no sibling to take an amax from")
             out[module] = max(siblings)
-            filled.append(ExpertRef(layer=layer, expert=expert))
+            filled.append(ExpertRef(layer=layer, expert=expert_id))
     return {m: out[m] for m in modules}, filled

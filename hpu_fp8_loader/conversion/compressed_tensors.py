@@ -146,6 +146,7 @@ def _imported_amax(checkpoint: Checkpoint, d: ModelDescriptor) -> tuple[dict[str
     for w in d.weights():
         if not w.is_linear:
             continue
+        assert w.layer is not None  # every linear weight belongs to a decoder layer
         module = names.shared_expert_input(d.prefix, w.layer) if w.role is Role.EXPERT_UP_GATE else w.module
         for p in w.source_parts(Layout.TORCH, d.prefix):
             tensor = p.name.removesuffix("weight") + "input_scale"
@@ -181,6 +182,7 @@ def import_compressed_tensors(
     checkpoint = Checkpoint.open(src)
     raw = checkpoint.config.get("quantization_config")
     scheme = compressed_tensors_scheme(src)
+    assert isinstance(raw, dict)  # compressed_tensors_scheme refused a config without a quantization_config object
     d = describe(checkpoint.config)
     result = CompressedTensorsImportResult(Path(out), scheme)
     imported, scale_tensors = _imported_amax(checkpoint, d)

@@ -131,7 +131,8 @@ def _import_linear(
     values = fuse_columns([e4m3.dequantize(q, s[0]) for q, s in zip(pieces, part_scales, strict=True)], transpose)
     scale = scales.weight_scale_from_amax(e4m3.abs_max(values, w.name), FASTDEPLOY_FP8_MAX).reshape(1)
     requantized = e4m3.quantize(values, scale[0], FASTDEPLOY_FP8_MAX, w.name)
-    error = np.linalg.norm(e4m3.dequantize(requantized, scale[0]) - values) / max(np.linalg.norm(values), 1e-30)
+    norm = np.linalg.norm(values)
+    error = np.linalg.norm(e4m3.dequantize(requantized, scale[0]) - values) / (norm if norm > 1e-30 else 1e-30)
     report.requantized.append((w.name, float(error)))
     return requantized, scale
 

@@ -86,12 +86,14 @@ class Fp8Emulator:
 
     def _parameters(self, checkpoint: Checkpoint, par: Parallelism) -> dict[str, np.ndarray]:
         params: dict[str, np.ndarray] = {}
+        experts: dict[str, list[np.ndarray]] = {}  # a stacked expert parameter, one array per local expert
         for piece in map_rank(checkpoint, self.qc, self.d, par):
             if piece.expert is None:
                 params[piece.name] = f32(piece.array)
             else:
-                params.setdefault(piece.name, []).append(f32(piece.array))
-        return {k: (np.stack(v) if isinstance(v, list) else v) for k, v in params.items()}
+                experts.setdefault(piece.name, []).append(f32(piece.array))
+        params.update((name, np.stack(stack)) for name, stack in experts.items())
+        return params
 
     # ------------------------------------------------------------------ ops
 
@@ -206,6 +208,7 @@ class Fp8Emulator:
             x = round_(x + self._reduce([self._attention(p, base, h) for p in ranks]))
             h = round_(rms_norm(x, first[f"{base}.post_attention_layernorm.weight"], self.cfg.rms_norm_eps))
             if d.is_moe_layer(layer):
+                assert d.moe is not None  # is_moe_layer holds only when the model has an MoE config
                 flat = h.reshape(-1, h.shape[-1])
                 bias = first.get(f"{base}.mlp.experts.gate_correction_bias")
                 chosen, weights = route(flat, first[f"{base}.mlp.gate.weight"], bias, d.moe.top_k, self.cfg.router_norm_min)

@@ -172,6 +172,7 @@ def route(x: np.ndarray, gate: np.ndarray, bias: np.ndarray | None, top_k: int, 
 def _moe(d: ModelDescriptor, cfg: EngineConfig, w: dict, layer: int, x: np.ndarray, observer: Observer) -> np.ndarray:
     base = names.layer(d.prefix, layer)
     moe = d.moe
+    assert moe is not None  # called for MoE layers only
     flat = x.reshape(-1, x.shape[-1])
     observer.record(names.shared_expert_input(d.prefix, layer), flat)
     bias = w.get(f"{base}.mlp.moe_statics.e_score_correction_bias")

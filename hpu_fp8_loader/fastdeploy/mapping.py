@@ -140,6 +140,7 @@ def _ranges(layers: list[int]) -> str:
 
 
 def local_experts(descriptor: ModelDescriptor, par: Parallelism) -> range:
+    assert descriptor.moe is not None, "local_experts needs an MoE model"
     experts = descriptor.moe.num_experts
     if par.ep_size == 1:
         return range(experts)
@@ -243,6 +244,7 @@ def parameter_specs(d: ModelDescriptor, kv_cache: KvCacheScheme, par: Parallelis
             if w.role is Role.EMBEDDING and d.tie_word_embeddings:
                 specs[LM_HEAD_PARAMETER] = ParameterSpec(w.source_dtype, shape[::-1])
     for layer in d.moe_layers():
+        assert d.moe is not None  # moe_layers() is empty without an MoE config
         base = f"{names.layer(d.prefix, layer)}.mlp.experts"
         e = len(local_experts(d, par))
         inter = d.moe.intermediate_size // _expert_tp(par)
@@ -334,7 +336,7 @@ def holds_raw_amax(key: str) -> bool:
     return "self_attn" in key
 
 
-def _legacy_form(amax: float, raw: bool) -> np.float32:
+def _legacy_form(amax: float | np.float32, raw: bool) -> np.float32:
     return np.float32(amax) if raw else np.float32(amax) / np.float32(FASTDEPLOY_FP8_MAX)
 
 
@@ -486,6 +488,7 @@ def _pieces(
     experts: dict[int, dict[tuple[int, Role], WeightTensor]] = {}
     for w in weights:
         if w.expert is not None:
+            assert w.layer is not None  # an expert's weights belong to an MoE layer
             experts.setdefault(w.layer, {})[(w.expert, w.role)] = w
     for w in weights:
         if w.expert is not None:
@@ -506,4 +509,5 @@ def _pieces(
         yield MappedPiece(names.tensor(w.module, "act_scale"), arithmetic.array(multiplier, "BF16"))
         yield MappedPiece(names.tensor(w.module, "act_scale_inv"), arithmetic.array(descale, "BF16"))
         if w.role is Role.ATTN_QKV and qc.kv_cache_scheme is KvCacheScheme.FP8:
+            assert w.layer is not None  # every linear weight belongs to a decoder layer
             yield from _attention_pieces(checkpoint, d, qc, w.layer, arithmetic)

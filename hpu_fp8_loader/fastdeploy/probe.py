@@ -69,9 +69,15 @@ def fastdeploy_config(model_dir: str | Path, tp: int = 1, rank: int = 0, load_ch
         tracker = get_rng_state_tracker()
         if "model_parallel_rng" not in tracker.states_:  # what fleet.init registers when mp_degree > 1
             tracker.add("model_parallel_rng", 20 + rank)
+
+    def one_process_group(ranks: list[int] | None = None, *args: object, **kwargs: object) -> OneProcessGroup:
+        return OneProcessGroup(range(tp) if ranks is None else ranks, rank % tp)
+
     saved_argv, saved_new_group = sys.argv, dist.new_group
     sys.argv = _worker_arguments(str(model_dir), tp, load_choices)
-    dist.new_group = lambda ranks=None, *args, **kwargs: OneProcessGroup(range(tp) if ranks is None else ranks, rank % tp)
+    # paddle declares new_group to return its Group; ours returns a duck-typed stand-in (building the model reads only
+    # the rank and the size, as the module docstring says), which its annotation cannot express
+    dist.new_group = one_process_group  # type: ignore[assignment]
     try:
         return worker_process.initialize_fd_config(worker_process.parse_args(), ranks=tp, local_rank=rank)
     finally:

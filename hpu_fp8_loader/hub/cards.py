@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -99,7 +100,7 @@ def render_card(
     command: str,
     evaluation: EvaluationResult | None = None,
     eval_note: str | None = None,
-    measurement_files: list[str] | tuple[str, ...] = (),
+    measurement_files: Sequence[str] = (),
 ) -> str:
     """README.md of the checkpoint at ``checkpoint``, as the Hub will show it.
 

@@ -368,20 +368,19 @@ def remote_problems(api, repo_id: str, revision: str, checkpoint: Path) -> list[
     """Every file whose remote size or identifier differs from the local manifest, and every one missing."""
     manifest = json.loads((checkpoint / MANIFEST_FILE).read_text())["files"]
     remote = {f.path: f for f in api.list_repo_tree(repo_id, revision=revision, recursive=True) if hasattr(f, "size")}
+    own = (checkpoint / MANIFEST_FILE).read_bytes()  # the manifest does not list itself: its figures come from the file
+    expected = {**manifest, MANIFEST_FILE: {"size": len(own), "sha256": hashlib.sha256(own).hexdigest()}}
     problems = []
-    for name, entry in sorted({**manifest, MANIFEST_FILE: None}.items()):
-        local = (checkpoint / name).read_bytes() if entry is None else None
-        size = len(local) if entry is None else entry["size"]
+    for name, entry in sorted(expected.items()):
         found = remote.get(name)
         if found is None:
             problems.append(f"{name}: missing on the Hub")
-        elif found.size != size:
-            problems.append(f"{name}: {found.size} bytes on the Hub, {size} here")
+        elif found.size != entry["size"]:
+            problems.append(f"{name}: {found.size} bytes on the Hub, {entry['size']} here")
         elif found.lfs is not None:
-            sha = hashlib.sha256(local).hexdigest() if entry is None else entry["sha256"]
-            if found.lfs.sha256 != sha:
+            if found.lfs.sha256 != entry["sha256"]:
                 problems.append(f"{name}: LFS sha256 on the Hub differs from the local file")
-        elif found.blob_id != git_blob_id(local if local is not None else (checkpoint / name).read_bytes()):
+        elif found.blob_id != git_blob_id(own if name == MANIFEST_FILE else (checkpoint / name).read_bytes()):
             problems.append(f"{name}: git blob id on the Hub differs from the local file")
     return problems
 

@@ -221,10 +221,9 @@ def _tensor_info(path: Path, name: str, entry: object, data_start: int, size: in
     """
     if not printable(name):
         raise _bad(path, f"tensor name {name!r} holds a control character")
-    try:
-        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    except (TypeError, KeyError):
-        raise _bad(path, f"tensor '{name}': header entry lacks dtype/shape/data_offsets") from None
+    if not isinstance(entry, dict) or not entry.keys() >= _ENTRY_FIELDS:
+        raise _bad(path, f"tensor '{name}': header entry lacks dtype/shape/data_offsets")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     extra = {k: v for k, v in entry.items() if k not in _ENTRY_FIELDS}
     if extra and 1 + _nesting(extra) > _MAX_NESTING:  # the header object, then the entry (standing in for extra)
         raise _bad(path, f"tensor '{name}': header entry is nested deeper than the safetensors library parses")
@@ -295,7 +294,7 @@ class SafetensorsFile:
         if out.size == 0:
             return out
         offset = info.begin + start * row_elements * dtype.itemsize
-        view = memoryview(out.reshape(-1).view(np.uint8))
+        view = out.reshape(-1).view(np.uint8).data  # .data: the array's bytes as a writable memoryview
         if self._fd is None:
             self._fd = os.open(self.path, os.O_RDONLY)
         done = 0

@@ -101,11 +101,12 @@ def _header_bytes(shard: Shard, metadata: dict[str, str] | None) -> bytes:
 
 
 def _write_failed(path: Path, exc: OSError, what: str) -> WriteFailedError:
-    reason = {
+    known = {
         errno.ENOSPC: "no space left on the device",
         errno.EFBIG: "the file would exceed the file-size limit",
         errno.EDQUOT: "the disk quota is exhausted",
-    }.get(exc.errno, exc.strerror or str(exc))
+    }
+    reason = known[exc.errno] if exc.errno in known else exc.strerror or str(exc)
     return WriteFailedError(
         f"{path}: {what} failed: {reason}. Nothing was published; fix that and run the same command again to resume.",
         reason,
@@ -140,7 +141,7 @@ class ShardFile:
     def _pwrite(self, data: np.ndarray, offset: int) -> None:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY)
-        view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+        view = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data  # .data: the bytes as a memoryview
         try:
             while len(view):
                 n = os.pwrite(self._fd, view, offset)
@@ -250,8 +251,8 @@ def _lock_staging(partial: Path, out: Path) -> None:
         ) from None
     _held_locks[key] = fd
     # argv may hold bytes that are no UTF-8 (a path named so): kept visible as \x escapes, never an error
-    holder = f"pid {os.getpid()}: {' '.join(sys.argv)}\n".encode("utf-8", "backslashreplace")
-    (partial / _HOLDER_FILE).write_bytes(holder)
+    holder_line = f"pid {os.getpid()}: {' '.join(sys.argv)}\n".encode("utf-8", "backslashreplace")
+    (partial / _HOLDER_FILE).write_bytes(holder_line)
 
 
 def _release_lock(partial: Path) -> None:

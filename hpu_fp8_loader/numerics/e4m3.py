@@ -72,10 +72,12 @@ def _as_float32_into(src: np.ndarray, buf: np.ndarray) -> np.ndarray:
     return buf
 
 
-def _first_non_finite(flat: np.ndarray, start: int, stop: int) -> int | None:
+def _first_non_finite(flat: np.ndarray, start: int, stop: int) -> int:
+    """The flat index of the first NaN/inf in ``flat[start:stop]``; callers have already seen one there."""
     chunk = np.asarray(flat[start:stop], dtype=np.float32)
     bad = np.flatnonzero(~np.isfinite(chunk))
-    return None if bad.size == 0 else start + int(bad[0])
+    assert bad.size, "no NaN/inf in a chunk whose max was not finite"
+    return start + int(bad[0])
 
 
 def _non_finite_error(name: str, shape: tuple[int, ...], flat_index: int, value: float) -> NonFiniteError:

@@ -175,11 +175,13 @@ def fastdeploy_rank_files(path: Path) -> list[Path]:
     if directory is not None:
         path = directory / _FASTDEPLOY_FILE
     stem, own_rank = _rank(path)
-    ranks = {}
+    ranks: dict[int, Path] = {}
     for candidate in path.parent.glob(f"{glob.escape(stem)}_*{glob.escape(path.suffix)}"):
         match = _RANK_TAIL.match(candidate.stem)
         if match and match["stem"] == stem:
-            ranks[_rank(candidate)[1]] = candidate
+            rank = _rank(candidate)[1]
+            assert rank is not None  # its name matched _RANK_TAIL, so _rank read a rank (or refused the name)
+            ranks[rank] = candidate
     if not ranks:
         if os.path.lexists(path):
             return [path]

@@ -137,7 +137,7 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {cut}"
 
 
-def hub_error(repo_id: str, exc: Exception, doing: str, error: type[HpuFp8Error] = HubError) -> HpuFp8Error:
+def hub_error(repo_id: str, exc: BaseException, doing: str, error: type[HpuFp8Error] = HubError) -> HpuFp8Error:
     """One line for a failure of the Hub, or of the connection to it, while ``doing``: the repository, the
     endpoint (HF_ENDPOINT), the reason and what to do; never the token (the client's messages do not hold it).
 

@@ -4,4 +4,6 @@ This package is the only place tensor names and the ``quantization_config`` sche
 docs/spec.md is its text.
 """
 
-FORMAT_VERSION = 1
+from typing import Final
+
+FORMAT_VERSION: Final = 1  # spec/config.py spells it as Literal[1] too; mypy flags the two drifting apart

@@ -12,7 +12,7 @@ from functools import partial
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from hpu_fp8_loader.errors import ConfigError, NotHpuFp8CheckpointError, UnsupportedFormatVersionError
 from hpu_fp8_loader.spec import FORMAT_VERSION
@@ -100,12 +100,13 @@ def _same_type(expected: object, value: object) -> object:
     return value
 
 
-def _exactly(value: object) -> object:
-    """``Literal[value]`` that, like the JSON Schema ``const`` it publishes, also requires the value's type.
+def _exact_type(value: object) -> BeforeValidator:
+    """With ``Annotated[Literal[value], _exact_type(value)]``: like the JSON Schema ``const`` it publishes, the
+    field also requires the value's type.
 
     pydantic's Literal compares with ``==`` even in strict mode, so ``Literal[1]`` alone takes 1.0 and true.
     """
-    return Annotated[Literal[value], BeforeValidator(partial(_same_type, value))]
+    return BeforeValidator(partial(_same_type, value))
 
 
 class WeightStrategies(_Strict):
@@ -119,7 +120,7 @@ class WeightStrategies(_Strict):
 
 class Activations(_Strict):
     strategy: Literal["tensor"] = "tensor"
-    dynamic: _exactly(False) = False
+    dynamic: Annotated[Literal[False], _exact_type(False)] = False
 
 
 class ExpertRef(_Strict):
@@ -195,10 +196,10 @@ class QuantizationConfig(_Strict):
     dense_quant_type: Literal["tensor_wise_fp8"] = "tensor_wise_fp8"
     moe_quant_type: Literal["tensor_wise_fp8"] = "tensor_wise_fp8"
     kv_cache_quant_type: Literal["float8_e4m3"] | None = None
-    is_quantized: _exactly(True) = True
+    is_quantized: Annotated[Literal[True], _exact_type(True)] = True
 
     quant_method: Literal["hpu_fp8"] = "hpu_fp8"
-    format_version: _exactly(FORMAT_VERSION) = FORMAT_VERSION
+    format_version: Annotated[Literal[1], _exact_type(FORMAT_VERSION)] = FORMAT_VERSION
     fp8_dtype: Literal["float8_e4m3fn"] = "float8_e4m3fn"
     fp8_max: float = GAUDI2_FP8_MAX
     target: Target = Target.GAUDI2
@@ -248,7 +249,7 @@ def _json_text(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _error_text(err: dict) -> str:
+def _error_text(err: ErrorDetails) -> str:
     """One pydantic error for a human: the key, what it should be and the JSON value found, no "Value error," prefix."""
     where = ".".join(str(p) for p in err["loc"])
     if err["type"] == "value_error":  # our own validators' messages name their keys

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -23,7 +23,7 @@ __all__ = [
     "check_module_numbers",
 ]
 
-FORMAT = "hpu-fp8-measurements"
+FORMAT: Final = "hpu-fp8-measurements"
 _PLAIN_NUMBER = re.compile(names.PLAIN_NUMBER)
 
 
