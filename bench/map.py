@@ -25,7 +25,8 @@ from convert import model_of_size
 from memory import run_measured
 from timing import taking_turns
 
-from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+from hpu_fp8_loader.conversion.convert import convert
+from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.sources.synth import synthesize, synthetic_measurements
 
 MATERIALISE = """

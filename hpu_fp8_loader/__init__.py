@@ -30,7 +30,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "hpu_fp8_loader.spec.measurements": ("Measurements",),
     "hpu_fp8_loader.spec.config": ("KvCacheScheme", "QuantizationConfig", "Target"),
     "hpu_fp8_loader.quality.calibrate": ("CalibrationResult", "calibrate"),
-    "hpu_fp8_loader.conversion.convert": ("ConvertOptions", "ConvertResult", "convert"),
+    "hpu_fp8_loader.conversion.plan": ("ConvertOptions",),
+    "hpu_fp8_loader.conversion.convert": ("ConvertResult", "convert"),
     "hpu_fp8_loader.conversion.compressed_tensors": ("CompressedTensorsImportResult", "import_compressed_tensors"),
     "hpu_fp8_loader.conversion.legacy_import": ("LegacyImportResult", "import_legacy"),
     "hpu_fp8_loader.conversion.retarget": ("RetargetResult", "retarget"),
@@ -77,11 +78,11 @@ if TYPE_CHECKING:  # what type checkers and editors see; the same names __getatt
     from hpu_fp8_loader.checks.validate import validate as validate
     from hpu_fp8_loader.conversion.compressed_tensors import CompressedTensorsImportResult as CompressedTensorsImportResult
     from hpu_fp8_loader.conversion.compressed_tensors import import_compressed_tensors as import_compressed_tensors
-    from hpu_fp8_loader.conversion.convert import ConvertOptions as ConvertOptions
     from hpu_fp8_loader.conversion.convert import ConvertResult as ConvertResult
     from hpu_fp8_loader.conversion.convert import convert as convert
     from hpu_fp8_loader.conversion.legacy_import import LegacyImportResult as LegacyImportResult
     from hpu_fp8_loader.conversion.legacy_import import import_legacy as import_legacy
+    from hpu_fp8_loader.conversion.plan import ConvertOptions as ConvertOptions
     from hpu_fp8_loader.conversion.retarget import RetargetResult as RetargetResult
     from hpu_fp8_loader.conversion.retarget import retarget as retarget
     from hpu_fp8_loader.errors import CheckpointIndexError as CheckpointIndexError

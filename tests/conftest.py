@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+from hpu_fp8_loader.conversion.convert import convert
+from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 
 PRESETS = ("ernie-moe-tiny", "ernie-dense-tiny", "qwen2-tiny")

@@ -11,7 +11,8 @@ import pytest
 from helpers.checkpoint_damage import overwrite_tensor_bytes
 
 from hpu_fp8_loader.arch import Layout, describe
-from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+from hpu_fp8_loader.conversion.convert import convert
+from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error, MeasurementError, NonFiniteError, OutputExistsError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements

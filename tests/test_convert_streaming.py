@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from hpu_fp8_loader.checks.validate import validate
-from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+from hpu_fp8_loader.conversion.convert import convert
+from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.sources.measurements import write_measurements
 from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 
@@ -235,7 +236,8 @@ def test_a_full_disk_fails_cleanly_and_publishes_nothing(tmp_path, medium):
     script = f"""
 import json, sys
 from pathlib import Path
-from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+from hpu_fp8_loader.conversion.convert import convert
+from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.sources.measurements import read_measurements
 out = Path(sys.argv[1]) / "out"
 try:

@@ -18,7 +18,7 @@ from hpu_fp8_loader.arch import Layout, describe
 from hpu_fp8_loader.checks.validate import validate
 from hpu_fp8_loader.cli.main import main
 from hpu_fp8_loader.conversion.compressed_tensors import import_compressed_tensors
-from hpu_fp8_loader.conversion.convert import ConvertOptions
+from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import ConfigError, MeasurementError, NonFiniteError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.numerics import e4m3, scales

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from hpu_fp8_loader.checks.validate import validate
 from hpu_fp8_loader.cli.main import main
-from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+from hpu_fp8_loader.conversion.convert import convert
+from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.engine.fp8 import EmulationOptions, Fp8Emulator, quantize_by_multiplier
 from hpu_fp8_loader.engine.model import forward
 from hpu_fp8_loader.engine.weights import open_weights

@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from hpu_fp8_loader.cli.main import main
-from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+from hpu_fp8_loader.conversion.convert import convert
+from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import MeasurementError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.sources.measurements import load_measurements, write_measurements

@@ -15,8 +15,9 @@ from doubles.legacy_model_convert import LEGACY_CONFIG, model_convert
 
 from hpu_fp8_loader.checks.validate import validate
 from hpu_fp8_loader.cli.main import main
-from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.conversion.legacy_import import import_legacy
+from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error, MeasurementError, NotHpuFp8CheckpointError
 from hpu_fp8_loader.fastdeploy.legacy import amax_to_legacy, export_legacy
 from hpu_fp8_loader.io.checkpoint import Checkpoint

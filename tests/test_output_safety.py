@@ -32,8 +32,8 @@ def test_only_the_tokenizer_and_generation_files_are_copied(tmp_path, source, sp
     (source / "generation_config.json").write_text('{"do_sample": false}')
     for other in ("pytorch_model.bin", "training_args.bin", "optimizer.pt", "notes.txt", "convert.sh"):
         (source / other).write_bytes(b"\x80\x04not for publishing")
-    from hpu_fp8_loader.conversion.convert import ConvertOptions
     from hpu_fp8_loader.conversion.convert import convert as run_convert
+    from hpu_fp8_loader.conversion.plan import ConvertOptions
     from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 
     run_convert(source, tmp_path / "out", [synthetic_measurements(preset_config("qwen2-tiny"))], ConvertOptions())
@@ -49,8 +49,8 @@ def test_a_tokenizer_file_linking_out_of_the_source_is_refused_and_nothing_is_pu
     secret.write_text("HF_TOKEN=hf_secret_value\n")
     (source / "tokenizer_config.json").symlink_to(secret)
     before = tree_digest(source)
-    from hpu_fp8_loader.conversion.convert import ConvertOptions
     from hpu_fp8_loader.conversion.convert import convert as run_convert
+    from hpu_fp8_loader.conversion.plan import ConvertOptions
     from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 
     with pytest.raises(UnsafePathError, match=r"tokenizer_config.json: a link to .*environ, outside the source checkpoint"):

@@ -280,7 +280,8 @@ def test_git_blob_id_is_gits():
 
 @pytest.mark.parametrize(("model", "kv_cache"), [("ernie-moe-bytes", "fp8"), ("qwen2-bytes", "none")])
 def test_cards_parse_offline_and_their_metadata_round_trips(tmp_path, model, kv_cache):
-    from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+    from hpu_fp8_loader.conversion.convert import convert
+    from hpu_fp8_loader.conversion.plan import ConvertOptions
     from hpu_fp8_loader.quality.calibrate import calibrate
 
     source = TINY_MODELS[model]

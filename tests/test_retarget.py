@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from hpu_fp8_loader.checks.validate import validate
 from hpu_fp8_loader.cli.main import main
-from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+from hpu_fp8_loader.conversion.convert import convert
+from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.conversion.retarget import retarget
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements

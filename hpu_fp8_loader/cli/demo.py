@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpu_fp8_loader.checks.validate import ValidationReport, validate
-from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+from hpu_fp8_loader.conversion.convert import convert
+from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import OutputExistsError, UnsafePathError
 from hpu_fp8_loader.io.writer import check_apart
 from hpu_fp8_loader.quality.calibrate import calibrate

@@ -387,8 +387,8 @@ def convert(
     (the local cache is used offline). Output is written into OUT.partial and renamed when complete;
     after an interruption the same command resumes, reusing finished shards whose sha256 still matches.
     """
-    from hpu_fp8_loader.conversion.convert import ConvertOptions
     from hpu_fp8_loader.conversion.convert import convert as run_convert
+    from hpu_fp8_loader.conversion.plan import ConvertOptions
     from hpu_fp8_loader.sources.measurements import load_measurements
     from hpu_fp8_loader.sources.resolve import resolve_checkpoint
 
@@ -502,7 +502,7 @@ def import_command(
     gaudi2; prints the error that adds, worst first. Static input scales become act_amax (x 448).
     """
     from hpu_fp8_loader.conversion.compressed_tensors import compressed_tensors_scheme, import_compressed_tensors
-    from hpu_fp8_loader.conversion.convert import ConvertOptions
+    from hpu_fp8_loader.conversion.plan import ConvertOptions
     from hpu_fp8_loader.quality.calibrate import calibrate
     from hpu_fp8_loader.sources.measurements import load_measurements
     from hpu_fp8_loader.sources.resolve import resolve_checkpoint
@@ -937,7 +937,7 @@ def push(
     Re-running after an interrupted upload resumes it. The token comes from huggingface_hub's usual
     sources (HF_TOKEN, `hf auth login`) and is never printed.
     """
-    from hpu_fp8_loader.conversion.convert import ConvertOptions
+    from hpu_fp8_loader.conversion.plan import ConvertOptions
     from hpu_fp8_loader.hub.publish import PushOptions
     from hpu_fp8_loader.hub.publish import push as run_push
 

@@ -22,7 +22,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hpu_fp8_loader.arch import Layout, ModelDescriptor, Role, describe
-from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+from hpu_fp8_loader.conversion.convert import convert
+from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import ConfigError, MeasurementError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.spec import names

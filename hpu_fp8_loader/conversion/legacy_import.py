@@ -15,7 +15,7 @@ import numpy as np
 
 from hpu_fp8_loader.arch import Layout, ModelDescriptor, WeightTensor, describe
 from hpu_fp8_loader.conversion.activations import merge_measurements, resolve_act_amax
-from hpu_fp8_loader.conversion.convert import ConvertOptions, output_config, planned_tensors, quantization_config_for
+from hpu_fp8_loader.conversion.plan import ConvertOptions, output_config, planned_tensors, quantization_config_for
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error, MeasurementError, NotHpuFp8CheckpointError
 from hpu_fp8_loader.fastdeploy.legacy import ACTIVATION_SCALE, QUANT_WEIGHT, amax_from_legacy, legacy_key
 from hpu_fp8_loader.fastdeploy.mapping import (

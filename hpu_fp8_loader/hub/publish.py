@@ -27,7 +27,8 @@ from pathlib import Path, PurePath
 
 from hpu_fp8_loader.checks.validate import validate
 from hpu_fp8_loader.console import hub_bars_follow_ours
-from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+from hpu_fp8_loader.conversion.convert import convert
+from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import HpuFp8Error, OutputExistsError, UnsafePathError, UploadError
 from hpu_fp8_loader.hub.cards import CardFile, check_license, render_card
 from hpu_fp8_loader.io.checkpoint import read_config, source_file

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+from hpu_fp8_loader.conversion.convert import convert
+from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.fastdeploy.legacy import amax_from_legacy, amax_to_legacy, export_legacy
 from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 from hpu_fp8_loader.spec import names

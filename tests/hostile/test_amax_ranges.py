@@ -25,7 +25,8 @@ from hostile.refusal import assert_refused, run_cli, tree_digest
 from hpu_fp8_loader.arch import describe
 from hpu_fp8_loader.checks.validate import validate
 from hpu_fp8_loader.conversion.compressed_tensors import import_compressed_tensors
-from hpu_fp8_loader.conversion.convert import ConvertOptions, convert
+from hpu_fp8_loader.conversion.convert import convert
+from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.fastdeploy.mapping import Parallelism, map_rank
 from hpu_fp8_loader.io.checkpoint import Checkpoint

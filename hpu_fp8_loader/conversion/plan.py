@@ -1,0 +1,113 @@
+"""The conversion's plan, fixed before any weight is read: its options, every output tensor, the output config.
+
+Everything here is a function of the descriptor, the options and the activation amax, so that the
+plan can be checked (and a resumed run recognised) before a byte of output is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hpu_fp8_loader import __version__
+from hpu_fp8_loader.arch import ModelDescriptor
+from hpu_fp8_loader.arch.contents import expected_tensors
+from hpu_fp8_loader.errors import ConfigError
+from hpu_fp8_loader.io.checkpoint import Checkpoint
+from hpu_fp8_loader.io.safetensors_file import BLOCK_ELEMENTS
+from hpu_fp8_loader.io.writer import PlannedTensor
+from hpu_fp8_loader.spec.config import (
+    FP8_MAX_BY_TARGET,
+    Calibration,
+    CalibrationSource,
+    DeadExpertPolicy,
+    DeadExperts,
+    ExpertRef,
+    KvCacheScheme,
+    MoePolicy,
+    Producer,
+    QuantizationConfig,
+    ScaleRounding,
+    Target,
+    is_hpu_fp8,
+)
+
+__all__ = ["ConvertOptions", "output_config", "planned_tensors", "quantization_config_for", "refuse_hpu_fp8_source"]
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    target: Target = Target.GAUDI2
+    kv_cache: KvCacheScheme = KvCacheScheme.FP8
+    scale_rounding: ScaleRounding = ScaleRounding.NONE
+    max_shard_bytes: int = 5 * 10**9
+    force: bool = False
+    workers: int = 1
+    dead_experts: DeadExpertPolicy = DeadExpertPolicy.ERROR
+    block_elements: int = BLOCK_ELEMENTS  # elements per row block when a tensor is streamed
+    # Tensors whose source is at most this many bytes are read whole (fast path for fused experts).
+    whole_tensor_bytes: int = 64 << 20
+
+    def __post_init__(self) -> None:
+        # Accept the plain strings the CLI and Python callers pass ("gaudi2", "fp8", "pow2").
+        object.__setattr__(self, "target", Target(self.target))
+        object.__setattr__(self, "kv_cache", KvCacheScheme(self.kv_cache))
+        object.__setattr__(self, "scale_rounding", ScaleRounding(self.scale_rounding))
+        object.__setattr__(self, "dead_experts", DeadExpertPolicy(self.dead_experts))
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+
+    @property
+    def fp8_max(self) -> float:
+        return FP8_MAX_BY_TARGET[self.target]
+
+
+def planned_tensors(descriptor: ModelDescriptor, qc: QuantizationConfig) -> list[PlannedTensor]:
+    """Every output tensor of the spec checkpoint, in the order shards are filled (:func:`expected_tensors`)."""
+    return [PlannedTensor(name, dtype, shape) for name, (dtype, shape) in expected_tensors(descriptor, qc).items()]
+
+
+def refuse_hpu_fp8_source(checkpoint: Checkpoint) -> None:
+    """An hpu-fp8 checkpoint is an output, not a source: say so once, instead of one complaint per scale tensor."""
+    if is_hpu_fp8(checkpoint.config):
+        raise ConfigError(
+            f"{checkpoint.root}: already an hpu-fp8 checkpoint; convert reads the BF16 (or compressed-tensors) model, "
+            "and `hpu-fp8 retarget` changes an hpu-fp8 checkpoint's target"
+        )
+
+
+def quantization_config_for(
+    descriptor: ModelDescriptor,
+    options: ConvertOptions,
+    act: dict[str, float],
+    origin: dict[str, str],
+    sources: list[CalibrationSource],
+    filled: list[ExpertRef],
+) -> QuantizationConfig:
+    """The quantization_config of a checkpoint made with ``options`` from these activation sources."""
+    attention_fp8 = options.kv_cache is KvCacheScheme.FP8
+    default = sources[0].id
+    return QuantizationConfig(
+        kv_cache_quant_type="float8_e4m3" if attention_fp8 else None,
+        fp8_max=options.fp8_max,
+        target=options.target,
+        kv_cache_scheme=options.kv_cache,
+        scale_rounding=options.scale_rounding,
+        moe=MoePolicy(dead_experts=DeadExperts(policy=options.dead_experts, filled=filled)) if descriptor.moe else None,
+        calibration=Calibration(
+            sources=sources, default_source=default, overrides={m: origin[m] for m in act if origin.get(m, default) != default}
+        ),
+        producer=Producer(name="hpu-fp8-loader", version=__version__),
+    )
+
+
+def output_config(source_config: dict, descriptor: ModelDescriptor, qc: QuantizationConfig) -> dict:
+    config = {k: v for k, v in source_config.items() if k not in ("torch_dtype", "transformers_version", "quantization_config")}
+    config["architectures"] = [descriptor.architecture]
+    config["dtype"] = "bfloat16"
+    # keys whose absence FastDeploy reads with other defaults than the model's own (docs/fastdeploy.md section 3)
+    config["tie_word_embeddings"] = descriptor.tie_word_embeddings
+    if descriptor.moe is not None:
+        config["moe_layer_start_index"] = descriptor.moe.start
+        config["moe_use_aux_free"] = descriptor.moe.correction_bias
+    config["quantization_config"] = qc.model_dump(mode="json", exclude_none=True)
+    return config
