@@ -78,10 +78,10 @@ def test_the_quantize_benchmark_runs_and_reports_ratios():
 
 
 def test_the_command_list_reads_as_the_pipeline_and_nothing_is_cut_short():
-    from hpu_fp8_loader.cli.main import _PIPELINE_ORDER
+    from hpu_fp8_loader.cli.group import PIPELINE_ORDER
 
     result = CliRunner().invoke(main, ["--help"], terminal_width=80)
     listing = result.output.split("Commands:")[1].strip().splitlines()
-    assert [line.split()[0] for line in listing] == _PIPELINE_ORDER
-    assert sorted(_PIPELINE_ORDER) == sorted(main.commands)  # a new command gets a place in the order
+    assert [line.split()[0] for line in listing] == PIPELINE_ORDER
+    assert sorted(PIPELINE_ORDER) == sorted(main.commands)  # a new command gets a place in the order
     assert not [line for line in listing if line.endswith("...")]

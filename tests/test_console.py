@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from hpu_fp8_loader.cli.main import INTERRUPTED, main
+from hpu_fp8_loader.cli.group import INTERRUPTED
+from hpu_fp8_loader.cli.main import main
 from hpu_fp8_loader.sources.measurements import write_measurements
 from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 from hpu_fp8_loader.spec import names
@@ -137,6 +138,6 @@ def test_ctrl_c_in_any_command_is_one_line_and_exit_130(monkeypatch, command):
 
     monkeypatch.setattr("hpu_fp8_loader.checks.validate.validate", interrupted)
     monkeypatch.setattr("hpu_fp8_loader.checks.inspection.inspect_checkpoint", interrupted)
-    monkeypatch.setattr("hpu_fp8_loader.cli.main.emit_json", interrupted)
+    monkeypatch.setattr("hpu_fp8_loader.cli.checks_commands.emit_json", interrupted)
     result = invoke(*command)
     assert result.exit_code == 130 and result.stderr.strip() == f"hpu-fp8: error: {INTERRUPTED}", result.stderr

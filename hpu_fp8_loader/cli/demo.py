@@ -20,6 +20,7 @@ from hpu_fp8_loader.quality.calibrate import calibrate
 from hpu_fp8_loader.quality.evaluate import EvaluationResult, evaluate
 from hpu_fp8_loader.sources.measurements import write_measurements
 from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
+from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme
 
 __all__ = ["DemoResult", "run_demo"]
 
@@ -55,7 +56,11 @@ def _replace_work_dir(work_dir: Path, force: bool) -> None:
 
 
 def run_demo(
-    work_dir: str | Path, model: str = "ernie-moe-bytes", kv_cache: str = "fp8", say=print, force: bool = False
+    work_dir: str | Path,
+    model: str = "ernie-moe-bytes",
+    kv_cache: KvCacheScheme = KvCacheScheme.FP8,
+    say=print,
+    force: bool = False,
 ) -> DemoResult:
     """Run the default pipeline in ``work_dir`` (replaced if the demo made it; anything else needs ``force``)."""
     work_dir = Path(work_dir)
@@ -66,11 +71,12 @@ def run_demo(
     measurements = work_dir / "measurements.json"
     write_measurements(measurements, calibration.measurements)
     say(f"2/4 calibrated with the reference engine ({calibration.tokens:,} tokens of built-in text) -> {measurements}")
-    options = ConvertOptions(kv_cache=kv_cache, dead_experts="sibling-max" if calibration.dead_experts else "error")
+    dead_experts = DeadExpertPolicy.SIBLING_MAX if calibration.dead_experts else DeadExpertPolicy.ERROR
+    options = ConvertOptions(kv_cache=kv_cache, dead_experts=dead_experts)
     checkpoint = convert(source, work_dir / "fp8", [calibration.measurements], options).out
     report = validate(checkpoint)
     say(
-        f"3/4 converted to hpu-fp8 v1 (gaudi2, ±240, KV cache {kv_cache}) -> {checkpoint}: "
+        f"3/4 converted to hpu-fp8 v1 (gaudi2, ±240, KV cache {kv_cache.value}) -> {checkpoint}: "
         f"{'valid' if report.valid else 'INVALID'} ({report.tensors} tensors)"
     )
     evaluation = evaluate(source, checkpoint, samples=16, seq_len=128)

@@ -31,7 +31,13 @@ from hpu_fp8_loader.spec.config import (
     is_hpu_fp8,
 )
 
-__all__ = ["ConvertOptions", "output_config", "planned_tensors", "quantization_config_for", "refuse_hpu_fp8_source"]
+__all__ = [
+    "ConvertOptions",
+    "output_config",
+    "planned_tensors",
+    "quantization_config_for",
+    "refuse_hpu_fp8_source",
+]
 
 
 @dataclass(frozen=True)

@@ -95,21 +95,21 @@ def init_worker(context: WorkerContext) -> None:
 def _part_amax(part, blocks, channel_wise: bool) -> np.ndarray | float:
     """amax of one source part from its row blocks ``(first_row, array)``; per output channel when
     ``channel_wise``. Refuses NaN/inf naming the source tensor and the index in it."""
-    result = None
+    tensor_wise = 0.0
+    channels: np.ndarray | None = None
     for start, block in blocks:
         try:
             if not channel_wise:
-                value = e4m3.abs_max(block, part.name)
-                result = value if result is None else max(result, value)
+                tensor_wise = max(tensor_wise, float(e4m3.abs_max(block, part.name)))
             elif part.transpose:  # [out_p, in]: one channel per row
                 peak = e4m3.channel_abs_max(transposed(block), part.name)
-                result = peak if result is None else np.concatenate([result, peak])
+                channels = peak if channels is None else np.concatenate([channels, peak])
             else:  # [in, out_p]: one channel per column
                 peak = e4m3.channel_abs_max(block, part.name)
-                result = peak if result is None else np.maximum(result, peak)
+                channels = peak if channels is None else np.maximum(channels, peak)
         except NonFiniteError:
             raise e4m3.locate_non_finite(part.name, block, start, part.shape) from None
-    return result if result is not None else 0.0
+    return channels if channels is not None else tensor_wise
 
 
 def _streamed_blocks(source: Checkpoint, part, budget: int):
@@ -156,30 +156,32 @@ def convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
         return bytes_in, None  # everything it writes lives in shards reused from an interrupted run
     whole = bytes_in <= options.whole_tensor_bytes
     if _requantizes_by_tables(source, weight, parts):
-        return bytes_in, _requantize_fp8(source, weight, parts, target, scale_name, options, whole)
+        return bytes_in, _requantize_fp8(source, weight, parts, target, options, whole)
     errors = _ErrorSum() if weight.is_linear and any(source.tensors[p.name].dtype == "F8_E4M3" for p in parts) else None
     # Small tensors are read once and kept; large ones are read in row blocks, once per pass.
-    arrays = [source_rows(source, p.name, 0, p.shape[0]) for p in parts] if whole else None
+    arrays = [source_rows(source, p.name, 0, p.shape[0]) for p in parts] if whole else []
 
     def blocks(k: int):
         return [(0, arrays[k])] if whole else _streamed_blocks(source, parts[k], options.block_elements)
 
     amaxes = [_part_amax(p, blocks(k), weight.channel_wise) for k, p in enumerate(parts)]  # also refuses NaN/inf
-    scale = _write_weight_scale(weight, amaxes, scale_name, options) if weight.is_linear else None
+    scale = _write_weight_scale(weight, amaxes, options) if weight.is_linear else None
     if target is not None and whole:
         # One contiguous copy serves the cast and the error report (quantize would copy a transposed view anyway).
         values = fuse_columns(arrays, [p.transpose for p in parts])
         encoded = np.ascontiguousarray(_encode(weight, values, scale, options))
         target.write(weight.name, encoded)
         if errors is not None:
+            assert scale is not None  # errors are summed for linears only, and a linear has a scale
             errors.add(values, encoded, scale if weight.channel_wise else scale[0])
     elif target is not None:
         _write_streamed(source, weight, parts, scale, target, options, errors)
     return bytes_in, None if errors is None or target is None else errors.relative
 
 
-def _write_weight_scale(weight: WeightTensor, amaxes: list, scale_name: str, options: ConvertOptions) -> np.ndarray:
+def _write_weight_scale(weight: WeightTensor, amaxes: list, options: ConvertOptions) -> np.ndarray:
     """The weight scale from the parts' amax (per channel or their max), written unless its shard was reused."""
+    scale_name = names.tensor(weight.module, names.WEIGHT_SCALE)
     amax = np.concatenate([np.atleast_1d(a) for a in amaxes]) if weight.channel_wise else max(float(np.max(a)) for a in amaxes)
     scale = scales.weight_scale_from_amax(amax, options.fp8_max, options.scale_rounding.value).reshape(-1)
     if scale_name in _worker["location"]:
@@ -193,11 +195,11 @@ def _requantizes_by_tables(source: Checkpoint, weight: WeightTensor, parts) -> b
     return weight.is_linear and all(source.tensors[p.name].dtype == "F8_E4M3" and p.transpose for p in parts)
 
 
-def _requantize_fp8(source: Checkpoint, weight: WeightTensor, parts, target, scale_name: str, options, whole: bool):
+def _requantize_fp8(source: Checkpoint, weight: WeightTensor, parts, target, options: ConvertOptions, whole: bool):
     """An FP8 (compressed-tensors) linear: amax from each row's largest code, codes mapped through tables;
     returns the relative RMSE the requantization added (None when the tensor's shard was reused)."""
     files = [source.files[source.tensors[p.name].file] for p in parts]
-    kept = [f.read_rows(p.name, 0, p.shape[0]) for f, p in zip(files, parts, strict=True)] if whole else None
+    kept = [f.read_rows(p.name, 0, p.shape[0]) for f, p in zip(files, parts, strict=True)] if whole else []
     source_scales = [source_scale(source, p.name) for p in parts]
 
     def blocks(k: int):
@@ -208,7 +210,7 @@ def _requantize_fp8(source: Checkpoint, weight: WeightTensor, parts, target, sca
             yield start, codes, _slice(source_scales[k], start, stop)
 
     amaxes = [np.concatenate([row_amax(c, s, p.name, start, p.shape) for start, c, s in blocks(k)]) for k, p in enumerate(parts)]
-    scale = _write_weight_scale(weight, amaxes, scale_name, options)
+    scale = _write_weight_scale(weight, amaxes, options)
     if target is None:
         return None
     errors, requantized, offset = _ErrorSum(), [], 0
@@ -244,7 +246,7 @@ def _write_streamed(source, weight, parts, scale, target: ShardFile, options, er
         for start, stop in row_blocks(p.shape[0], math.prod(p.shape[1:]), options.block_elements):
             block = source_rows(source, p.name, start, stop)
             if p.transpose:  # rows start:stop of [out_p, in] are spec columns offset+start : offset+stop
-                values, block_scale = transposed(block), _slice(part_scale, start, stop)
+                values, block_scale = transposed(block), None if part_scale is None else _slice(part_scale, start, stop)
                 encoded = _encode(weight, values, block_scale, options)
                 target.write_columns(weight.name, encoded, 0, offset + start)
             elif len(parts) == 1:
@@ -255,9 +257,11 @@ def _write_streamed(source, weight, parts, scale, target: ShardFile, options, er
                 target.write_columns(weight.name, _encode(weight, block, part_scale, options).reshape(1, -1), 0, offset + start)
                 continue
             if errors is not None:
+                assert block_scale is not None  # errors are summed for linears only, and a linear has a scale
                 errors.add(values, encoded, block_scale if weight.channel_wise else block_scale[0])
         offset += width
 
 
-def _slice(scale: np.ndarray | None, start: int, stop: int) -> np.ndarray | None:
-    return scale if scale is None or scale.size == 1 else scale[start:stop]
+def _slice(scale: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Rows start:stop of a per-row scale; a tensor-wise ``[1]`` scale serves every row as it is."""
+    return scale if scale.size == 1 else scale[start:stop]

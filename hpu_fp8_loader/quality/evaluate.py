@@ -21,13 +21,25 @@ from hpu_fp8_loader.engine.weights import open_weights
 from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, load_text, token_batches, tokenize
 
-__all__ = ["VARIANTS", "EvalRow", "EvaluationResult", "check_same_model", "evaluate"]
+__all__ = ["VARIANTS", "EvalRow", "EvaluationResult", "check_same_model", "chosen_variants", "evaluate"]
 
 VARIANTS = {
     "fp8": EmulationOptions(),
     "weights-only": EmulationOptions(weights_only=True),
     "no-kv-fp8": EmulationOptions(fp8_attention=False),
 }
+
+
+def chosen_variants(weights_only: bool = False, no_kv_fp8: bool = False) -> tuple[str, ...]:
+    """The rows to compute: every variant when no ablation is asked for, else the FP8 row and those asked for.
+
+    Example:
+        >>> chosen_variants(weights_only=True)
+        ('fp8', 'weights-only')
+    """
+    if not (weights_only or no_kv_fp8):
+        return tuple(VARIANTS)
+    return ("fp8", *(["weights-only"] if weights_only else []), *(["no-kv-fp8"] if no_kv_fp8 else []))
 
 
 @dataclass

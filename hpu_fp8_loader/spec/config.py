@@ -7,7 +7,6 @@ The pydantic models are the only parser of the config; their JSON Schema ships w
 from __future__ import annotations
 
 import json
-from enum import Enum
 from functools import partial
 from typing import Annotated, Literal
 
@@ -16,6 +15,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from hpu_fp8_loader.errors import ConfigError, NotHpuFp8CheckpointError, UnsupportedFormatVersionError
 from hpu_fp8_loader.spec import FORMAT_VERSION
+from hpu_fp8_loader.spec.choices import AmaxSourceKind, DeadExpertPolicy, KvCacheScheme, ScaleRounding, Target
 from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX, GAUDI3_FP8_MAX
 
 __all__ = [
@@ -36,47 +36,6 @@ __all__ = [
     "parse_quantization_config",
     "validation_error_text",
 ]
-
-
-class Target(str, Enum):
-    """The Gaudi generation a checkpoint is made for, which fixes its FP8 range (FP8_MAX_BY_TARGET).
-
-    Example:
-        >>> FP8_MAX_BY_TARGET[Target("gaudi2")]
-        240.0
-    """
-
-    GAUDI2 = "gaudi2"
-    GAUDI3 = "gaudi3"
-
-
-class KvCacheScheme(str, Enum):
-    """How attention and the KV cache run: FP8 (FastDeploy's ``cache_fp8_sdpa_fp8``, four more amax per layer) or BF16.
-
-    Example:
-        >>> ConvertOptions(kv_cache=KvCacheScheme.NONE)  # attention and KV cache stay BF16
-    """
-
-    FP8 = "fp8"  # fp8 KV cache and fp8 SDPA: FastDeploy's cache_fp8_sdpa_fp8
-    NONE = "none"  # attention and KV cache stay BF16
-
-
-class ScaleRounding(str, Enum):
-    NONE = "none"
-    POW2 = "pow2"  # rounded up to a power of two; weights quantized with the rounded scale
-
-
-class AmaxSourceKind(str, Enum):
-    FASTDEPLOY_MEASUREMENT = "fastdeploy-measurement"
-    REFERENCE_ENGINE = "reference-engine"
-    IMPORTED_INPUT_SCALE = "imported-input-scale"
-    LEGACY_CHECKPOINT = "legacy-checkpoint"
-    SYNTHETIC = "synthetic"  # made up by `hpu-fp8 synth` for tests and demos; never for a model you serve
-
-
-class DeadExpertPolicy(str, Enum):
-    ERROR = "error"
-    SIBLING_MAX = "sibling-max"
 
 
 FP8_MAX_BY_TARGET = {Target.GAUDI2: GAUDI2_FP8_MAX, Target.GAUDI3: GAUDI3_FP8_MAX}

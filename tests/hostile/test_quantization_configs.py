@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
-from hpu_fp8_loader.cli.main import EXIT_UNREADABLE
+from hpu_fp8_loader.cli.group import EXIT_UNREADABLE
 
 # (dotted key, value): the value is put at that key of the converted checkpoint's quantization_config.
 BAD_VALUES = [

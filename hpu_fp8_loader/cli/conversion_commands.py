@@ -1,0 +1,244 @@
+"""Commands that write hpu-fp8 checkpoints: convert, import, import-legacy, retarget."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import click
+
+from hpu_fp8_loader.cli.group import (
+    COUNT,
+    DEFAULT_WORKERS,
+    EnumChoice,
+    dead_experts_option,
+    force_option,
+    json_option,
+    kv_cache_option,
+    main,
+    measurements_option,
+    parse_size,
+    quiet_option,
+    shard_size_option,
+    target_option,
+    user_errors,
+    warn_each,
+)
+from hpu_fp8_loader.console import emit_json, progress_bar
+from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, ScaleRounding, Target
+
+
+@main.command(short_help="Convert a BF16 checkpoint to hpu-fp8 v1.")
+@click.argument("src")
+@click.argument("out", type=click.Path(path_type=Path))
+@measurements_option(
+    required=True,
+    help="Activation amax: an hpu-fp8 measurement file (.json), or FastDeploy's model_measurement.txt, its "
+    "per-rank model_measurement_{rank}.txt set, or a directory holding them. Repeat to combine sources (max per point).",
+)
+@target_option()
+@kv_cache_option()
+@click.option(
+    "--scale-rounding",
+    type=EnumChoice(ScaleRounding),
+    default="none",
+    show_default=True,
+    help="pow2 rounds every scale up to a power of two.",
+)
+@dead_experts_option()
+@click.option("--workers", type=COUNT, default=DEFAULT_WORKERS, show_default=True, help="Worker processes.")
+@shard_size_option()
+@click.option("--revision", default=None, help="Revision of SRC when it is a Hub repo id.")
+@force_option()
+@quiet_option()
+@json_option()
+def convert(
+    src: str,
+    out: Path,
+    measurement_paths: tuple[Path, ...],
+    target: Target,
+    kv_cache: KvCacheScheme,
+    scale_rounding: ScaleRounding,
+    dead_experts: DeadExpertPolicy,
+    workers: int,
+    max_shard_size: str,
+    revision: str | None,
+    force: bool,
+    quiet: bool,
+    as_json: bool,
+) -> None:
+    """Convert the BF16 checkpoint SRC into an hpu-fp8 v1 checkpoint at OUT.
+
+    SRC is a directory (Paddle or Hugging Face torch layout; BF16, FP16, FP32, or compressed-tensors FP8) or a Hub repo id
+    (the local cache is used offline). Output is written into OUT.partial and renamed when complete;
+    after an interruption the same command resumes, reusing finished shards whose sha256 still matches.
+    """
+    from hpu_fp8_loader.conversion.convert import convert as run_convert
+    from hpu_fp8_loader.conversion.plan import ConvertOptions
+    from hpu_fp8_loader.sources.measurements import load_measurements
+    from hpu_fp8_loader.sources.resolve import resolve_checkpoint
+
+    options = ConvertOptions(target, kv_cache, scale_rounding, parse_size(max_shard_size), force, workers, dead_experts)
+    with user_errors():
+        source = resolve_checkpoint(src, revision)
+        loaded = [load_measurements(p) for p in measurement_paths]
+        for item in loaded:
+            warn_each(item.warnings)
+        with progress_bar("convert", quiet or as_json) as bar:
+
+            def show(p) -> None:
+                bar.total = p.bytes_total
+                bar.update(p.bytes_done - bar.n)
+                bar.set_postfix_str(f"{p.tensors_done}/{p.tensors_total} tensors", refresh=False)
+
+            result = run_convert(source, out, [item.measurements for item in loaded], options, progress=show)
+    if as_json:
+        emit_json({**dataclasses.asdict(result), "ratio": result.ratio, "target": target, "kv_cache": kv_cache})
+        return
+    filled = f"; {len(result.filled_experts)} dead expert(s) given their siblings' max" if result.filled_experts else ""
+    reused = f"; resumed, {result.reused_shards} shard(s) reused" if result.reused_shards else ""
+    click.echo(
+        f"{out}: hpu-fp8 v1 ({target.value}, KV cache {kv_cache.value}) from {result.layout.value} layout; "
+        f"{result.tensors_quantized} tensors quantized, {result.tensors_kept} kept; "
+        f"{result.bytes_in / 2**30:.2f} GiB -> {result.bytes_out / 2**30:.2f} GiB ({result.ratio:.3f}); "
+        f"{result.seconds:.1f} s, {result.bytes_in / 2**20 / max(result.seconds, 1e-9):.0f} MiB/s{filled}{reused}"
+    )
+
+
+@main.command("import", short_help="Bring a compressed-tensors FP8 checkpoint to hpu-fp8.")
+@click.argument("src")
+@click.argument("out", type=click.Path(path_type=Path))
+@target_option()
+@kv_cache_option()
+@measurements_option(
+    help="Statistics for the points the source lacks (q and softmax for FP8 attention; everything for dynamic checkpoints)."
+)
+@click.option(
+    "--calibrate",
+    "run_calibration",
+    is_flag=True,
+    help="Calibrate the dequantized model with the reference engine for the missing points.",
+)
+@dead_experts_option()
+@shard_size_option()
+@force_option()
+@json_option()
+def import_command(
+    src: str,
+    out: Path,
+    target: Target,
+    kv_cache: KvCacheScheme,
+    measurement_paths: tuple[Path, ...],
+    run_calibration: bool,
+    dead_experts: DeadExpertPolicy,
+    max_shard_size: str,
+    force: bool,
+    as_json: bool,
+) -> None:
+    """Bring a compressed-tensors FP8 checkpoint (llm-compressor's, vLLM's) to hpu-fp8 v1 for Gaudi.
+
+    Fuses q|k|v and gate|up, transposes to [in, out], and requantizes each fused group exactly once
+    from the source's FP8 values to one tensor-wise scale (channel-wise for experts) at ±240 for
+    gaudi2; prints the error that adds, worst first. Static input scales become act_amax (x 448).
+    """
+    from hpu_fp8_loader.conversion.compressed_tensors import compressed_tensors_scheme, import_compressed_tensors
+    from hpu_fp8_loader.conversion.plan import ConvertOptions
+    from hpu_fp8_loader.quality.calibrate import calibrate
+    from hpu_fp8_loader.sources.measurements import load_measurements
+    from hpu_fp8_loader.sources.resolve import resolve_checkpoint
+
+    if run_calibration and measurement_paths:
+        raise click.UsageError("--measurements and --calibrate both given: pass one source of activation statistics")
+    options = ConvertOptions(
+        target=target,
+        kv_cache=kv_cache,
+        dead_experts=dead_experts,
+        max_shard_bytes=parse_size(max_shard_size),
+        force=force,
+        workers=DEFAULT_WORKERS,
+    )
+    with user_errors():
+        source = resolve_checkpoint(src)
+        compressed_tensors_scheme(source)  # refused before a calibration runs
+        extra = [load_measurements(p).measurements for p in measurement_paths]
+        if run_calibration:
+            extra.append(calibrate(source).measurements)
+        result = import_compressed_tensors(source, out, options, extra)
+    warn_each(result.warnings)
+    if as_json:
+        emit_json({**dataclasses.asdict(result), "target": target, "kv_cache": kv_cache})
+        return
+    click.echo(f"{out}: hpu-fp8 v1 ({target.value}, KV cache {kv_cache.value}) from compressed-tensors ({result.scheme})")
+    click.echo("relative RMSE the import adds to the source's own quantization, worst ten:")
+    for name, error in result.errors[:10]:
+        click.echo(f"  {name}: {error:.2e}")
+
+
+@main.command("import-legacy", short_help="Bring a legacy FastDeploy FP8 checkpoint to hpu-fp8.")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@measurements_option(
+    help="Points the legacy checkpoint lacks (e.g. Qwen2's MLP, which FastDeploy never measures); JSON or FastDeploy files."
+)
+@dead_experts_option()
+@shard_size_option()
+@force_option()
+@json_option()
+def import_legacy(
+    src: Path,
+    out: Path,
+    measurement_paths: tuple[Path, ...],
+    dead_experts: DeadExpertPolicy,
+    max_shard_size: str,
+    force: bool,
+    as_json: bool,
+) -> None:
+    """Bring a checkpoint of FastDeploy's legacy converter (Model_convert.py) into hpu-fp8 v1.
+
+    Resolves the legacy activation_scale's two meanings (raw amax for self_attn keys, amax/240
+    elsewhere), widens the older converter's tensor-wise expert scales to exact channel-wise ones,
+    and fuses Hugging Face-named Qwen2 tensors (requantizing once where their scales differ).
+    """
+    from hpu_fp8_loader.conversion.legacy_import import import_legacy as run_import
+    from hpu_fp8_loader.sources.measurements import load_measurements
+
+    with user_errors():
+        extra = [load_measurements(p).measurements for p in measurement_paths]
+        report = run_import(src, out, extra, dead_experts, parse_size(max_shard_size), force)
+    warn_each(report.warnings)
+    if as_json:
+        emit_json(report)
+        return
+    click.echo(
+        f"{out}: hpu-fp8 v1 from a legacy {report.layout.value}-layout checkpoint; expert scales: {report.expert_scales}; "
+        f"KV cache {report.kv_cache.value}"
+    )
+    if report.requantized:
+        worst = sorted(report.requantized, key=lambda item: -item[1])[:10]
+        click.echo(f"{len(report.requantized)} fused tensor(s) requantized to one scale; added relative RMSE, worst first:")
+        for name, error in worst:
+            click.echo(f"  {name}: {error:.2e}")
+
+
+@main.command(short_help="Move a checkpoint between ±448 (Gaudi3) and ±240.")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@target_option(
+    default=None,
+    required=True,
+    show_default=False,
+    help="gaudi2: rescale a ±448 checkpoint to ±240 (values x 0.5, weight scales x 2); gaudi3: relabel a ±240 one.",
+)
+@shard_size_option()
+@force_option()
+@json_option()
+def retarget(src: Path, out: Path, target: Target, max_shard_size: str, force: bool, as_json: bool) -> None:
+    """Move hpu-fp8 checkpoint SRC between the Gaudi3 (±448) and Gaudi2 (±240) FP8 ranges."""
+    from hpu_fp8_loader.conversion.retarget import retarget as run_retarget
+
+    with user_errors():
+        report = run_retarget(src, out, target, parse_size(max_shard_size), force)
+    if as_json:
+        emit_json(report)
+        return
+    click.echo(report.message)

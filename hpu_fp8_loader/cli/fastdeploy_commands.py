@@ -1,0 +1,167 @@
+"""Commands of FastDeploy's side: plan, map, export-legacy, doctor."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import click
+
+from hpu_fp8_loader.cli.group import (
+    EXIT_INVALID,
+    RANK,
+    ep_option,
+    force_option,
+    json_option,
+    kv_cache_option,
+    main,
+    parse_size,
+    shard_size_option,
+    tp_option,
+    user_errors,
+    warn_each,
+)
+from hpu_fp8_loader.console import emit_json
+from hpu_fp8_loader.spec.choices import KvCacheScheme
+
+
+@main.command(short_help="Size a deployment: bytes per rank, KV per token.")
+@click.argument("model", type=click.Path(path_type=Path))
+@tp_option()
+@ep_option()
+@kv_cache_option(help="KV-cache scheme to size for.")
+@json_option(help="Print the plan as JSON.")
+def plan(model: Path, tp: int, ep: int, kv_cache: KvCacheScheme, as_json: bool) -> None:
+    """Size a deployment from MODEL's config.json (a directory or the file): bytes per rank, KV per token.
+
+    When the directory also holds the weights, the config's layer and expert counts are checked against them.
+    """
+    from hpu_fp8_loader.fastdeploy.plan import describe_model, plan_deployment
+
+    with user_errors():
+        result = plan_deployment(describe_model(model), tp, ep, kv_cache)
+    if as_json:
+        emit_json(result.to_dict())
+        return
+    click.echo(f"{result.model_type}: {result.parameters / 1e9:.2f} B parameters; TP {tp} x EP {ep}; per rank:")
+    for group, size in result.bytes_per_rank.items():
+        if size:
+            click.echo(f"  {group:<15}{size / 2**30:>10.3f} GiB")
+    click.echo(f"  {'total':<15}{result.total_bytes_per_rank / 2**30:>10.3f} GiB")
+    click.echo(
+        f"KV cache per token per rank: {result.kv_bytes_per_token_per_rank:,} bytes ({kv_cache.value}); "
+        f"{result.kv_bytes_per_token_per_rank_bf16:,} bytes in bf16"
+    )
+
+
+@main.command("map", short_help="Write the parameters the hook hands one rank.")
+@click.argument("checkpoint", type=click.Path(path_type=Path))
+@tp_option()
+@click.option("--rank", type=RANK, default=0, show_default=True, help="Tensor-parallel rank to map.")
+@ep_option()
+@click.option("--ep-rank", type=RANK, default=0, show_default=True, help="Expert-parallel rank.")
+@click.option(
+    "--all-ranks", is_flag=True, help="Write FastDeploy's pre-sharded layout: OUT/rank{r}/ for every TP rank (legacy keys)."
+)
+@click.option(
+    "-o", "--out", type=click.Path(path_type=Path), required=True, help="FILE.safetensors, or a directory with --all-ranks."
+)
+@force_option()
+@json_option()
+def map_command(
+    checkpoint: Path, tp: int, rank: int, ep: int, ep_rank: int, all_ranks: bool, out: Path, force: bool, as_json: bool
+) -> None:
+    """Write exactly the parameters the hook hands FastDeploy on one rank (names, dtypes, values).
+
+    Names are FastDeploy's parameter paths (e.g. ernie.layers.0.self_attn.qkv_proj.act_scale,
+    ernie.layers.1.mlp.experts.up_gate_proj_weight); see the README for every name. With
+    --all-ranks, writes rank{r}/ folders FastDeploy's pre-sharded path loads without splitting.
+    """
+    from hpu_fp8_loader.fastdeploy.mapping import Parallelism
+    from hpu_fp8_loader.fastdeploy.rankfiles import write_presharded, write_rank_file
+
+    with user_errors():
+        if all_ranks:
+            if rank or ep_rank:
+                raise click.UsageError("--all-ranks writes every rank; --rank and --ep-rank select one, so give one or the other")
+            if ep > 1:
+                raise click.UsageError("--all-ranks writes tensor-parallel ranks; expert parallelism is not pre-sharded")
+            folders = write_presharded(checkpoint, out, tp, force)
+            if as_json:
+                emit_json({"out": out, "tp": tp, "rank_folders": folders})
+            else:
+                click.echo(f"{out}: {len(folders)} pre-sharded rank folder(s) in the legacy layout")
+            return
+        result = write_rank_file(checkpoint, out, Parallelism(tp, rank, ep, ep_rank), force)
+    if as_json:
+        emit_json({**dataclasses.asdict(result), "tp": tp, "rank": rank, "ep": ep, "ep_rank": ep_rank})
+        return
+    click.echo(
+        f"{result.path}: {result.parameters} FastDeploy parameters of TP rank {rank}/{tp}, EP rank {ep_rank}/{ep}; "
+        f"{result.bytes / 2**20:.1f} MiB"
+    )
+
+
+@main.command("export-legacy", short_help="Write the legacy layout stock FastDeploy reads.")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@tp_option(help="Tensor parallelism it will be served at; >1 is refused where FastDeploy's v0 loader splits wrongly.")
+@shard_size_option()
+@force_option()
+@json_option()
+def export_legacy(src: Path, out: Path, tp: int, max_shard_size: str, force: bool, as_json: bool) -> None:
+    """Write hpu-fp8 checkpoint SRC in the legacy layout stock FastDeploy reads without the hook.
+
+    Serve it with FastDeploy's v0 loader (--load-choices default), without expert parallelism.
+    Qwen2 only at TP 1: the v0 loader does not split its FP8 tensors (docs/fastdeploy.md section 5).
+    """
+    from hpu_fp8_loader.fastdeploy.legacy import export_legacy as run_export
+
+    with user_errors():
+        report = run_export(src, out, tp, parse_size(max_shard_size), force)
+    warn_each(report.warnings)
+    if as_json:
+        emit_json(report)
+        return
+    click.echo(
+        f"{out}: legacy FastDeploy FP8 layout, {report.tensors} tensors; activation amax stored in bf16 as the layout does"
+    )
+
+
+@main.command(short_help="Check that --load-choices hpu_fp8 works here.")
+@click.argument("checkpoint", required=False)
+@tp_option()
+@ep_option()
+@click.option("--revision", default=None, help="Revision of CHECKPOINT when it is a Hub repo id.")
+@click.option(
+    "--no-build", is_flag=True, help="Skip having FastDeploy build CHECKPOINT's model (at meta shapes, no weight memory)."
+)
+@json_option(help="Print every check as JSON.")
+def doctor(checkpoint: str | None, tp: int, ep: int, revision: str | None, no_build: bool, as_json: bool) -> None:
+    """Check that `--load-choices hpu_fp8` will work here: run it in FastDeploy's environment on the Gaudi box.
+
+    Reports FastDeploy's version and commit and which MoE layout it builds, whether the hpu_fp8 entry
+    point is installed and FD_PLUGINS names it, FD_ATTENTION_BACKEND, whether paddle and its intel_hpu
+    device import, and whether FastDeploy's own get_model_loader hands hpu_fp8 to the hook. Given
+    CHECKPOINT (a directory or a Hub repo id), also its quick validation, whether TP x EP can serve
+    it, and FastDeploy building its model at meta shapes (no weight memory) with every parameter
+    compared with what the hook fills. Every problem comes with its fix; exit 1 if any check fails.
+
+    \b
+    Examples:
+      FD_PLUGINS=hpu_fp8 hpu-fp8 doctor
+      hpu-fp8 doctor ./ERNIE-4.5-21B-A3B-hpu-fp8 --tp 2 --json
+    """
+    from hpu_fp8_loader.fastdeploy.doctor import doctor as run_doctor
+
+    report = run_doctor(checkpoint, tp, ep, revision, build=not no_build)
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        for check in report.checks:
+            click.echo(f"[{check.status:>4}] {check.name}: {check.detail}")
+            if check.fix:
+                click.echo(f"       fix: {check.fix}")
+        click.echo("ready for --load-choices hpu_fp8" if report.ok else "not ready: fix the failed checks above")
+    sys.exit(0 if report.ok else EXIT_INVALID)

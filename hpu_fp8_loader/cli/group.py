@@ -1,0 +1,227 @@
+"""The ``hpu-fp8`` group: its options, the pipeline order of its commands, the error mapping and the shared options.
+
+Every :class:`~hpu_fp8_loader.errors.HpuFp8Error` becomes one line on stderr and a non-zero exit; a usage
+error one line naming the option; Ctrl-C one line and exit 130. Options several commands share are declared
+here once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+from collections.abc import Callable
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from hpu_fp8_loader import __version__
+from hpu_fp8_loader.console import LEVELS, LOGGER, configure
+from hpu_fp8_loader.errors import HpuFp8Error
+from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, Target
+
+log = logging.getLogger(LOGGER)
+FC = TypeVar("FC", bound=Callable[..., Any])  # a command function, as click's decorators type it
+
+EXIT_INVALID = 1
+EXIT_UNREADABLE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+INTERRUPTED = "interrupted; nothing was published (run the same command again: a conversion resumes)"
+
+
+def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
+    click.echo(f"hpu-fp8: error: {message}", err=True)
+    sys.exit(code)
+
+
+@contextmanager
+def user_errors(code: int = EXIT_INVALID):
+    try:
+        yield
+    except HpuFp8Error as exc:
+        fail(str(exc), code)
+    except OSError as exc:  # permissions, a full disk: the file and the reason, not a traceback
+        fail(f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc.strerror or exc), code)
+
+
+def say(as_json: bool):
+    """Where a long command's step lines go: stdout, or stderr when stdout holds the JSON result."""
+    return (lambda line: click.echo(line, err=True)) if as_json else click.echo
+
+
+def warn_each(warnings) -> None:
+    for warning in warnings:
+        log.warning(warning)
+
+
+def parse_overrides(pairs: tuple[str, ...]) -> dict:
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--set")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return overrides
+
+
+def parse_size(text: str) -> int:
+    """``5GB``, ``500MiB``, ``64000``: a positive whole number of bytes, or a usage error naming the option."""
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+    for suffix in sorted(units, key=len, reverse=True):
+        if suffix and text.upper().endswith(suffix):
+            number, factor = text[: -len(suffix)], units[suffix]
+            break
+    else:
+        number, factor = text, 1
+    try:
+        size = float(number) * factor
+    except ValueError:
+        size = math.nan
+    if not (1 <= size < 2**63):  # also refuses nan, inf and a fraction of a byte
+        raise click.BadParameter(f"{text!r} is not a positive size like 5GB or 500MiB", param_hint="'--max-shard-size'")
+    return int(size)
+
+
+# Options several commands share, declared once: ``name_option()`` as declared, ``name_option(help=...)`` (or any
+# other click.option keyword) where one command needs its own wording or default.
+def _shared_option(*declarations: str, **defaults: Any) -> Callable[..., Callable[[FC], FC]]:
+    def option(**overrides: Any) -> Callable[[FC], FC]:
+        return click.option(*declarations, **{**defaults, **overrides})
+
+    return option
+
+
+class EnumChoice(click.Choice):
+    """A choice among an enum's values (``--kv-cache fp8``) that hands the command the enum member, so that options
+    reach the library typed as it declares them."""
+
+    def __init__(self, enum: type[Enum]):
+        self.enum = enum
+        super().__init__([member.value for member in enum])
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> Enum:
+        if isinstance(value, self.enum):
+            return value
+        return self.enum(super().convert(value, param, ctx))
+
+
+# Counts are at least 1 and ranks at least 0: click refuses anything else as a usage error naming the option.
+COUNT = click.IntRange(min=1)
+# Worker processes of convert and import: two keep the disk busy while one computes; more rarely pay on two cores.
+DEFAULT_WORKERS = min(2, os.cpu_count() or 1)
+RANK = click.IntRange(min=0)
+force_option = _shared_option("--force", is_flag=True, help="Replace OUT if it exists.")
+quiet_option = _shared_option("-q", "--quiet", is_flag=True, help="No progress bar.")
+json_option = _shared_option(
+    "--json", "as_json", is_flag=True, help="Print the result as one JSON document on stdout (messages stay on stderr)."
+)
+shard_size_option = _shared_option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard file.")
+target_option = _shared_option(
+    "--target",
+    type=EnumChoice(Target),
+    default="gaudi2",
+    show_default=True,
+    help="gaudi2: FP8 range ±240 (what FastDeploy serves); gaudi3: ±448.",
+)
+kv_cache_option = _shared_option(
+    "--kv-cache",
+    type=EnumChoice(KvCacheScheme),
+    default="fp8",
+    show_default=True,
+    help="fp8: fp8 KV cache and fp8 attention; none: attention stays BF16 (safer for Qwen2).",
+)
+measurements_option = _shared_option(
+    "--measurements",
+    "measurement_paths",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Activation statistics: hpu-fp8 measurement files (.json) or FastDeploy's measurement text files.",
+)
+tp_option = _shared_option("--tp", type=COUNT, default=1, show_default=True, help="Tensor-parallel size.")
+ep_option = _shared_option("--ep", type=COUNT, default=1, show_default=True, help="Expert-parallel size (MoE).")
+dead_experts_option = _shared_option(
+    "--dead-experts",
+    type=EnumChoice(DeadExpertPolicy),
+    default="error",
+    show_default=True,
+    help="Experts without a positive amax: error stops and lists them; sibling-max gives each the max of its "
+    "layer's other experts and records which in config.json.",
+)
+
+
+PIPELINE_ORDER = [
+    "demo", "synth", "calibrate", "convert", "import", "import-legacy", "retarget", "validate", "inspect", "eval",
+    "plan", "map", "export-legacy", "doctor", "push", "pull", "schema",
+]  # fmt: skip
+
+
+def _usage_failure(exc: click.UsageError, ctx: click.Context) -> NoReturn:
+    """A usage error as one line: click's reason and the command whose --help explains it."""
+    where = exc.ctx.command_path if exc.ctx is not None else ctx.command_path
+    fail(f"{exc.format_message()} (see `{where} --help`)", exc.exit_code)
+
+
+class _Commands(click.Group):
+    """The command group: every failure of a command is one ``hpu-fp8: error:`` line. A usage error (a bad
+    option value, a missing argument) names the option and where help is, exit 2, instead of click's
+    four-line usage block; Ctrl-C is one line and exit 130, not click's "Aborted!" and exit 1."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        """Commands in the order of the pipeline, not the alphabet."""
+        listed = super().list_commands(ctx)
+        return sorted(listed, key=lambda name: PIPELINE_ORDER.index(name) if name in PIPELINE_ORDER else len(listed))
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """The group's own options (``--log-level``, ``-v``) fail in one line too."""
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            _usage_failure(exc, ctx)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            _usage_failure(exc, ctx)
+        except KeyboardInterrupt:
+            fail(INTERRUPTED, EXIT_INTERRUPTED)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="hpu-fp8")
+@click.option("-v", "--verbose", count=True, help="More on stderr: -v the steps of long work, -vv debug detail.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars and no step messages; warnings and errors still show.")
+@click.option(
+    "--log-level",
+    type=click.Choice(list(LEVELS), case_sensitive=False),
+    envvar="HPU_FP8_LOG_LEVEL",
+    help="Set the level outright (error hides warnings too). [env: HPU_FP8_LOG_LEVEL]",
+)
+@click.pass_context
+def main(ctx: click.Context, verbose: int, quiet: bool, log_level: str | None) -> None:
+    """FP8 checkpoints for FastDeploy on Intel Gaudi, made and checked on a CPU.
+
+    The hpu-fp8 format (docs/spec.md) stores FP8 weights, fp32 dequantization scales and raw
+    activation amax, and records the FP8 range, target and calibration provenance.
+
+    stdout holds each command's result (with --json, one JSON document); warnings, errors and progress
+    go to stderr. Progress bars are drawn only on a terminal, and never with TQDM_DISABLE or
+    HF_HUB_DISABLE_PROGRESS_BARS set.
+    """
+    for stream in (sys.stdout, sys.stderr):  # a path of bytes that are no UTF-8 prints as \x escapes, not a traceback
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    from_command_line = ctx.get_parameter_source("log_level") == click.core.ParameterSource.COMMANDLINE
+    if log_level and (from_command_line or not (verbose or quiet)):
+        level = LEVELS[log_level]
+    else:
+        level = logging.DEBUG if verbose >= 2 else logging.INFO if verbose == 1 else logging.WARNING
+    configure(level, quiet)
