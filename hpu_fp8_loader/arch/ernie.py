@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hpu_fp8_loader.arch.base import ModelDescriptor, MoeConfig
 from hpu_fp8_loader.arch.config_keys import ErnieConfig, ErnieMoeConfig
+from hpu_fp8_loader.spec.config import FASTDEPLOY_ARCHITECTURES
 
 __all__ = ["ernie_dense", "ernie_moe"]
 
@@ -21,10 +22,10 @@ def _moe(config: ErnieMoeConfig) -> MoeConfig:
     )
 
 
-def _ernie(config: ErnieConfig, architecture: str) -> ModelDescriptor:
+def _ernie(config: ErnieConfig) -> ModelDescriptor:
     return ModelDescriptor(
         model_type=config.model_type,
-        architecture=architecture,
+        architecture=FASTDEPLOY_ARCHITECTURES[config.model_type],
         prefix="ernie",
         qkv_bias=False,
         moe=_moe(config) if isinstance(config, ErnieMoeConfig) else None,
@@ -33,8 +34,8 @@ def _ernie(config: ErnieConfig, architecture: str) -> ModelDescriptor:
 
 
 def ernie_moe(config: ErnieMoeConfig) -> ModelDescriptor:
-    return _ernie(config, "Ernie4_5_MoeForCausalLM")
+    return _ernie(config)
 
 
 def ernie_dense(config: ErnieConfig) -> ModelDescriptor:
-    return _ernie(config, "Ernie4_5ForCausalLM")
+    return _ernie(config)
