@@ -242,7 +242,7 @@ def _scan_tensor(fd: int, t: TensorInfo, fp8_max: float, buffer: bytearray, work
 
 
 def _scan_file(
-    path: Path, checked: list[TensorInfo], fp8_max: float, hashes: bool, progress: Callable[[int], None] | None
+    path: Path, checked: list[TensorInfo], fp8_max: float, hashes: bool, progress: Callable[[int], object] | None
 ) -> tuple[str | None, list[Violation]]:
     """Check the values of ``checked`` tensors of a shard; with ``hashes``, also hash the file in one
     sequential read that checks its fp8 codes on the way (kept tensors, a few per cent, are read again)."""
@@ -284,7 +284,7 @@ def _scan_files(
     qc: QuantizationConfig,
     hashes: bool,
     report: ValidationReport,
-    progress: Callable[[int], None] | None,
+    progress: Callable[[int], object] | None,
 ) -> dict[str, str]:
     """The value check of every shard (and its sha256 when ``hashes``), two files at a time."""
     by_file: dict[Path, list[TensorInfo]] = {}
@@ -338,7 +338,7 @@ def _check_config(config: dict, qc: QuantizationConfig, descriptor: ModelDescrip
 
 
 def _check(
-    root: str | Path, full: bool, hashes: bool, progress: Callable[[int], None] | None
+    root: str | Path, full: bool, hashes: bool, progress: Callable[[int], object] | None
 ) -> tuple[ValidationReport, Checkpoint, QuantizationConfig, ModelDescriptor]:
     """The report, and the checkpoint as the checks opened it (shard headers parsed once)."""
     root = Path(root)
@@ -370,7 +370,7 @@ def _check(
 
 
 def validate(
-    root: str | Path, full: bool = True, hashes: bool = False, progress: Callable[[int], None] | None = None
+    root: str | Path, full: bool = True, hashes: bool = False, progress: Callable[[int], object] | None = None
 ) -> ValidationReport:
     """Check ``root``; ``full`` also scans every fp8 weight and kept tensor; ``hashes`` also checks every sha256.
 

@@ -72,7 +72,7 @@ def calibrate(
     seq_len: int = 256,
     batch_size: int = 4,
     all_experts: bool = False,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], object] | None = None,
 ) -> CalibrationResult:
     """Run the reference engine over ``samples`` windows of ``dataset`` and record every act amax."""
     started = time.perf_counter()
