@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import click
+import pytest
 from click.testing import CliRunner
 
 from hpu_fp8_loader.cli.main import main
@@ -85,3 +88,29 @@ def test_the_command_list_reads_as_the_pipeline_and_nothing_is_cut_short():
     assert [line.split()[0] for line in listing] == PIPELINE_ORDER
     assert sorted(PIPELINE_ORDER) == sorted(main.commands)  # a new command gets a place in the order
     assert not [line for line in listing if line.endswith("...")]
+
+
+def test_every_help_ends_with_commented_examples_that_parse():
+    """Each command's --help ends with 2-4 examples, each under a `# what it does` line, each a valid invocation:
+    click parses it without running it (options exist as spelled, values convert, required arguments and options are
+    there). No path parameter declares exists=True, so parsing never looks at the disk and an example may name files
+    this machine lacks; the first assertion keeps it so (such a parameter would need its file made for its examples)."""
+    for name, command in main.commands.items():
+        assert not [p.name for p in command.params if isinstance(p.type, click.Path) and p.type.exists], name
+        result = CliRunner().invoke(main, [name, "--help"])
+        assert result.exit_code == 0, result.output
+        assert "Examples:" in result.output, f"{name} --help has no Examples: section"
+        section = result.output.split("Examples:", 1)[1].split("\nOptions:", 1)[0].splitlines()
+        lines = [line.strip() for line in section if line.strip()]
+        examples = [line for line in lines if line.startswith("hpu-fp8 ")]
+        assert 2 <= len(examples) <= 4, (name, examples)
+        assert lines[1::2] == examples and all(line.startswith("# ") for line in lines[::2]), (name, lines)
+        assert max(len(line) for line in section) <= 98, name  # the group's max_content_width 100, less click's margin
+        for line in examples:
+            words = shlex.split(line)
+            assert words[:2] == ["hpu-fp8", name], line
+            try:
+                with command.make_context(name, words[2:], resilient_parsing=False):
+                    pass
+            except click.UsageError as exc:  # BadParameter, MissingParameter and NoSuchOption among them
+                pytest.fail(f"{line!r} does not parse: {exc.format_message()}")

@@ -29,6 +29,19 @@ def validate(directory: Path, quick: bool, hashes: bool, as_json: bool, quiet: b
     Exit status: 0 valid, 1 invalid (every violation is listed), 2 unreadable (no directory,
     config.json missing or not JSON, not an hpu-fp8 checkpoint, unknown format_version, a file
     the system cannot read).
+
+    \b
+    Examples:
+      # Every rule, every weight scanned
+      hpu-fp8 validate ernie-fp8
+
+    \b
+      # Headers, scales, index and file sizes only: seconds on any size
+      hpu-fp8 validate ernie-fp8 --quick
+
+    \b
+      # Also every file's sha256 against the manifest, the report as JSON
+      hpu-fp8 validate ernie-fp8 --hashes --json
     """
     from hpu_fp8_loader.checks.validate import validate as run_validation
 
@@ -56,7 +69,17 @@ def validate(directory: Path, quick: bool, hashes: bool, as_json: bool, quiet: b
 @click.argument("directory", type=click.Path(path_type=Path))
 @json_option(help="Print the summary as JSON.")
 def inspect(directory: Path, as_json: bool) -> None:
-    """Summarise DIRECTORY: layers, roles, dtypes, bytes, scale ranges, saturated share."""
+    """Summarise DIRECTORY: layers, roles, dtypes, bytes, scale ranges, saturated share.
+
+    \b
+    Examples:
+      # One table row per role: tensors, MiB, dtypes, weight and act scale ranges, share at ±max
+      hpu-fp8 inspect ernie-fp8
+
+    \b
+      # The same summary as one JSON document
+      hpu-fp8 inspect ernie-fp8 --json
+    """
     from hpu_fp8_loader.checks.inspection import inspect_checkpoint
 
     with user_errors(EXIT_UNREADABLE):
@@ -97,6 +120,15 @@ def pull(repo_id: str, revision: str | None, as_json: bool) -> None:
     Checks the format version, every file's size and sha256 against the manifest, and the quick
     validation; prints the local path. HF_HUB_OFFLINE=1 uses the cache only; the token comes from
     huggingface_hub's usual sources (HF_TOKEN, `hf auth login`).
+
+    \b
+    Examples:
+      # Download and check every file; prints the local path
+      hpu-fp8 pull you/ERNIE-4.5-21B-A3B-hpu-fp8
+
+    \b
+      # A tagged release, the path and quantization_config as JSON
+      hpu-fp8 pull you/ERNIE-4.5-21B-A3B-hpu-fp8 --revision v1.0 --json
     """
     from hpu_fp8_loader.checks.load import load
 
@@ -120,7 +152,17 @@ def pull(repo_id: str, revision: str | None, as_json: bool) -> None:
 @click.argument("what", type=click.Choice(["quantization-config", "measurements"]))
 @json_option(help="Accepted for uniformity: the schema is JSON anyway.")
 def schema(what: str, as_json: bool) -> None:
-    """Print the JSON Schema of the quantization_config object or of the measurement file."""
+    """Print the JSON Schema of the quantization_config object or of the measurement file.
+
+    \b
+    Examples:
+      # The schema of config.json's quantization_config object
+      hpu-fp8 schema quantization-config
+
+    \b
+      # The schema of a measurement file (what calibrate writes and convert --measurements reads)
+      hpu-fp8 schema measurements
+    """
     from hpu_fp8_loader.spec.config import QuantizationConfig
     from hpu_fp8_loader.spec.measurements import Measurements
 

@@ -72,6 +72,23 @@ def convert(
     SRC is a directory (Paddle or Hugging Face torch layout; BF16, FP16, FP32, or compressed-tensors FP8) or a Hub repo id
     (the local cache is used offline). Output is written into OUT.partial and renamed when complete;
     after an interruption the same command resumes, reusing finished shards whose sha256 still matches.
+
+    \b
+    Examples:
+      # An ERNIE MoE from the Hub, with the amax `hpu-fp8 calibrate` wrote, in two worker processes
+      hpu-fp8 convert baidu/ERNIE-4.5-21B-A3B-Paddle ernie-fp8 --measurements amax.json --workers 2
+
+    \b
+      # FastDeploy's per-rank measurement files in fd-amax/, plus our own for Qwen2's MLP
+      hpu-fp8 convert ./Qwen2-7B-Instruct qwen2-fp8 --measurements fd-amax/ --measurements mlp.json
+
+    \b
+      # For Gaudi3: the FP8 range ±448 instead of the ±240 FastDeploy serves on Gaudi2
+      hpu-fp8 convert ./ERNIE-4.5-21B-A3B-PT ernie-g3 --measurements amax.json --target gaudi3
+
+    \b
+      # Attention and the KV cache left in BF16 (safer for Qwen2)
+      hpu-fp8 convert ./Qwen2-7B-Instruct qwen2-fp8 --measurements amax.json --kv-cache none
     """
     from hpu_fp8_loader.conversion.convert import convert as run_convert
     from hpu_fp8_loader.conversion.plan import ConvertOptions
@@ -140,6 +157,19 @@ def import_command(
     Fuses q|k|v and gate|up, transposes to [in, out], and requantizes each fused group exactly once
     from the source's FP8 values to one tensor-wise scale (channel-wise for experts) at ±240 for
     gaudi2; prints the error that adds, worst first. Static input scales become act_amax (x 448).
+
+    \b
+    Examples:
+      # A dynamic-activation checkpoint: calibrate every point, attention and KV cache in BF16
+      hpu-fp8 import ./Qwen2-7B-Instruct-FP8-dynamic qwen2-fp8 --calibrate --kv-cache none
+
+    \b
+      # Static input scales become act_amax; the measurement file adds q and the softmax
+      hpu-fp8 import ./Qwen2-7B-Instruct-FP8 qwen2-fp8 --measurements amax.json
+
+    \b
+      # Keep the source's ±448 range for Gaudi3
+      hpu-fp8 import ./Qwen2-7B-Instruct-FP8 qwen2-g3 --target gaudi3 --measurements amax.json
     """
     from hpu_fp8_loader.conversion.compressed_tensors import compressed_tensors_scheme, import_compressed_tensors
     from hpu_fp8_loader.conversion.plan import ConvertOptions
@@ -198,6 +228,19 @@ def import_legacy(
     Resolves the legacy activation_scale's two meanings (raw amax for self_attn keys, amax/240
     elsewhere), widens the older converter's tensor-wise expert scales to exact channel-wise ones,
     and fuses Hugging Face-named Qwen2 tensors (requantizing once where their scales differ).
+
+    \b
+    Examples:
+      # An ERNIE MoE written by FastDeploy's Model_convert.py
+      hpu-fp8 import-legacy ./ERNIE-4.5-21B-A3B-fp8-legacy ernie-fp8
+
+    \b
+      # A legacy Qwen2, with our measurements for the MLP points FastDeploy never measures
+      hpu-fp8 import-legacy ./Qwen2-7B-fp8-legacy qwen2-fp8 --measurements qwen2-mlp.json
+
+    \b
+      # Experts without a positive amax get the max of their layer's other experts
+      hpu-fp8 import-legacy ./ERNIE-4.5-21B-A3B-fp8-legacy ernie-fp8 --dead-experts sibling-max
     """
     from hpu_fp8_loader.conversion.legacy_import import import_legacy as run_import
     from hpu_fp8_loader.sources.measurements import load_measurements
@@ -233,7 +276,17 @@ def import_legacy(
 @force_option()
 @json_option()
 def retarget(src: Path, out: Path, target: Target, max_shard_size: str, force: bool, as_json: bool) -> None:
-    """Move hpu-fp8 checkpoint SRC between the Gaudi3 (±448) and Gaudi2 (±240) FP8 ranges."""
+    """Move hpu-fp8 checkpoint SRC between the Gaudi3 (±448) and Gaudi2 (±240) FP8 ranges.
+
+    \b
+    Examples:
+      # A ±448 checkpoint to the ±240 FastDeploy serves on Gaudi2
+      hpu-fp8 retarget ernie-g3 ernie-fp8 --target gaudi2
+
+    \b
+      # Relabel a ±240 checkpoint for Gaudi3, replacing an earlier OUT
+      hpu-fp8 retarget ernie-fp8 ernie-fp8-gaudi3 --target gaudi3 --force
+    """
     from hpu_fp8_loader.conversion.retarget import retarget as run_retarget
 
     with user_errors():

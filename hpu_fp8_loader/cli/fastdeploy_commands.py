@@ -36,6 +36,19 @@ def plan(model: Path, tp: int, ep: int, kv_cache: KvCacheScheme, as_json: bool) 
     """Size a deployment from MODEL's config.json (a directory or the file): bytes per rank, KV per token.
 
     When the directory also holds the weights, the config's layer and expert counts are checked against them.
+
+    \b
+    Examples:
+      # Bytes per rank and KV cache per token at TP 2 (a TP that does not fit lists the valid ones)
+      hpu-fp8 plan ./ERNIE-4.5-21B-A3B-Paddle --tp 2
+
+    \b
+      # Experts spread over four ranks
+      hpu-fp8 plan ernie-fp8 --ep 4
+
+    \b
+      # From config.json alone, sized for a BF16 KV cache, as JSON
+      hpu-fp8 plan ./Qwen2-7B-Instruct/config.json --tp 4 --kv-cache none --json
     """
     from hpu_fp8_loader.fastdeploy.plan import describe_model, plan_deployment
 
@@ -77,6 +90,19 @@ def map_command(
     Names are FastDeploy's parameter paths (e.g. ernie.layers.0.self_attn.qkv_proj.act_scale,
     ernie.layers.1.mlp.experts.up_gate_proj_weight); see the README for every name. With
     --all-ranks, writes rank{r}/ folders FastDeploy's pre-sharded path loads without splitting.
+
+    \b
+    Examples:
+      # What the hook hands TP rank 1 of 2
+      hpu-fp8 map ernie-fp8 --tp 2 --rank 1 -o rank1.safetensors
+
+    \b
+      # Expert-parallel rank 3 of 4
+      hpu-fp8 map ernie-fp8 --ep 4 --ep-rank 3 -o ep3.safetensors
+
+    \b
+      # FastDeploy's pre-sharded layout for TP 4: ernie-fp8-tp4/rank0/ ... rank3/
+      hpu-fp8 map ernie-fp8 --all-ranks --tp 4 -o ernie-fp8-tp4
     """
     from hpu_fp8_loader.fastdeploy.mapping import Parallelism
     from hpu_fp8_loader.fastdeploy.rankfiles import write_presharded, write_rank_file
@@ -115,6 +141,15 @@ def export_legacy(src: Path, out: Path, tp: int, max_shard_size: str, force: boo
 
     Serve it with FastDeploy's v0 loader (--load-choices default), without expert parallelism.
     Qwen2 only at TP 1: the v0 loader does not split its FP8 tensors (docs/fastdeploy.md section 5).
+
+    \b
+    Examples:
+      # For FastDeploy's stock v0 loader, served at TP 1
+      hpu-fp8 export-legacy ernie-fp8 ernie-fp8-legacy
+
+    \b
+      # Checked for serving at TP 2, in shards of at most 2GB
+      hpu-fp8 export-legacy ernie-fp8 ernie-fp8-legacy --tp 2 --max-shard-size 2GB
     """
     from hpu_fp8_loader.fastdeploy.legacy import export_legacy as run_export
 
@@ -150,8 +185,16 @@ def doctor(checkpoint: str | None, tp: int, ep: int, revision: str | None, no_bu
 
     \b
     Examples:
-      FD_PLUGINS=hpu_fp8 hpu-fp8 doctor
-      hpu-fp8 doctor ./ERNIE-4.5-21B-A3B-hpu-fp8 --tp 2 --json
+      # FastDeploy's environment alone: commit, MoE layout, entry point, FD_PLUGINS, routing
+      hpu-fp8 doctor
+
+    \b
+      # Also this checkpoint at TP 2: validation, TP x EP, FastDeploy building its model
+      hpu-fp8 doctor ./ERNIE-4.5-21B-A3B-hpu-fp8 --tp 2
+
+    \b
+      # A Hub checkpoint without the model build, every check as JSON
+      hpu-fp8 doctor you/ERNIE-4.5-21B-A3B-hpu-fp8 --no-build --json
     """
     from hpu_fp8_loader.fastdeploy.doctor import doctor as run_doctor
 

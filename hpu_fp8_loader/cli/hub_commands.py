@@ -76,6 +76,23 @@ def push(
     identifier (LFS sha256, or git blob id) is compared with the local manifest; a mismatch exits 1.
     Re-running after an interrupted upload resumes it. The token comes from huggingface_hub's usual
     sources (HF_TOKEN, `hf auth login`) and is never printed.
+
+    \b
+    Examples:
+      # A Hub model, calibrated on the built-in text; license and base model come from its card
+      hpu-fp8 push Qwen/Qwen2-0.5B --repo-id you/Qwen2-0.5B-hpu-fp8 --calibrate
+
+    \b
+      # All the local work, then print every file and the planned commit; touch nothing remote
+      hpu-fp8 push Qwen/Qwen2-0.5B --repo-id you/Qwen2-0.5B-hpu-fp8 --calibrate --dry-run
+
+    \b
+      # A local model names its BF16 original on the Hub, for the card's base_model
+      hpu-fp8 push ./my-qwen2 --repo-id you/my-qwen2-fp8 --calibrate --base-model Qwen/Qwen2-0.5B
+
+    \b
+      # A 7 B model with its measurement file, as a pull request (eval above 3 B needs --eval)
+      hpu-fp8 push Qwen/Qwen2-7B --repo-id you/Qwen2-7B-hpu-fp8 --measurements amax.json --create-pr
     """
     from hpu_fp8_loader.conversion.plan import ConvertOptions
     from hpu_fp8_loader.hub.publish import PushOptions

@@ -45,7 +45,21 @@ from hpu_fp8_loader.spec.choices import KvCacheScheme
 @force_option(help="Replace --out even if the demo did not make it.")
 @json_option()
 def demo(work_dir: Path, model: str, kv_cache: KvCacheScheme, force: bool, as_json: bool) -> None:
-    """Run the main job on the embedded default: calibrate, convert, validate and evaluate a tiny trained model."""
+    """Run the main job on the embedded default: calibrate, convert, validate and evaluate a tiny trained model.
+
+    \b
+    Examples:
+      # The tiny trained ERNIE MoE end to end in ./hpu-fp8-demo, printing the accuracy table
+      hpu-fp8 demo
+
+    \b
+      # The tiny Qwen2 with attention and KV cache left in BF16, in another directory
+      hpu-fp8 demo --model qwen2-bytes --kv-cache none --out qwen2-demo
+
+    \b
+      # Replace a directory the demo did not make, and print everything as one JSON document
+      hpu-fp8 demo --out /tmp/hpu-fp8-demo --force --json
+    """
     from hpu_fp8_loader.cli.demo import run_demo
 
     with user_errors():
@@ -118,6 +132,19 @@ def calibrate(
     tokenizer.json when present (and the tokenizers library), else one token per UTF-8 byte.
     The output files are checked before any work and written atomically; an existing one is
     replaced only with --force, and never one inside MODEL.
+
+    \b
+    Examples:
+      # ERNIE MoE on the built-in text: 64 windows of 512 tokens
+      hpu-fp8 calibrate ./ERNIE-4.5-21B-A3B-PT -o measurements.json --samples 64 --seq-len 512
+
+    \b
+      # Your own text, with every expert calibrated (no dead experts left for convert)
+      hpu-fp8 calibrate ./ERNIE-4.5-21B-A3B-PT -o ernie.json --dataset corpus.jsonl --all-experts
+
+    \b
+      # Qwen2, also in FastDeploy's measurement text format, replacing earlier files
+      hpu-fp8 calibrate ./Qwen2-7B-Instruct -o qwen2.json --fastdeploy-format qwen2.txt --force
     """
     from hpu_fp8_loader.quality.calibrate import calibrate as run_calibration
     from hpu_fp8_loader.quality.calibrate import check_outputs, write_fastdeploy_file
@@ -193,6 +220,19 @@ def eval_command(
 
     Prints top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both perplexities. Without
     --weights-only / --no-kv-fp8 every row is shown; with them, the FP8 row and the rows asked for.
+
+    \b
+    Examples:
+      # Every row (fp8, weights-only, no-kv-fp8) on the held-out part of the built-in text
+      hpu-fp8 eval ./ERNIE-4.5-21B-A3B-Paddle ./ernie-fp8
+
+    \b
+      # As served at TP 2, with the decode path's attention quantization
+      hpu-fp8 eval ./ERNIE-4.5-21B-A3B-Paddle ./ernie-fp8 --tp 2 --decode-attention
+
+    \b
+      # Only the FP8 and weights-only rows, on 32 windows of your own text
+      hpu-fp8 eval ./Qwen2-7B-Instruct ./qwen2-fp8 --weights-only --dataset eval.txt --samples 32
     """
     from hpu_fp8_loader.quality.evaluate import chosen_variants, evaluate
 

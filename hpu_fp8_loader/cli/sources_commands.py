@@ -59,7 +59,21 @@ def synth(
     quiet: bool,
     as_json: bool,
 ) -> None:
-    """Write a deterministic random-init BF16 source checkpoint to OUT."""
+    """Write a deterministic random-init BF16 source checkpoint to OUT.
+
+    \b
+    Examples:
+      # A tiny random ERNIE MoE in FastDeploy's Paddle layout
+      hpu-fp8 synth ernie-moe-tiny
+
+    \b
+      # The same model in the Hugging Face torch layout (same values, other names and shapes)
+      hpu-fp8 synth ernie-moe-tiny-torch --layout torch
+
+    \b
+      # A four-layer tiny Qwen2, with other values (they depend only on the seed and the name)
+      hpu-fp8 synth qwen2-tiny --preset qwen2-tiny --set num_hidden_layers=4 --seed 7
+    """
     from hpu_fp8_loader.arch import describe
     from hpu_fp8_loader.sources.synth import preset_config, synthesize
 
