@@ -38,61 +38,192 @@ def one_line(value: object) -> str:
 
 
 class HpuFp8Error(Exception):
-    """Base class: an error caused by the input or the environment, never a bug of ours."""
+    """Base class: an error caused by the input or the environment, never a bug of ours.
+
+    Every failure a user can cause is a subclass (or, for a few rarer refusals, this class itself); its message is
+    one line that names the file, tensor or key at fault. Catch it to handle them all, as the CLI does.
+
+    Example:
+        >>> from hpu_fp8_loader import HpuFp8Error, validate
+        >>> try:
+        ...     validate("not-a-checkpoint")
+        ... except HpuFp8Error as exc:
+        ...     print(f"hpu-fp8: error: {exc}")
+        hpu-fp8: error: not-a-checkpoint: no such checkpoint directory
+    """
 
 
 class CheckpointNotFoundError(HpuFp8Error):
-    """The checkpoint directory or one of its required files does not exist."""
+    """The checkpoint directory or one of its required files does not exist.
+
+    Also raised by :func:`~hpu_fp8_loader.load` for a Hub repository that is missing, gated or private, a
+    revision that does not exist, or a repo id that is neither cached nor reachable offline.
+
+    Example:
+        >>> try:
+        ...     validate("qwen2-fp8-typo")
+        ... except CheckpointNotFoundError as exc:
+        ...     print(exc)
+        qwen2-fp8-typo: no such checkpoint directory
+    """
 
 
 class ConfigError(HpuFp8Error):
-    """config.json is missing, is not JSON, or breaks the schema."""
+    """config.json is missing, is not JSON, or breaks the schema.
+
+    Also raised for a model config or option that cannot be served or made: an unknown preset or config key, a
+    tensor parallelism that does not split the model, a source tensor that does not fit its config.
+
+    Example:
+        >>> try:
+        ...     preset_config("qwen2-tiny", {"hiden_size": 64})
+        ... except ConfigError as exc:
+        ...     print(exc)
+        synth --set: unknown config key 'hiden_size' for qwen2-tiny; did you mean hidden_size, hidden_act?
+    """
 
 
 class NotHpuFp8CheckpointError(ConfigError):
-    """A checkpoint without an hpu-fp8 quantization_config was given where one was required."""
+    """A checkpoint without an hpu-fp8 quantization_config was given where one was required.
+
+    Its message says what the checkpoint looks like instead (a BF16 source, a legacy FastDeploy one) and which
+    command takes it.
+
+    Example:
+        >>> try:
+        ...     load(TINY_MODELS["qwen2-bytes"])  # a BF16 source, not yet converted
+        ... except NotHpuFp8CheckpointError:
+        ...     convert(TINY_MODELS["qwen2-bytes"], "qwen2-fp8", [measurements])
+    """
 
 
 class UnsupportedFormatVersionError(ConfigError):
-    """The checkpoint declares a format_version this reader does not implement."""
+    """The checkpoint declares a format_version this reader does not implement.
+
+    Example:
+        >>> try:
+        ...     load("org/made-by-a-newer-hpu-fp8-loader")
+        ... except UnsupportedFormatVersionError as exc:
+        ...     print(exc)  # "...: format_version is 2, but this reader implements format_version 1 only; upgrade ..."
+    """
 
 
 class UnknownArchitectureError(ConfigError):
-    """config.json names a model_type no descriptor exists for."""
+    """config.json names a model_type no descriptor exists for (the supported ones: ernie4_5_moe, ernie4_5, qwen2).
+
+    Example:
+        >>> try:
+        ...     describe_model("Llama-3.1-8B")
+        ... except UnknownArchitectureError as exc:
+        ...     print(exc)  # "Llama-3.1-8B/config.json: model_type 'llama' is not supported; supported: ..."
+    """
 
 
 class SafetensorsFormatError(HpuFp8Error):
-    """A safetensors file is truncated, has a corrupt header, or its offsets do not fit the file."""
+    """A safetensors file is truncated, has a corrupt header, or its offsets do not fit the file.
+
+    Example:
+        >>> try:
+        ...     convert("qwen2-bf16-partial-download", "qwen2-fp8", [measurements])
+        ... except SafetensorsFormatError as exc:
+        ...     print(exc)  # names the shard and what is wrong with it; download it again
+    """
 
 
 class UnsafePathError(HpuFp8Error):
-    """An index entry points outside the checkpoint directory (absolute path, `..`, symlink escape)."""
+    """An index entry points outside the checkpoint directory (absolute path, `..`, symlink escape).
+
+    Also raised for an output that is, lies inside or contains its source (which is never modified), and for
+    a staging path ``OUT.partial`` that is a link or a file rather than a directory this tool made.
+
+    Example:
+        >>> try:
+        ...     convert("qwen2-bf16", "qwen2-bf16/fp8", [measurements])
+        ... except UnsafePathError as exc:
+        ...     print(exc)
+        qwen2-bf16/fp8: it lies inside the source qwen2-bf16; the source is never modified, choose another OUT
+    """
 
 
 class CheckpointIndexError(HpuFp8Error):
-    """model.safetensors.index.json is missing, malformed, or disagrees with the shard files."""
+    """model.safetensors.index.json is missing, malformed, or disagrees with the shard files.
+
+    Example:
+        >>> try:
+        ...     convert("qwen2-bf16", "qwen2-fp8", [measurements])
+        ... except CheckpointIndexError as exc:
+        ...     print(exc)  # e.g. "qwen2-bf16/model.safetensors.index.json: tensor '...' is not in model-00001-of-00002..."
+    """
 
 
 class NonFiniteError(HpuFp8Error):
-    """A tensor that must be quantized holds NaN or inf; FP8 casts must never see them."""
+    """A tensor that must be quantized holds NaN or inf; FP8 casts must never see them.
+
+    Also raised when calibration or evaluation meets a NaN or inf activation or logit, and when a command reads a
+    NaN code or value from an hpu-fp8 checkpoint; the message names the tensor (and the index of the first bad value).
+
+    Example:
+        >>> try:
+        ...     calibrate("qwen2-bf16-diverged")
+        ... except NonFiniteError as exc:
+        ...     print(exc)  # "qwen2-bf16-diverged: activation qwen2.layers.3.mlp.down_proj holds inf on calibration ..."
+    """
 
 
 class MeasurementError(HpuFp8Error):
-    """A measurement file is malformed or does not fit the model."""
+    """A measurement file is malformed or does not fit the model.
+
+    Example:
+        >>> try:
+        ...     convert("qwen2-bf16", "qwen2-fp8", [])
+        ... except MeasurementError as exc:
+        ...     print(exc)
+        no measurements given; pass --measurements
+    """
 
 
 class OutputExistsError(HpuFp8Error):
-    """The output path exists and overwriting it was not asked for."""
+    """The output path exists and overwriting it was not asked for.
+
+    With ``force``, an output is replaced only if it is a checkpoint this tool wrote (it holds
+    ``hpu_fp8_manifest.json``) or an empty directory; anything else is refused with this error too.
+
+    Example:
+        >>> try:
+        ...     convert("qwen2-bf16", "qwen2-fp8", [measurements])
+        ... except OutputExistsError:
+        ...     convert("qwen2-bf16", "qwen2-fp8", [measurements], ConvertOptions(force=True))
+    """
 
 
 class WorkerDiedError(HpuFp8Error):
-    """A worker process was killed (the out-of-memory killer, a signal) in the middle of its work."""
+    """A worker process was killed (the out-of-memory killer, a signal) in the middle of its work.
+
+    Nothing was published; the same call resumes from ``OUT.partial``, keeping the shards already finished.
+
+    Example:
+        >>> try:
+        ...     convert("ERNIE-4.5-21B-A3B-PT", "ernie-fp8", [measurements], ConvertOptions(workers=16))
+        ... except WorkerDiedError:  # out of memory? resume with fewer workers
+        ...     convert("ERNIE-4.5-21B-A3B-PT", "ernie-fp8", [measurements], ConvertOptions(workers=4))
+    """
 
 
 class WriteFailedError(HpuFp8Error):
     """Writing output failed (no space left, a file-size limit, an I/O error); nothing was published.
 
     ``reason`` is the system's reason alone, for a caller that words the message for its own output.
+
+    Attributes:
+        reason: the system's reason alone (such as ``"no space left on the device"``); the message itself when
+            none was given.
+
+    Example:
+        >>> try:
+        ...     convert("qwen2-bf16", "/mnt/small/qwen2-fp8", [measurements])
+        ... except WriteFailedError as exc:
+        ...     print(exc.reason)
+        no space left on the device
     """
 
     def __init__(self, message: str, reason: str = ""):
@@ -101,16 +232,52 @@ class WriteFailedError(HpuFp8Error):
 
 
 class OutputLockedError(HpuFp8Error):
-    """Another run is writing the same output; two writers in one staging directory corrupt each other."""
+    """Another run is writing the same output; two writers in one staging directory corrupt each other.
+
+    The message names the other run (its pid and command line); the lock dies with that process.
+
+    Example:
+        >>> try:
+        ...     convert("qwen2-bf16", "qwen2-fp8", [measurements])
+        ... except OutputLockedError as exc:
+        ...     print(exc)  # "qwen2-fp8: another hpu-fp8 run is writing it (pid 4242: ...); wait for it to finish ..."
+    """
 
 
 class HubError(HpuFp8Error):
-    """The Hub refused a request or could not be reached (no network, an HF_ENDPOINT that is no URL, HTTP errors)."""
+    """The Hub refused a request or could not be reached (no network, an HF_ENDPOINT that is no URL, HTTP errors).
+
+    The message names the repo id, the endpoint and the reason, never the token.
+
+    Example:
+        >>> try:
+        ...     load("org/qwen2-7b-hpu-fp8")
+        ... except HubError as exc:
+        ...     print(exc)  # "org/qwen2-7b-hpu-fp8: the connection to the Hub at https://huggingface.co failed while ..."
+    """
 
 
 class ChecksumMismatchError(HpuFp8Error):
-    """Files of a checkpoint disagree with its manifest (a corrupt or partial download)."""
+    """Files of a checkpoint disagree with its manifest (a corrupt or partial download).
+
+    Example:
+        >>> try:
+        ...     load("org/qwen2-7b-hpu-fp8")
+        ... except ChecksumMismatchError as exc:
+        ...     print(exc)  # which files differ from hpu_fp8_manifest.json; delete them from the cache and load again
+    """
 
 
 class UploadError(HubError):
-    """The Hub refused or interrupted the upload, or the uploaded files differ from the local ones."""
+    """The Hub refused or interrupted the upload, or the uploaded files differ from the local ones.
+
+    Raised by ``hpu-fp8 push`` (:func:`hpu_fp8_loader.hub.publish.push`); a subclass of :class:`HubError`.
+
+    Example:
+        >>> from hpu_fp8_loader.hub.publish import PushOptions, push
+        >>> try:
+        ...     push("qwen2-bf16", PushOptions(repo_id="me/qwen2-hpu-fp8", base_model="Qwen/Qwen2-7B", calibrate=True))
+        ... except UploadError as exc:
+        ...     print(exc)  # here: no token; checked before any conversion
+        me/qwen2-hpu-fp8: not logged in to the Hub; log in with `hf auth login` or set HF_TOKEN
+    """

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import inspect
 import io
 import re
 import subprocess
@@ -69,6 +70,20 @@ def test_every_front_door_name_resolves_and_is_documented(name: str):
     else:
         assert value.__module__.startswith("hpu_fp8_loader.")
     assert (value.__doc__ or "").strip(), f"{name} has no docstring"
+
+
+DOCUMENTED = [n for n in hpu_fp8_loader.__all__ if n not in ("__version__", "TINY_MODELS")]  # TINY_MODELS: its module
+
+
+@pytest.mark.parametrize("name", DOCUMENTED)
+def test_every_front_door_name_has_an_example_and_functions_their_sections(name: str):
+    value = getattr(hpu_fp8_loader, name)
+    doc = inspect.getdoc(value) or ""
+    assert "Example" in doc, f"{name}'s docstring has no Example section"
+    if inspect.isfunction(value):
+        result = "Yields:" if inspect.isgeneratorfunction(value) else "Returns:"
+        missing = [section for section in ("Args:", result) if section not in doc]
+        assert missing == [], f"{name}'s docstring lacks {', '.join(missing)}"
 
 
 def test_the_type_checking_block_names_every_export():

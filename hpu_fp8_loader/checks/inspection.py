@@ -17,6 +17,8 @@ __all__ = ["Inspection", "RoleSummary", "inspect_checkpoint"]
 
 @dataclass
 class RoleSummary:
+    """The tensors of one role in an :class:`Inspection`: count, bytes, dtypes, scale ranges and FP8 saturation."""
+
     tensors: int = 0
     bytes: int = 0
     dtypes: list[str] = field(default_factory=list)
@@ -27,6 +29,31 @@ class RoleSummary:
 
 @dataclass
 class Inspection:
+    """What :func:`inspect_checkpoint` found: the model's shape, its FP8 settings, and a summary per tensor role.
+
+    Attributes:
+        root: the checkpoint directory.
+        model_type: ``"ernie4_5_moe"``, ``"ernie4_5"`` or ``"qwen2"``.
+        layers: decoder layers.
+        moe_layers: the indices of the MoE layers (empty for a dense model).
+        experts: routed experts per MoE layer (0 for a dense model).
+        fp8_max: the FP8 range the values are stored at (240.0 or 448.0).
+        target: ``"gaudi2"`` or ``"gaudi3"``.
+        kv_cache_scheme: ``"fp8"`` or ``"none"``.
+        total_bytes: bytes of all tensors.
+        roles: role (such as ``"attn_qkv"``, ``"mlp_down"``, ``"act_inputs"``, ``"embedding"``) -> its
+            ``RoleSummary``: ``tensors``, ``bytes``, ``dtypes``, ``weight_scale`` and ``act_scale`` (min / median /
+            max, or None), ``saturated_share`` (the share of fp8 values at ±fp8_max, or None).
+
+    Example:
+        >>> from hpu_fp8_loader import inspect_checkpoint
+        >>> inspection = inspect_checkpoint("qwen2-fp8")
+        >>> inspection.model_type, inspection.layers, inspection.target
+        ('qwen2', 2, 'gaudi2')
+        >>> inspection.roles["attn_qkv"].dtypes
+        ['F8_E4M3', 'F32']
+    """
+
     root: str
     model_type: str
     layers: int
@@ -61,6 +88,25 @@ def inspect_checkpoint(root: str | Path) -> Inspection:
 
     The quick validation runs first: a summary of a checkpoint validate rejects (a config.json its
     tensors do not back, a missing manifest) would describe a model that is not there.
+
+    Args:
+        root: the hpu-fp8 checkpoint directory.
+
+    Returns:
+        An :class:`~hpu_fp8_loader.Inspection`; ``to_dict()`` gives the JSON ``hpu-fp8 inspect --json`` prints.
+
+    Raises:
+        HpuFp8Error: the checkpoint fails the quick validation (the first violations are named).
+        CheckpointNotFoundError: ``root`` is not a directory.
+        NotHpuFp8CheckpointError: not an hpu-fp8 checkpoint.
+        UnsupportedFormatVersionError: the checkpoint declares another format_version.
+        ConfigError: config.json is missing or invalid.
+        UnknownArchitectureError: config.json's model_type is not supported.
+
+    Example:
+        >>> from hpu_fp8_loader import inspect_checkpoint
+        >>> for role, summary in inspect_checkpoint("qwen2-fp8").roles.items():
+        ...     print(role, summary.tensors, summary.bytes, summary.saturated_share)
     """
     opened = open_validated(root)
     checkpoint, qc, descriptor = opened.checkpoint, opened.qc, opened.descriptor

@@ -61,6 +61,8 @@ _SCALE_SUFFIXES = (names.WEIGHT_SCALE, names.ACT_SCALE, names.ACT_AMAX)
 
 @dataclass(frozen=True)
 class Violation:
+    """One broken rule of docs/spec.md: the rule's id (such as ``"scales.range"``), where, and what is wrong."""
+
     rule: str  # the rule's id in docs/spec.md
     where: str  # file, tensor or key
     message: str
@@ -68,6 +70,29 @@ class Violation:
 
 @dataclass
 class ValidationReport:
+    """Every violation :func:`validate` found in a checkpoint (all of them, not the first), and its warnings.
+
+    Attributes:
+        root: the checkpoint directory checked.
+        mode: ``"quick"`` or ``"full"``, with ``" + sha256"`` when the hashes were checked.
+        violations: each broken rule as a ``Violation`` (``rule``: its id in docs/spec.md, such as
+            ``"scales.range"``; ``where``: the file, tensor or key; ``message``).
+        warnings: what is valid but worth knowing, such as an fp8_max of 448 FastDeploy cannot serve today.
+        tensors: tensors found in the readable shards.
+        weight_bytes_scanned: bytes of weights whose values were checked (0 in the quick mode without hashes).
+        valid: whether there is no violation (read-only).
+
+    Example:
+        >>> from hpu_fp8_loader import validate
+        >>> report = validate("qwen2-fp8")
+        >>> report.valid, report.mode, report.tensors
+        (True, 'full', 57)
+        >>> for violation in report.violations:
+        ...     print(f"[{violation.rule}] {violation.where}: {violation.message}")
+        >>> report.to_dict()["valid"]  # the JSON `hpu-fp8 validate --json` prints
+        True
+    """
+
     root: str
     mode: str
     violations: list[Violation] = field(default_factory=list)
@@ -372,13 +397,42 @@ def _check(
 def validate(
     root: str | Path, full: bool = True, hashes: bool = False, progress: Callable[[int], object] | None = None
 ) -> ValidationReport:
-    """Check ``root``; ``full`` also scans every fp8 weight and kept tensor; ``hashes`` also checks every sha256.
+    """Check ``root`` against every rule of docs/spec.md; ``full`` also scans every fp8 weight and kept tensor;
+    ``hashes`` also checks every sha256.
 
-    sha256 guards transport, not the format: ``pull``, ``push`` and a resumed ``convert`` always
-    check it; here it is asked for, since hashing costs more than the rest of a full check.
+    Every violation is collected, so one run shows every problem; only a directory that cannot be read as an
+    hpu-fp8 v1 checkpoint at all raises. The quick check reads config.json, the index, every shard header, the
+    manifest (file sizes), the expected tensors and every scale. sha256 guards transport, not the format:
+    ``pull``, ``push`` and a resumed ``convert`` always check it; here it is asked for, since hashing costs more
+    than the rest of a full check.
 
-    Raises :class:`~hpu_fp8_loader.errors.HpuFp8Error` subclasses when the directory cannot be read
-    as an hpu-fp8 v1 checkpoint at all.
+    Args:
+        root: the hpu-fp8 checkpoint directory.
+        full: also check the values of every fp8 weight (no NaN code, nothing beyond ±fp8_max) and kept tensor
+            (no NaN or inf).
+        hashes: also check every file's sha256 against the manifest (with ``full``, in the same read).
+        progress: called with the byte count of each block read by the value scan or hashing.
+
+    Returns:
+        A :class:`~hpu_fp8_loader.ValidationReport`; ``report.valid`` is true when there is no violation.
+
+    Raises:
+        CheckpointNotFoundError: ``root`` is not a directory.
+        ConfigError: config.json is missing or not strict JSON, its quantization_config breaks the schema, or the
+            model keys are invalid.
+        NotHpuFp8CheckpointError: config.json has no hpu-fp8 quantization_config (a BF16 source, a legacy
+            FastDeploy checkpoint).
+        UnsupportedFormatVersionError: the checkpoint declares a format_version this reader does not implement.
+        UnknownArchitectureError: config.json's model_type is not supported.
+        OSError: a file cannot be read at all (permissions, an I/O error), which is no defect of the checkpoint.
+
+    Example:
+        >>> from hpu_fp8_loader import validate
+        >>> report = validate("qwen2-fp8", full=True)
+        >>> report.valid
+        True
+        >>> validate("qwen2-fp8", full=False, hashes=True).mode  # after a copy or a download
+        'quick + sha256'
     """
     return _check(root, full, hashes, progress)[0]
 

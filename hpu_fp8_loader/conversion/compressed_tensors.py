@@ -36,6 +36,24 @@ __all__ = ["CompressedTensorsImportResult", "compressed_tensors_scheme", "import
 
 @dataclass
 class CompressedTensorsImportResult:
+    """What :func:`import_compressed_tensors` wrote, and what requantizing the source cost.
+
+    Attributes:
+        out: the published hpu-fp8 v1 checkpoint directory.
+        scheme: the source's FP8 scheme, in words, such as ``"FP8 weights per channel, activations dynamic"``.
+        errors: ``(spec tensor, relative RMSE)`` the requantization to the spec's scales and range added to the
+            source's own error, worst first.
+        warnings: what the import had to change, such as a router quantized in the source (dequantized to float32,
+            as FastDeploy keeps the router unquantized).
+
+    Example:
+        >>> from hpu_fp8_loader import ConvertOptions, import_compressed_tensors
+        >>> result = import_compressed_tensors("Qwen2-7B-Instruct-FP8", "qwen2-7b-hpu-fp8", ConvertOptions(kv_cache="none"))
+        >>> print(result.scheme)
+        FP8 weights per tensor, activations static tensor
+        >>> worst_tensor, worst_error = result.errors[0]  # e.g. ('qwen2.layers.0.self_attn.o_proj.weight', 0.03)
+    """
+
     out: Path
     scheme: str
     errors: list[tuple[str, float]] = field(default_factory=list)  # (spec tensor, relative RMSE added to the source's)
@@ -176,8 +194,47 @@ def import_compressed_tensors(
 ) -> CompressedTensorsImportResult:
     """A compressed-tensors FP8 checkpoint -> hpu-fp8 v1 at ``options.fp8_max`` (±240 for Gaudi2).
 
-    The source's static input scales become act_amax; ``measurements`` fill the points it lacks (for dynamic
-    activations: a calibration of ``src`` itself, which the reference engine reads as fp8 x weight_scale).
+    For llm-compressor's FP8 output (what vLLM reads): OCP-range (±448) weights with tensor-wise or per-channel
+    scales. Every linear is dequantized from the source's own FP8 values and requantized exactly once to the
+    spec's scales and range (q|k|v and gate|up fused under one tensor-wise scale); the error that adds is measured
+    per tensor. The source's static input scales become act_amax (``input_scale`` x 448, provenance
+    ``imported-input-scale``), and so do its ``k_scale`` / ``v_scale``; ``measurements`` fill the points it lacks
+    (for dynamic activations: a calibration of ``src`` itself, which the reference engine reads as
+    fp8 x weight_scale). The scheme is checked before any work.
+
+    Args:
+        src: the compressed-tensors checkpoint directory (``quant_method: compressed-tensors``,
+            ``float-quantized`` format, Hugging Face torch layout).
+        out: the checkpoint directory to write.
+        options: as for :func:`~hpu_fp8_loader.convert`; ``ConvertOptions()`` by default (Gaudi2, FP8 KV cache).
+        measurements: activation measurements for the points the source has no static scale for; where both
+            have a point, the source's own scale wins.
+
+    Returns:
+        A :class:`~hpu_fp8_loader.CompressedTensorsImportResult`: the scheme found, the requantization error per
+        tensor, and warnings.
+
+    Raises:
+        ConfigError: no ``quantization_config``, or not compressed-tensors, or a scheme that does not import (not
+            FP8 float-quantized, asymmetric, block or group weight scales, non-tensor static activation scales,
+            sparse weights, no config groups); an input scale that is not finite and positive or gives an amax out
+            of range; and everything :func:`~hpu_fp8_loader.convert` refuses as ConfigError.
+        MeasurementError: activations are dynamic (no input scales) and no ``measurements`` were given, or what
+            :func:`~hpu_fp8_loader.convert` refuses about measurements (points still lacking, another model).
+        UnknownArchitectureError: config.json's model_type is not supported.
+        CheckpointNotFoundError: ``src`` is not a directory, or a shard is missing.
+        NonFiniteError: a weight holds NaN or inf, or its dequantized values overflow float32.
+        OutputExistsError: ``out`` exists and ``options.force`` is false.
+        HpuFp8Error: every other refusal of :func:`~hpu_fp8_loader.convert` (output, index and shard errors are
+            its subclasses listed there).
+
+    Example:
+        >>> from hpu_fp8_loader import calibrate, import_compressed_tensors
+        >>> # dynamic activations: calibrate the FP8 source itself for the points it has no scale for
+        >>> calibration = calibrate("Qwen2-7B-FP8-dynamic", samples=64, seq_len=512)
+        >>> result = import_compressed_tensors("Qwen2-7B-FP8-dynamic", "qwen2-7b-fp8", measurements=[calibration.measurements])
+        >>> result.out
+        PosixPath('qwen2-7b-fp8')
     """
     options = options or ConvertOptions()
     checkpoint = Checkpoint.open(src)

@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ConvertProgress:
+    """What :func:`convert` passes its ``progress`` callback after each tensor: source bytes and tensors done so far."""
+
     bytes_done: int
     bytes_total: int
     tensors_done: int
@@ -60,6 +62,29 @@ class ConvertProgress:
 
 @dataclass
 class ConvertResult:
+    """What :func:`convert` wrote, and what it did on the way.
+
+    Attributes:
+        out: the published hpu-fp8 v1 checkpoint directory.
+        layout: the source's layout as detected: ``Layout.PADDLE`` or ``Layout.TORCH`` (Hugging Face).
+        tensors_quantized: linear weights stored in FP8 (each with its weight scale).
+        tensors_kept: weights kept at their source precision (embeddings, norms, biases, router, lm_head).
+        bytes_in: bytes of the source's tensors.
+        bytes_out: bytes of the checkpoint's tensors.
+        seconds: wall time of the conversion.
+        reused_shards: shards kept from an interrupted earlier run of the same conversion (checked by sha256).
+        filled_experts: dead experts whose amax came from their siblings (``dead_experts="sibling-max"``).
+        requantization_errors: spec tensor -> the relative RMSE requantizing added, for linears read from an FP8
+            (compressed-tensors) source, worst first; empty for a BF16 source.
+        ratio: ``bytes_out / bytes_in`` (read-only).
+
+    Example:
+        >>> from hpu_fp8_loader import TINY_MODELS, convert, read_measurements
+        >>> result = convert(TINY_MODELS["qwen2-bytes"], "qwen2-fp8", [read_measurements("measurements.json")])
+        >>> result.out, result.layout, result.tensors_quantized, result.tensors_kept, f"{result.ratio:.2f}"
+        (PosixPath('qwen2-fp8'), <Layout.TORCH: 'torch'>, 8, 9, '0.57')
+    """
+
     out: Path
     layout: Layout
     tensors_quantized: int
@@ -85,12 +110,55 @@ def convert(
     progress: Callable[[ConvertProgress], None] | None = None,
     used_elsewhere: Collection[str] = (),
 ) -> ConvertResult:
-    """Convert ``src`` into an hpu-fp8 v1 checkpoint at ``out``.
+    """Convert ``src`` into an hpu-fp8 v1 checkpoint at ``out``, on a CPU, in bounded memory.
 
     Everything that can be refused (measurements, shapes, dtypes, tensors the model does not account
     for, a corrupt tokenizer file, an existing ``out``) is refused before any output is written. On
     failure ``out`` is untouched and ``out.partial`` holds what was finished; the same call resumes
-    from it. ``used_elsewhere``: source tensors a caller read itself (``import``'s input scales).
+    from it. Workers read the source in row blocks and hold a few blocks each, never a model. The
+    tokenizer and generation files of ``src`` are copied unchanged.
+
+    Args:
+        src: the BF16 source checkpoint directory (Paddle or Hugging Face torch layout, detected), or a
+            compressed-tensors FP8 one (prefer :func:`~hpu_fp8_loader.import_compressed_tensors`, which also reads its
+            input scales). A local directory: resolve a Hub repo id first (``hpu-fp8 convert`` does).
+        out: the checkpoint directory to write; staged in ``out.partial`` and renamed when complete.
+        measurements: one or more activation measurement sets, merged by max per module: a calibration's
+            ``measurements``, :func:`~hpu_fp8_loader.read_measurements` or
+            :func:`~hpu_fp8_loader.load_measurements`' result.
+        options: target, KV cache, scale rounding, sharding, ``force``, workers, dead-expert policy; the defaults
+            (``ConvertOptions()``) make a Gaudi2 (±240) checkpoint with an FP8 KV cache.
+        progress: called after each tensor with a ``ConvertProgress`` (bytes and tensors done, and their totals).
+        used_elsewhere: source tensors a caller read itself (``import``'s input scales), so that they are
+            not refused as tensors the model does not account for.
+
+    Returns:
+        A :class:`~hpu_fp8_loader.ConvertResult`; ``result.out`` is the published checkpoint.
+
+    Raises:
+        CheckpointNotFoundError: ``src`` is not a directory, or a shard file is missing.
+        ConfigError: config.json is missing or invalid; ``src`` is already an hpu-fp8 checkpoint (retarget changes
+            one's target); the source's tensors are missing, unexpected or of the wrong shape or dtype for its
+            config; or a file to copy (tokenizer) is corrupt.
+        UnknownArchitectureError: config.json's model_type is not supported.
+        SafetensorsFormatError: a source shard is truncated or corrupt.
+        CheckpointIndexError: the source's index is malformed or disagrees with the shards.
+        MeasurementError: no measurements; measurements of another model; an amax out of range; modules without a
+            positive amax; dead experts while ``options.dead_experts`` is ``error``.
+        NonFiniteError: a weight to quantize holds NaN or inf.
+        UnsafePathError: ``out`` is, lies inside or contains ``src``; an index entry or a file to copy points
+            outside ``src``; ``out.partial`` is a link or a file.
+        OutputExistsError: ``out`` exists and ``options.force`` is false (or it is not a checkpoint this tool wrote).
+        OutputLockedError: another run is writing ``out``.
+        WriteFailedError: writing failed (no space left, an I/O error); run the same call again to resume.
+        WorkerDiedError: a worker process was killed (out of memory?); run again, perhaps with fewer workers.
+
+    Example:
+        >>> from hpu_fp8_loader import ConvertOptions, convert, read_measurements
+        >>> measurements = read_measurements("measurements.json")
+        >>> result = convert("qwen2-bf16", "qwen2-fp8", [measurements], ConvertOptions(kv_cache="none"))
+        >>> result.out
+        PosixPath('qwen2-fp8')
     """
     started = time.perf_counter()
     options = options or ConvertOptions()

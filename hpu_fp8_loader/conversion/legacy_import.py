@@ -35,6 +35,26 @@ __all__ = ["LegacyImportResult", "import_legacy"]
 
 @dataclass
 class LegacyImportResult:
+    """What :func:`import_legacy` found in the legacy checkpoint and wrote.
+
+    Attributes:
+        out: the published hpu-fp8 v1 checkpoint directory.
+        layout: the legacy checkpoint's key layout: ``Layout.PADDLE`` or ``Layout.TORCH`` (Hugging Face names).
+        expert_scales: how its routed experts' weight scales were stored: ``"channel-wise"``,
+            ``"tensor-wise (older converter)"`` or ``"none"`` (a dense model).
+        kv_cache: ``KvCacheScheme.FP8`` when the legacy checkpoint carries attention scales, else ``NONE``.
+        requantized: ``(tensor, relative RMSE added)`` for each fused linear whose parts had different weight scales
+            and was requantized once under one scale.
+        filled_experts: dead experts whose amax came from their siblings (``dead_experts="sibling-max"``).
+        warnings: what changed on the way, such as a legacy s_matmul amax other than 1.0 (the spec fixes it at 1.0).
+
+    Example:
+        >>> from hpu_fp8_loader import import_legacy
+        >>> result = import_legacy("ernie-legacy-fp8", "ernie-fp8")
+        >>> result.expert_scales, result.kv_cache
+        ('channel-wise', <KvCacheScheme.FP8: 'fp8'>)
+    """
+
     out: Path
     layout: Layout
     expert_scales: str  # "channel-wise", "tensor-wise (older converter)" or "none"
@@ -161,8 +181,50 @@ def import_legacy(
 ) -> LegacyImportResult:
     """A legacy FastDeploy FP8 checkpoint -> hpu-fp8 v1, one tensor at a time.
 
+    The legacy layout is what PaddleCustomDevice's ``Model_convert.py`` writes (``quant_weight``, ``weight_scale``,
+    ``activation_scale`` keys; docs/fastdeploy.md section 9). Each ``activation_scale`` is resolved to an amax by
+    its key's meaning (raw amax for ``self_attn`` keys, amax / 240 otherwise); each weight is kept as its FP8 codes
+    and scale, and requantized once only where the spec's scale differs (fused parts with different scales).
     ``measurements`` supply points the legacy checkpoint lacks (FastDeploy never measures Qwen2's
     MLP, docs/fastdeploy.md section 10); where both have a point, the larger amax wins.
+
+    Args:
+        src: the legacy checkpoint directory (config.json with a ``mix_quant`` quantization_config).
+        out: the checkpoint directory to write.
+        measurements: activation measurements for the points the legacy checkpoint lacks.
+        dead_experts: ``DeadExpertPolicy.ERROR`` (``"error"``: refuse experts without a positive amax) or
+            ``"sibling-max"`` (give each the largest amax of its layer's other experts).
+        max_shard_bytes: the largest output shard.
+        force: replace an existing ``out`` (only a checkpoint this tool wrote, or an empty directory).
+
+    Returns:
+        A :class:`~hpu_fp8_loader.LegacyImportResult`: the layout and expert scales found, the KV cache scheme,
+        requantization errors and warnings.
+
+    Raises:
+        NotHpuFp8CheckpointError: config.json has no ``mix_quant`` quantization_config (a BF16 checkpoint is
+            converted with :func:`~hpu_fp8_loader.convert`).
+        HpuFp8Error: ``src`` is already an hpu-fp8 checkpoint.
+        ConfigError: a quant_weight, weight_scale or kept tensor is missing or of the wrong dtype or shape, holds
+            NaN codes or values beyond ±240, a weight scale is not finite, positive and bf16-exact, an
+            activation_scale key names no known point or gives an amax out of range, or a torch-layout MoE
+            checkpoint (unsupported); also config.json errors.
+        MeasurementError: points lack an amax even with ``measurements`` (the message says to pass them), dead
+            experts under ``"error"``, or measurements of another model.
+        NonFiniteError: a kept (BF16) tensor holds NaN or inf.
+        UnknownArchitectureError: config.json's model_type is not supported.
+        CheckpointNotFoundError: ``src`` is not a directory, or a shard is missing.
+        OutputExistsError: ``out`` exists and ``force`` is false.
+        OutputLockedError: another run is writing ``out``.
+        UnsafePathError: ``out`` is, lies inside or contains ``src``, or ``OUT.partial`` is a link or a file.
+        WriteFailedError: writing failed (no space left, an I/O error).
+
+    Example:
+        >>> from hpu_fp8_loader import import_legacy, read_measurements
+        >>> # FastDeploy never measures Qwen2's MLP: a calibration supplies those points
+        >>> result = import_legacy("qwen2-legacy-fp8", "qwen2-fp8", [read_measurements("measurements.json")])
+        >>> result.kv_cache, result.warnings
+        (<KvCacheScheme.FP8: 'fp8'>, [])
     """
     checkpoint = Checkpoint.open(src)
     qc_raw = checkpoint.config.get("quantization_config")

@@ -42,6 +42,36 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ConvertOptions:
+    """How :func:`~hpu_fp8_loader.convert` makes a checkpoint: FP8 range, KV cache, scales, output and workers.
+
+    Frozen. The enum fields also take their plain string values (``"gaudi3"``, ``"none"``, ``"pow2"``,
+    ``"sibling-max"``), as the command line passes them.
+
+    Attributes:
+        target: the Gaudi generation: ``gaudi2`` (±240, what FastDeploy serves today) or ``gaudi3`` (±448).
+        kv_cache: ``fp8`` (FP8 KV cache and attention) or ``none`` (attention and KV cache stay BF16).
+        scale_rounding: ``none``, or ``pow2`` to round every scale up to a power of two (weights are then
+            quantized with the rounded scale).
+        max_shard_bytes: the largest output shard (a bigger tensor gets a shard of its own).
+        force: replace an existing output (only a checkpoint this tool wrote, or an empty directory).
+        workers: worker processes converting tensors; at least 1.
+        dead_experts: for routed experts no calibration token reached: ``error`` (refuse and list them) or
+            ``sibling-max`` (each gets the largest amax of its layer's other experts).
+        block_elements: elements per row block when a tensor is streamed (bounds a worker's memory).
+        whole_tensor_bytes: a source tensor of at most this many bytes is read whole (fast path for fused experts).
+        fp8_max: the FP8 range of ``target`` (read-only): 240.0 or 448.0.
+
+    Raises:
+        ValueError: a string that is no value of its enum, or ``workers`` below 1.
+
+    Example:
+        >>> from hpu_fp8_loader import ConvertOptions, convert
+        >>> options = ConvertOptions(kv_cache="none", workers=4)
+        >>> options.kv_cache, options.fp8_max
+        (<KvCacheScheme.NONE: 'none'>, 240.0)
+        >>> result = convert("qwen2-bf16", "qwen2-fp8", [measurements], options)
+    """
+
     target: Target = Target.GAUDI2
     kv_cache: KvCacheScheme = KvCacheScheme.FP8
     scale_rounding: ScaleRounding = ScaleRounding.NONE

@@ -30,6 +30,23 @@ __all__ = ["RetargetResult", "retarget"]
 
 @dataclass
 class RetargetResult:
+    """What :func:`retarget` did: rescaled the values, or only relabelled the checkpoint.
+
+    Attributes:
+        out: the published checkpoint directory.
+        action: ``"rescaled"`` (448 -> 240: fp8 values x 0.5, weight scales x 2) or ``"relabelled"`` (only the
+            target in config.json changed).
+        message: one line on what was done and why, ending, after rescaling, with how many values rounded.
+        values: fp8 values halved (0 when relabelled).
+        rounded: of those, subnormals whose halving was not exact (rounded to nearest even).
+
+    Example:
+        >>> from hpu_fp8_loader import retarget
+        >>> result = retarget("qwen2-fp8-gaudi3", "qwen2-fp8-gaudi2", "gaudi2")
+        >>> result.action, result.rounded <= result.values
+        ('rescaled', True)
+    """
+
     out: Path
     action: str  # "rescaled" or "relabelled"
     message: str
@@ -59,6 +76,41 @@ def retarget(
     """Retarget ``src`` for ``target``, writing ``out``; a checkpoint that already targets it is refused.
 
     ``src`` passes the quick validation first, and every block read is value-checked on the way.
+    To gaudi2 from ±448 (vllm-gaudi's 448 -> 240 rule): every fp8 weight value x 0.5 and every weight scale x 2,
+    so weight x scale is unchanged (exact except at the subnormal end, where the values that round are counted);
+    activation scales are derived again from the untouched act_amax. To gaudi3: a ±240 checkpoint is valid on
+    Gaudi3 as it is, so it is only relabelled; no precision is gained without the BF16 source (convert it again
+    with ``target="gaudi3"`` for that). A gaudi3-labelled checkpoint already at ±240 is relabelled for gaudi2.
+
+    Args:
+        src: the hpu-fp8 checkpoint directory.
+        out: the checkpoint directory to write.
+        target: ``Target.GAUDI2`` / ``"gaudi2"`` or ``Target.GAUDI3`` / ``"gaudi3"``.
+        max_shard_bytes: the largest output shard.
+        force: replace an existing ``out`` (only a checkpoint this tool wrote, or an empty directory).
+
+    Returns:
+        A :class:`~hpu_fp8_loader.RetargetResult`: what was done, and how many fp8 values rounded.
+
+    Raises:
+        ValueError: ``target`` is no Target value.
+        HpuFp8Error: ``src`` already targets ``target``; ``src`` fails the quick validation; a weight scale x 2
+            would overflow float32.
+        NonFiniteError: a block read holds a NaN code, a value beyond ±fp8_max or a NaN/inf kept value.
+        CheckpointNotFoundError: ``src`` is not a directory.
+        NotHpuFp8CheckpointError: ``src`` is not an hpu-fp8 checkpoint.
+        UnsupportedFormatVersionError: ``src`` declares another format_version.
+        ConfigError: ``src``'s config.json is missing or invalid.
+        OutputExistsError: ``out`` exists and ``force`` is false.
+        OutputLockedError: another run is writing ``out``.
+        UnsafePathError: ``out`` is, lies inside or contains ``src``, or ``OUT.partial`` is a link or a file.
+        WriteFailedError: writing failed (no space left, an I/O error).
+
+    Example:
+        >>> from hpu_fp8_loader import retarget
+        >>> result = retarget("qwen2-fp8-gaudi3", "qwen2-fp8-gaudi2", "gaudi2")  # FastDeploy serves ±240 only
+        >>> print(result.message)
+        rescaled for gaudi2: fp8 values x 0.5, weight scales x 2, act scales derived from act_amax for ±240; ...
     """
     target = Target(target)
     opened = open_validated(src)

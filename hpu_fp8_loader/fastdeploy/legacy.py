@@ -81,6 +81,21 @@ def legacy_key(part_name: str, suffix: str) -> str:
 
 @dataclass
 class LegacyExportResult:
+    """What :func:`export_legacy` wrote.
+
+    Attributes:
+        out: the published legacy-layout checkpoint directory.
+        tensors: tensors written.
+        warnings: such as, for Qwen2, that its legacy layout is inferred from FastDeploy's code (no FP8 Qwen2 has
+            been seen served by stock FastDeploy).
+
+    Example:
+        >>> from hpu_fp8_loader import export_legacy
+        >>> result = export_legacy("qwen2-fp8", "qwen2-legacy")
+        >>> result.out, result.tensors
+        (PosixPath('qwen2-legacy'), 41)
+    """
+
     out: Path
     tensors: int
     warnings: list[str] = field(default_factory=list)
@@ -124,7 +139,40 @@ def export_legacy(
     that tensor-parallel rank's share, for FastDeploy's pre-sharded ``rank{N}/`` path. Expert
     parallelism is not offered: FastDeploy's HPU MoE method runs it only from PR 5855 on, and the v0
     expert-parallel loader before it drops the MoE input scale this layout carries (docs/fastdeploy.md
-    section 5, "Expert parallelism").
+    section 5, "Expert parallelism"). For serving without the hpu_fp8 loader hook; each
+    ``activation_scale`` is written in its key's meaning (raw amax for ``self_attn`` keys, amax / 240 otherwise),
+    in bf16.
+
+    Args:
+        src: the hpu-fp8 checkpoint directory (fp8_max 240).
+        out: the directory to write.
+        tp: the tensor parallelism it will be served at (ERNIE at any, Qwen2 at 1); ignored when ``rank`` is given.
+        max_shard_bytes: the largest output shard.
+        force: replace an existing ``out`` (only a checkpoint this tool wrote, or an empty directory).
+        rank: write only this tensor-parallel rank's share (``Parallelism(tp_size, tp_rank)``).
+
+    Returns:
+        A :class:`~hpu_fp8_loader.LegacyExportResult`.
+
+    Raises:
+        HpuFp8Error: ``src`` fails the quick validation; its fp8_max is not 240 (retarget it first); a Qwen2 model
+            with ``tp`` above 1 (the v0 loader does not split its FP8 tensors).
+        ConfigError: ``tp`` or ``rank`` cannot serve this model (a width it does not split evenly, fewer KV heads
+            than ranks).
+        NonFiniteError: a value read holds a NaN code, a value beyond ±240 or a NaN/inf kept value.
+        CheckpointNotFoundError: ``src`` is not a directory.
+        NotHpuFp8CheckpointError: ``src`` is not an hpu-fp8 checkpoint.
+        UnsupportedFormatVersionError: ``src`` declares another format_version.
+        OutputExistsError: ``out`` exists and ``force`` is false.
+        OutputLockedError: another run is writing ``out``.
+        UnsafePathError: ``out`` is, lies inside or contains ``src``, or ``OUT.partial`` is a link or a file.
+        WriteFailedError: writing failed (no space left, an I/O error).
+
+    Example:
+        >>> from hpu_fp8_loader import export_legacy
+        >>> result = export_legacy("ERNIE-4.5-21B-A3B-hpu-fp8", "ernie-legacy", tp=4)  # FastDeploy splits it for 4 ranks
+        >>> result.warnings
+        []
     """
     opened = open_validated(src)
     checkpoint, qc, descriptor = opened.checkpoint, opened.qc, opened.descriptor

@@ -62,6 +62,27 @@ _SMALL_BYTES = 1 << 16
 
 @dataclass(frozen=True)
 class Parallelism:
+    """One rank of a FastDeploy deployment: its tensor-parallel and expert-parallel size and rank.
+
+    Which sizes a model can be served at is checked where the model is known (:func:`check_parallelism`:
+    every width split evenly, at least one KV head a rank, experts divided evenly); here only that each rank lies
+    in ``0..size - 1``.
+
+    Attributes:
+        tp_size: tensor-parallel ranks.
+        tp_rank: this rank's tensor-parallel index.
+        ep_size: expert-parallel ranks (MoE models only).
+        ep_rank: this rank's expert-parallel index.
+
+    Raises:
+        ConfigError: a size below 1, or a rank outside ``0..size - 1``.
+
+    Example:
+        >>> from hpu_fp8_loader import Parallelism, rank_parameters
+        >>> rank0 = Parallelism(tp_size=2, tp_rank=0)
+        >>> names = [piece.name for piece in rank_parameters("qwen2-fp8", rank0)]
+    """
+
     tp_size: int = 1
     tp_rank: int = 0
     ep_size: int = 1
@@ -81,7 +102,22 @@ class ParameterSpec:
 
 @dataclass(frozen=True)
 class MappedPiece:
-    """A parameter's value, or (``expert`` set) the slice ``[expert]`` of a stacked MoE parameter."""
+    """A parameter's value, or (``expert`` set) the slice ``[expert]`` of a stacked MoE parameter.
+
+    What :func:`~hpu_fp8_loader.rank_parameters` yields: exactly what the loader hook sets on FastDeploy's
+    parameter, under its name, in its final dtype and rank-local shape.
+
+    Attributes:
+        name: FastDeploy's parameter path, such as ``"qwen2.layers.0.self_attn.qkv_proj.weight"``.
+        array: the value: float8_e4m3fn weights, bfloat16 or float32 scales and kept tensors.
+        expert: for a stacked MoE parameter, the local expert index this slice fills; None otherwise.
+
+    Example:
+        >>> from hpu_fp8_loader import Parallelism, rank_parameters
+        >>> piece = next(iter(rank_parameters("qwen2-fp8", Parallelism(tp_size=2, tp_rank=0))))
+        >>> piece.name, piece.array.dtype, piece.array.shape, piece.expert
+        ('qwen2.embed_tokens.embeddings.weight', dtype(bfloat16), (128, 128), None)
+    """
 
     name: str
     array: np.ndarray

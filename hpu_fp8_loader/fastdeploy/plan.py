@@ -44,6 +44,29 @@ def parameter_group(name: str) -> str:
 
 @dataclass
 class DeploymentPlan:
+    """What one rank of a FastDeploy deployment holds: parameter bytes by group, and KV cache bytes per token.
+
+    Attributes:
+        model_type: ``"ernie4_5_moe"``, ``"ernie4_5"`` or ``"qwen2"``.
+        tp: tensor-parallel ranks.
+        ep: expert-parallel ranks.
+        kv_cache: ``"fp8"`` or ``"none"`` (BF16).
+        parameters: parameters of the whole model.
+        bytes_per_rank: group (``attention``, ``dense_mlp``, ``shared_experts``, ``routed_experts``, ``router``,
+            ``embeddings``, ``lm_head``, ``norms``) -> bytes on the busiest rank.
+        total_bytes_per_rank: the sum of ``bytes_per_rank``.
+        kv_bytes_per_token_per_rank: KV cache bytes one token takes on a rank, with the ``kv_cache`` chosen.
+        kv_bytes_per_token_per_rank_bf16: the same with a BF16 KV cache, for comparison.
+
+    Example:
+        >>> from hpu_fp8_loader import describe_model, plan_deployment
+        >>> plan = plan_deployment(describe_model("qwen2-fp8"), tp=2)
+        >>> plan.total_bytes_per_rank, plan.kv_bytes_per_token_per_rank, plan.kv_bytes_per_token_per_rank_bf16
+        (264064, 128, 256)
+        >>> plan.to_dict()["bytes_per_rank"]["dense_mlp"]
+        147480
+    """
+
     model_type: str
     tp: int
     ep: int
@@ -59,7 +82,31 @@ class DeploymentPlan:
 
 
 def plan_deployment(d: ModelDescriptor, tp: int = 1, ep: int = 1, kv_cache: KvCacheScheme = KvCacheScheme.FP8) -> DeploymentPlan:
-    """Bytes a rank holds at ``tp`` x ``ep`` (rank 0; every rank holds the same), and its KV cache per token."""
+    """Bytes a rank holds at ``tp`` x ``ep`` (rank 0; every rank holds the same), and its KV cache per token.
+
+    Sizing from config.json alone, before anything is converted or downloaded: the per-rank shapes are the
+    mapping's own, so the plan and the loader hook never disagree about what a rank holds.
+
+    Args:
+        d: the model's descriptor, from :func:`~hpu_fp8_loader.describe_model`.
+        tp: tensor-parallel ranks.
+        ep: expert-parallel ranks (MoE models only).
+        kv_cache: ``KvCacheScheme.FP8`` / ``"fp8"`` (one byte a KV value) or ``"none"`` (BF16, two bytes).
+
+    Returns:
+        A :class:`~hpu_fp8_loader.DeploymentPlan`.
+
+    Raises:
+        ConfigError: ``tp`` or ``ep`` is below 1, or the model cannot be served so (a width ``tp`` does not split
+            evenly, fewer KV heads than ranks, expert parallelism for a dense model or one that does not divide the
+            experts, MoE layers FastDeploy's ERNIE cannot build); for ``tp``, the message lists the valid sizes.
+        ValueError: ``kv_cache`` is no KvCacheScheme value.
+
+    Example:
+        >>> from hpu_fp8_loader import describe_model, plan_deployment
+        >>> plan = plan_deployment(describe_model("ERNIE-4.5-21B-A3B-Paddle"), tp=4, kv_cache="none")
+        >>> print(f"{plan.total_bytes_per_rank / 2**30:.1f} GiB a rank, {plan.kv_bytes_per_token_per_rank} KV bytes a token")
+    """
     kv_cache = KvCacheScheme(kv_cache)
     par = Parallelism(tp, 0, ep, 0)
     check_parallelism(d, par)
@@ -84,10 +131,28 @@ def describe_model(model: str | Path) -> ModelDescriptor:
     """The descriptor of MODEL: a directory (its config.json) or a config.json file.
 
     When the directory also holds the weights, the config's layer and expert counts are checked against
-    them, so that a deployment is never planned for a config its files do not back.
+    them, so that a deployment is never planned for a config its files do not back. A BF16 source and an
+    hpu-fp8 checkpoint of one model have the same descriptor.
+
+    Args:
+        model: a checkpoint directory, or a config.json file (no weights needed).
+
+    Returns:
+        The model's ``ModelDescriptor`` (``model_type``, ``num_layers``, ``num_heads``, ``num_kv_heads``,
+        ``head_dim``, ``hidden_size``, ``vocab_size``, ``moe``, ...), what :func:`plan_deployment` takes.
+
+    Raises:
+        ConfigError: the file (or the directory's config.json) is missing or not a JSON object, a model key is
+            invalid or out of bounds, or the config's layer or expert counts disagree with the weights.
+        UnknownArchitectureError: config.json's model_type is not supported.
+        CheckpointNotFoundError: a shard file of the directory is missing.
+        CheckpointIndexError: the directory's shard index is malformed or disagrees with the shards.
+        SafetensorsFormatError: a shard of the directory is truncated or corrupt.
 
     Example:
-        >>> plan_deployment(describe_model("ERNIE-4.5-21B-A3B-Paddle"), tp=2).total_bytes_per_rank
+        >>> from hpu_fp8_loader import describe_model, plan_deployment
+        >>> descriptor = describe_model("ERNIE-4.5-21B-A3B-Paddle/config.json")
+        >>> plan_deployment(descriptor, tp=2).total_bytes_per_rank
     """
     model = Path(model)
     if not model.is_dir():

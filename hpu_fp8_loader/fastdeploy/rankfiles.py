@@ -45,10 +45,36 @@ def rank_parameters(src: str | Path, par: Parallelism | None = None) -> Iterator
 
     The checkpoint is validated quickly first; values come in model order under FastDeploy's parameter
     names, stacked MoE parameters one expert at a time (``piece.expert``). ``par`` defaults to one rank (TP 1, EP 1).
+    Lets anyone check the mapping without an HPU; FastDeploy's multipliers (240 / amax) are made here, from the
+    descales the checkpoint stores, and every scale is checked finite and positive on its way out. Values are
+    read lazily, a rank's share at a time, and value-checked as they are read.
+
+    Args:
+        src: the hpu-fp8 checkpoint directory (fp8_max 240, no modules kept in BF16: what FastDeploy serves).
+        par: the rank: tensor- and expert-parallel size and index.
+
+    Returns:
+        An iterator of :class:`~hpu_fp8_loader.MappedPiece` (``name``, ``array``, ``expert``). The checks on ``par``
+        and the checkpoint's fp8_max run when iteration starts.
+
+    Raises:
+        HpuFp8Error: ``src`` fails the quick validation (at the call); while iterating: fp8_max is not 240 (retarget
+            it), modules are kept in BF16, or FastDeploy's formula gives a scale that is not finite and positive.
+        ConfigError: ``par`` cannot serve this model (a width it does not split evenly, fewer KV heads than ranks,
+            expert parallelism for a dense model or one that does not divide the experts); raised while iterating.
+        NonFiniteError: a value read holds a NaN code, a value beyond ±240 or a NaN/inf kept value (while iterating).
+        CheckpointNotFoundError: ``src`` is not a directory.
+        NotHpuFp8CheckpointError: ``src`` is not an hpu-fp8 checkpoint.
+        UnsupportedFormatVersionError: ``src`` declares another format_version.
+        UnknownArchitectureError: config.json's model_type is not supported.
 
     Example:
+        >>> from hpu_fp8_loader import Parallelism, rank_parameters
         >>> for piece in rank_parameters("qwen2-fp8", Parallelism(tp_size=2, tp_rank=0)):
         ...     print(piece.name, piece.array.dtype, piece.array.shape)
+        qwen2.embed_tokens.embeddings.weight bfloat16 (128, 128)
+        qwen2.layers.0.input_layernorm.weight bfloat16 (128,)
+        ...
     """
     opened = open_validated(src)
     return map_rank(opened.checkpoint, opened.qc, opened.descriptor, par or Parallelism())

@@ -58,6 +58,27 @@ class AmaxObserver(Observer):
 
 @dataclass
 class CalibrationResult:
+    """What :func:`calibrate` measured, and how.
+
+    Attributes:
+        measurements: every activation amax of the model, with provenance ``reference-engine`` and the number of
+            tokens each expert saw; what :func:`~hpu_fp8_loader.convert` reads and
+            :func:`~hpu_fp8_loader.write_measurements` writes.
+        tokenizer: which tokenizer made the tokens: ``"tokenizer.json"`` (the model's own) or ``"bytes"`` (one
+            token per UTF-8 byte, when the model directory has no tokenizer.json).
+        tokens: tokens run through the model.
+        seconds: wall time of the calibration.
+        dead_experts: ``(layer, expert)`` of every routed expert no calibration token reached, sorted; convert
+            refuses them unless its ``dead_experts`` option is ``sibling-max`` (or calibrate again with
+            ``all_experts``).
+
+    Example:
+        >>> from hpu_fp8_loader import TINY_MODELS, calibrate
+        >>> result = calibrate(TINY_MODELS["qwen2-bytes"], samples=8, seq_len=64)
+        >>> result.tokenizer, result.tokens, result.dead_experts
+        ('bytes', 512, [])
+    """
+
     measurements: Measurements
     tokenizer: str
     tokens: int
@@ -74,7 +95,50 @@ def calibrate(
     all_experts: bool = False,
     progress: Callable[[int], object] | None = None,
 ) -> CalibrationResult:
-    """Run the reference engine over ``samples`` windows of ``dataset`` and record every act amax."""
+    """Run the reference engine over ``samples`` windows of ``dataset`` and record every act amax.
+
+    Activation statistics without an HPU: the float32 reference engine records, at every point FastDeploy's
+    measurement mode records (plus the Qwen2 MLP points it forgets), the whole-tensor max |x| over every window;
+    each expert's intermediate over the tokens routed to it. Tokens come from the model's ``tokenizer.json``
+    (with the ``tokenizers`` library), else one token per UTF-8 byte (a vocabulary of at least 256).
+
+    Args:
+        model: a local checkpoint directory: a BF16 source (either layout) or an hpu-fp8 checkpoint.
+        dataset: ``"builtin"`` (the first 90% of Python's own documentation; the rest is held out for
+            :func:`~hpu_fp8_loader.evaluate`), a UTF-8 ``.txt`` file, or a ``.jsonl`` file of ``{"text": ...}`` lines.
+        samples: how many windows to run (fewer when the text holds fewer).
+        seq_len: tokens per window; at most the model's ``max_position_embeddings``.
+        batch_size: windows per forward.
+        all_experts: also run every token through every routed expert, for the statistics only (never for the
+            forward): no expert stays uncalibrated, at the price of wider expert ranges and about E/k times the
+            expert work.
+        progress: called with the token count of each batch run.
+
+    Returns:
+        A :class:`~hpu_fp8_loader.CalibrationResult`; its ``measurements`` go to :func:`~hpu_fp8_loader.convert`.
+
+    Raises:
+        CheckpointNotFoundError: a shard file of ``model`` is missing.
+        ConfigError: ``model`` has no config.json (or does not exist), config.json is invalid or sets arithmetic
+            the engine does not compute (``hidden_act`` other than silu, ``rope_scaling``, sliding-window
+            attention), or the tensors do not fit it.
+        UnknownArchitectureError: config.json's model_type is not supported.
+        SafetensorsFormatError: a shard is truncated or corrupt.
+        CheckpointIndexError: the shard index is malformed or disagrees with the shards.
+        NonFiniteError: an activation is NaN or inf (the message names the module and the windows); nothing is
+            returned.
+        HpuFp8Error: the dataset cannot be read or holds no text, the tokenizer cannot be loaded or does not fit the
+            vocabulary, ``samples``, ``seq_len`` or ``batch_size`` is below 1, ``seq_len`` is beyond
+            max_position_embeddings or the text holds fewer tokens than one window, an hpu-fp8 ``model`` fails the
+            quick validation, or a layer does not fit in memory.
+
+    Example:
+        >>> from hpu_fp8_loader import TINY_MODELS, calibrate, write_measurements
+        >>> calibration = calibrate(TINY_MODELS["qwen2-bytes"], samples=8, seq_len=64)  # float32, on a CPU
+        >>> calibration.measurements.amax["qwen2.layers.0.self_attn.qkv_proj"]
+        4.144025802612305
+        >>> write_measurements("measurements.json", calibration.measurements)
+    """
     started = time.perf_counter()
     weights = open_weights(model)
     d = weights.descriptor

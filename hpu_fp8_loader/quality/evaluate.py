@@ -44,6 +44,11 @@ def chosen_variants(weights_only: bool = False, no_kv_fp8: bool = False) -> tupl
 
 @dataclass
 class EvalRow:
+    """One variant's accuracy against the BF16 model (a row of :class:`EvaluationResult`).
+
+    ``perplexity_increase`` (read-only) is ``perplexity_fp8 / perplexity_bf16 - 1``.
+    """
+
     variant: str
     top1_agreement: float
     mean_kl: float  # KL(bf16 || fp8) per token, nats
@@ -58,6 +63,28 @@ class EvalRow:
 
 @dataclass
 class EvaluationResult:
+    """The accuracy of the emulated FP8 model against the BF16 model: one row per variant.
+
+    Attributes:
+        tokens: held-out tokens run through both models.
+        tp: the tensor parallelism emulated.
+        dataset: the dataset, as given (``"builtin"`` for the held-out 10% of the built-in text).
+        rows: one ``EvalRow`` per variant computed (``"fp8"``, ``"weights-only"``, ``"no-kv-fp8"``), each with
+            ``top1_agreement`` (share of next-token predictions that agree), ``mean_kl`` (KL(bf16 || fp8) per
+            token, nats), ``relative_logit_rmse``, ``perplexity_bf16``, ``perplexity_fp8`` and
+            ``perplexity_increase`` (``perplexity_fp8 / perplexity_bf16 - 1``).
+        warnings: such as FP8 attention costing far more than FP8 linears (convert again with ``kv_cache="none"``).
+
+    Example:
+        >>> from hpu_fp8_loader import TINY_MODELS, evaluate
+        >>> evaluation = evaluate(TINY_MODELS["qwen2-bytes"], "qwen2-fp8", samples=2, seq_len=64)
+        >>> for row in evaluation.rows:
+        ...     print(f"{row.variant:>12}: top-1 agreement {row.top1_agreement:.3f}, mean KL {row.mean_kl:.2e}")
+                 fp8: top-1 agreement 0.976, mean KL 8.64e-03
+        weights-only: top-1 agreement 0.992, mean KL 1.46e-03
+           no-kv-fp8: top-1 agreement 0.992, mean KL 4.36e-03
+    """
+
     tokens: int
     tp: int
     dataset: str
@@ -116,9 +143,50 @@ def evaluate(
 ) -> EvaluationResult:
     """Top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both perplexities, per variant.
 
-    ``fp8_checkpoint`` passes the quick validation before anything runs; its values are checked as the
-    emulator maps them. Before any forward, too: the two must be the same model (:func:`check_same_model`),
+    Accuracy evidence without a Gaudi: the reference is the float32 engine on the BF16 source; the FP8 side
+    emulates FastDeploy's HPU kernels on exactly the parameters the loader hook hands FastDeploy. Text is held out
+    from calibration. ``fp8_checkpoint`` passes the quick validation before anything runs; its values are checked
+    as the emulator maps them. Before any forward, too: the two must be the same model (:func:`check_same_model`),
     and a window must hold 2 tokens (one next-token prediction) and fit max_position_embeddings.
+
+    Args:
+        bf16_source: the BF16 source checkpoint directory ``fp8_checkpoint`` was converted from.
+        fp8_checkpoint: the hpu-fp8 checkpoint directory (fp8_max 240: what FastDeploy serves).
+        dataset: ``"builtin"`` (the held-out last 10% of the built-in text, never calibrated on), a UTF-8 ``.txt``
+            or a ``.jsonl`` file of ``{"text": ...}`` lines.
+        samples: how many windows to run (fewer when the text holds fewer).
+        seq_len: tokens per window: at least 2, at most the model's ``max_position_embeddings``.
+        tp: the tensor parallelism to emulate: every rank's share runs, and row-parallel outputs are reduced as
+            bf16 partial sums.
+        variants: the rows to compute: ``"fp8"`` (the checkpoint as FastDeploy runs it), ``"weights-only"`` (FP8
+            weights, float32 activations), ``"no-kv-fp8"`` (FP8 linears, BF16 attention and KV cache; skipped when
+            the checkpoint already keeps attention in BF16).
+        decode_attention: quantize the unnormalised exp scores as FastDeploy's decode path does (prefill form
+            otherwise).
+
+    Returns:
+        An :class:`~hpu_fp8_loader.EvaluationResult`: one row per variant, and a warning when FP8 attention costs
+        far more than FP8 linears.
+
+    Raises:
+        HpuFp8Error: an unknown variant; ``seq_len`` below 2 or beyond max_position_embeddings; ``fp8_checkpoint``
+            fails the quick validation, is not at fp8_max 240 or keeps modules in BF16; the two are different
+            models; the dataset or tokenizer cannot be used, or holds fewer tokens than one window.
+        NonFiniteError: logits or an emulated value are NaN or inf (a weight so large that float32 overflows).
+        CheckpointNotFoundError: ``fp8_checkpoint`` is not a directory, or a shard is missing.
+        NotHpuFp8CheckpointError: ``fp8_checkpoint`` is not an hpu-fp8 checkpoint.
+        ConfigError: a config.json is missing or invalid, sets arithmetic the engine does not compute, or ``tp``
+            does not split the model.
+        UnknownArchitectureError: a config.json's model_type is not supported.
+
+    Example:
+        >>> from hpu_fp8_loader import TINY_MODELS, evaluate
+        >>> evaluation = evaluate(TINY_MODELS["qwen2-bytes"], "qwen2-fp8", samples=2, seq_len=64, variants=("fp8",))
+        >>> row = evaluation.rows[0]
+        >>> row.variant, round(row.top1_agreement, 3), f"{row.perplexity_increase:+.1%}"
+        ('fp8', 0.976, '-0.7%')
+        >>> evaluation.warnings
+        []
     """
     unknown = [name for name in variants if name not in VARIANTS]
     if unknown:

@@ -59,7 +59,25 @@ def read_measurements(path: str | Path) -> Measurements:
     """A measurement file, validated strictly: a number written as a string or a boolean is an error, not a value.
 
     ``read_json_object`` names the file for every way it can fail to be one JSON object; the fields are
-    then checked in pydantic's strict JSON mode, where ``"3.5"`` and ``true`` are not numbers.
+    then checked in pydantic's strict JSON mode, where ``"3.5"`` and ``true`` are not numbers. Only our JSON
+    format is read here; :func:`load_measurements` also reads FastDeploy's text files.
+
+    Args:
+        path: a JSON file as :func:`write_measurements` (or ``hpu-fp8 calibrate -o``) writes it.
+
+    Returns:
+        The file's :class:`~hpu_fp8_loader.Measurements`.
+
+    Raises:
+        MeasurementError: the file is missing or unreadable, is not one strict JSON object, its ``format`` is not
+            ``"hpu-fp8-measurements"`` or its ``version`` not 1, a field breaks the schema (the message names
+            the key), or an amax is outside the range an activation amax may take (2^-100 to 2^100; zero is allowed).
+
+    Example:
+        >>> from hpu_fp8_loader import read_measurements
+        >>> measurements = read_measurements("measurements.json")
+        >>> measurements.provenance.tool
+        'hpu-fp8 calibrate'
     """
     path = Path(path)
     data = read_json_object(path, MeasurementError, "no such measurement file")
@@ -80,12 +98,42 @@ def read_measurements(path: str | Path) -> Measurements:
 
 
 def write_measurements(path: str | Path, measurements: Measurements, replace: bool = True) -> None:
-    """The measurement file, written atomically (see :func:`write_text_atomically`)."""
+    """Write ``measurements`` as a JSON measurement file, atomically (see :func:`write_text_atomically`).
+
+    ``path`` holds either what it held before or the whole new file, never a part, even after a crash; the file
+    is what :func:`read_measurements` and ``hpu-fp8 convert --measurements`` read.
+
+    Args:
+        path: the file to write; its directory must exist.
+        measurements: the measurements to write, such as ``calibrate(...).measurements``.
+        replace: replace an existing file; when false, a file at ``path`` (even one created while this ran)
+            is refused.
+
+    Returns:
+        None.
+
+    Raises:
+        OutputExistsError: ``replace`` is false and ``path`` exists.
+        WriteFailedError: the file cannot be created or written (a missing or read-only directory, no space left).
+
+    Example:
+        >>> from hpu_fp8_loader import TINY_MODELS, calibrate, write_measurements
+        >>> calibration = calibrate(TINY_MODELS["qwen2-bytes"], samples=8, seq_len=64)
+        >>> write_measurements("measurements.json", calibration.measurements)
+    """
     write_text_atomically(path, measurements.model_dump_json(indent=2, exclude_none=True) + "\n", replace)
 
 
 @dataclass
 class LoadedMeasurements:
+    """What :func:`load_measurements` read: the measurements, and warnings about them.
+
+    Attributes:
+        measurements: the measurements (FastDeploy's rank files merged by max).
+        warnings: signs of a stale or dummy FastDeploy file (an attention-probability amax far from 1, one value
+            repeated in every layer); always empty for our JSON files.
+    """
+
     measurements: Measurements
     warnings: list[str] = field(default_factory=list)
 
@@ -233,7 +281,34 @@ def _is_json(path: Path) -> bool:
 
 
 def load_measurements(path: str | Path) -> LoadedMeasurements:
-    """Measurements from our JSON file, or from FastDeploy's text file(s) (rank files merged by max)."""
+    """Measurements from our JSON file, or from FastDeploy's text file(s) (rank files merged by max).
+
+    FastDeploy's measurement mode writes ``key<TAB>float`` lines of raw amax to ``model_measurement.txt``, or one
+    ``model_measurement_{rank}.txt`` per tensor-parallel rank; each rank records its own shard of the sharded
+    activations, so the rank set must be complete, and the files are merged by max. A file is read as JSON when
+    its name ends in ``.json`` or its text starts with ``{`` or ``[``, whatever its name.
+
+    Args:
+        path: our JSON file; a FastDeploy text file (one rank file brings its siblings); or a directory holding
+            ``model_measurement.txt`` or its ``model_measurement_{rank}.txt`` set.
+
+    Returns:
+        A ``LoadedMeasurements``: ``.measurements`` (:class:`~hpu_fp8_loader.Measurements`; for FastDeploy's
+        files, provenance kind ``fastdeploy-measurement`` and no ``model``) and ``.warnings`` (signs of a stale or
+        dummy FastDeploy file: an attention-probability amax far from 1, one value repeated in every layer).
+
+    Raises:
+        MeasurementError: no such file (nor rank files), a rank file missing from the set, both a plain file and
+            rank files, a rank suffix that is not a plain decimal number, a file that is not UTF-8 or holds a line
+            that is not ``key<TAB>float`` with a FastDeploy measurement key, a key repeated in one file, a file
+            with no lines; for JSON, everything :func:`read_measurements` refuses.
+
+    Example:
+        >>> from hpu_fp8_loader import load_measurements
+        >>> loaded = load_measurements("fastdeploy_run/")  # model_measurement_0.txt, model_measurement_1.txt
+        >>> loaded.measurements.provenance.files, loaded.warnings
+        (['model_measurement_0.txt', 'model_measurement_1.txt'], [])
+    """
     path = Path(path)
     if path.is_file() and _is_json(path):
         return LoadedMeasurements(read_measurements(path))

@@ -81,10 +81,29 @@ _OUTLIER_FRACTION = 1e-4
 
 
 def preset_config(preset: str, overrides: dict | None = None) -> dict:
-    """A preset's config with overrides applied (unknown presets name the known ones).
+    """A preset's config with overrides applied (unknown presets name the known ones), ready for :func:`synthesize`.
 
     An override must name a key of the preset or one the model's descriptor reads: a typo such as
-    ``hiden_size`` would otherwise be written into config.json and silently change nothing.
+    ``hiden_size`` would otherwise be written into config.json and silently change nothing. The values
+    themselves are checked when the model is described (by :func:`synthesize`).
+
+    Args:
+        preset: ``"ernie-moe-tiny"``, ``"ernie-dense-tiny"`` or ``"qwen2-tiny"`` (the keys of ``PRESETS``).
+        overrides: config.json keys to set or replace, such as ``{"num_hidden_layers": 4}``.
+
+    Returns:
+        A new config.json dict (the preset itself is not modified).
+
+    Raises:
+        ConfigError: ``preset`` is unknown, or an override names a key neither the preset nor the model reads
+            (the message suggests close matches), or ``model_type`` is overridden with a non-string.
+        UnknownArchitectureError: ``model_type`` is overridden with a model type no descriptor exists for.
+
+    Example:
+        >>> from hpu_fp8_loader import preset_config
+        >>> config = preset_config("qwen2-tiny", {"num_hidden_layers": 4})
+        >>> config["model_type"], config["num_hidden_layers"]
+        ('qwen2', 4)
     """
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
@@ -177,9 +196,38 @@ def synthesize(
     force: bool = False,
     progress=None,
 ) -> Path:
-    """Write a BF16 source checkpoint of ``config`` to ``out``; returns the directory.
+    """Write a BF16 source checkpoint of ``config`` to ``out``, with deterministic random weights; returns the directory.
 
-    ``progress`` (optional) is called with the byte count of each tensor written.
+    For tests and demos of the pipeline without downloading a model. A tensor's values depend only on ``seed``
+    and its name, so both layouts of one config hold the same numbers, and converting either gives the same
+    output. The room it needs (memory for the largest tensor, disk for the whole model) is checked before writing.
+
+    Args:
+        out: the directory to write; made via ``OUT.partial`` and renamed when complete.
+        config: the model's config.json, such as :func:`preset_config` returns.
+        layout: ``Layout.PADDLE`` (``"paddle"``, FastDeploy's layout: fused, ``[in, out]``) or ``Layout.TORCH``
+            (``"torch"``, Hugging Face's: separate q/k/v and gate/up, ``[out, in]``).
+        seed: the random seed of every tensor's values.
+        max_shard_bytes: the largest shard file to write (a bigger tensor gets a shard of its own).
+        force: replace an existing ``out`` (only a checkpoint this tool wrote, or an empty directory).
+        progress: called with the byte count of each tensor written.
+
+    Returns:
+        ``Path(out)``, holding config.json, generation_config.json, the safetensors shards, their index and
+        the manifest.
+
+    Raises:
+        ConfigError: a config key is invalid or out of bounds, or the model needs more memory or disk than there is.
+        UnknownArchitectureError: ``config["model_type"]`` is not a supported model type.
+        OutputExistsError: ``out`` exists and ``force`` is false, or it is not a checkpoint this tool wrote.
+        OutputLockedError: another run is writing ``out``.
+        UnsafePathError: ``OUT.partial`` is a link or a file.
+        WriteFailedError: writing failed (no space left, an I/O error); nothing was published.
+
+    Example:
+        >>> from hpu_fp8_loader import preset_config, synthesize
+        >>> synthesize("qwen2-synth", preset_config("qwen2-tiny"), layout="torch", seed=0)
+        PosixPath('qwen2-synth')
     """
     layout = Layout(layout)
     descriptor = describe(config)

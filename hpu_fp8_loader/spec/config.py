@@ -149,7 +149,32 @@ class Producer(_Strict):
 
 
 class QuantizationConfig(_Strict):
-    """The ``quantization_config`` object: FastDeploy's mix_quant keys first, then the spec's own."""
+    """The ``quantization_config`` object: FastDeploy's mix_quant keys first, then the spec's own.
+
+    The one parser of an hpu-fp8 v1 config (strict, frozen, unknown keys refused); its JSON Schema ships with the
+    package (``hpu-fp8 schema quantization-config``). The constant keys have one allowed value each and are
+    not listed below; docs/spec.md section 2 describes every key.
+
+    Attributes:
+        kv_cache_quant_type: ``"float8_e4m3"`` exactly when ``kv_cache_scheme`` is FP8 (FastDeploy's key), else None.
+        fp8_max: the FP8 range the values are stored at: 240.0 (Gaudi2) or 448.0 (Gaudi3/OCP).
+        target: the Gaudi generation the checkpoint is made for; ``gaudi2`` requires fp8_max 240.
+        kv_cache_scheme: whether attention and the KV cache run in FP8 or stay BF16.
+        scale_rounding: ``none``, or ``pow2`` when every stored scale was rounded up to a power of two.
+        ignore: linear modules kept in BF16.
+        moe: the MoE policy (shared-expert input, dead experts filled from siblings); present exactly for MoE models.
+        calibration: where each act_amax came from: the sources, the default one and per-module overrides.
+        producer: the name and version of the tool that wrote the checkpoint.
+        servable_by_fastdeploy: whether FastDeploy's HPU path can serve it today (fp8_max 240).
+
+    Example:
+        >>> from hpu_fp8_loader import load
+        >>> qc = load("qwen2-fp8").quantization_config
+        >>> qc.target, qc.kv_cache_scheme, qc.fp8_max
+        (<Target.GAUDI2: 'gaudi2'>, <KvCacheScheme.FP8: 'fp8'>, 240.0)
+        >>> qc.calibration.sources[0].kind
+        <AmaxSourceKind.REFERENCE_ENGINE: 'reference-engine'>
+    """
 
     quantization: Literal["mix_quant"] = "mix_quant"
     dense_quant_type: Literal["tensor_wise_fp8"] = "tensor_wise_fp8"

@@ -52,10 +52,28 @@ class Measurements(_Strict):
     """A measurement file: the activation abs-max of every spec module (``amax``), where it came from
     (``provenance``), the model it was measured on, and the tokens each expert saw.
 
+    What :func:`~hpu_fp8_loader.calibrate` makes and :func:`~hpu_fp8_loader.convert` reads. Keys are checked on
+    construction: an amax key must be a spec activation module with plainly written layer and expert numbers
+    (``01`` would name the same module as ``1``), and every value finite and >= 0 (zero: a point no token reached).
+    The JSON Schema ships with the package (``hpu-fp8 schema measurements``).
+
+    Attributes:
+        format: always ``"hpu-fp8-measurements"``.
+        version: always 1.
+        provenance: where the values came from: ``kind`` (reference engine, FastDeploy measurement, ...), dataset,
+            samples, tokens, seq_len, date, tool and its version, source files.
+        model: model_type, num_hidden_layers and moe_num_experts of the model measured, to refuse measurements
+            of another model; None for FastDeploy's files, which do not say.
+        amax: spec activation module (such as ``"qwen2.layers.0.self_attn.qkv_proj"``) -> its abs-max.
+        expert_tokens: ``"<prefix>.layers.L.mlp.experts.E"`` -> tokens routed to that expert during calibration.
+
     Example:
-        >>> from hpu_fp8_loader import load_measurements
-        >>> load_measurements("measurements.json").measurements.amax["qwen2.layers.0.self_attn.qkv_proj"]  # doctest: +SKIP
-        3.52
+        >>> from hpu_fp8_loader import read_measurements
+        >>> measurements = read_measurements("measurements.json")
+        >>> measurements.amax["qwen2.layers.0.self_attn.qkv_proj"]
+        4.144025802612305
+        >>> measurements.provenance.kind, measurements.provenance.tokens
+        (<AmaxSourceKind.REFERENCE_ENGINE: 'reference-engine'>, 512)
     """
 
     format: Literal["hpu-fp8-measurements"] = FORMAT
