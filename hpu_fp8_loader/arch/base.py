@@ -107,10 +107,12 @@ class WeightTensor:
             return (SourcePart(torch_name, self.shape),)
         if self.role is Role.ATTN_QKV_BIAS:
             module = torch_name.rpartition(".")[0].rpartition(".")[0]
-            return tuple(SourcePart(f"{module}.{p}.bias", (w,)) for p, w in self.parts)
+            return tuple(SourcePart(names.tensor(names.tensor(module, p), names.BIAS), (w,)) for p, w in self.parts)
         if self.parts:  # fused linear: q|k|v or gate|up
             module = torch_name.rpartition(".")[0].rpartition(".")[0]
-            return tuple(SourcePart(f"{module}.{p}.weight", (w, self.shape[0]), True) for p, w in self.parts)
+            return tuple(
+                SourcePart(names.tensor(names.tensor(module, p), names.WEIGHT), (w, self.shape[0]), True) for p, w in self.parts
+            )
         return (SourcePart(torch_name, self.shape[::-1], True),)
 
 
@@ -174,38 +176,38 @@ class ModelDescriptor:
     def weights(self) -> list[WeightTensor]:
         """Every weight of the model in the spec's layout and a stable order."""
         p, h = self.prefix, self.hidden_size
-        out = [WeightTensor(f"{p}.embed_tokens.weight", Role.EMBEDDING, (self.vocab_size, h))]
+        out = [WeightTensor(names.tensor(names.embedding(p), names.WEIGHT), Role.EMBEDDING, (self.vocab_size, h))]
         for i in range(self.num_layers):
             out.extend(self._layer_weights(i))
-        out.append(WeightTensor(f"{p}.norm.weight", Role.NORM, (h,)))
+        out.append(WeightTensor(names.tensor(names.final_norm(p), names.WEIGHT), Role.NORM, (h,)))
         if not self.tie_word_embeddings:
             out.append(WeightTensor("lm_head.weight", Role.LM_HEAD, (h, self.vocab_size)))
         return out
 
     def _layer_weights(self, i: int) -> list[WeightTensor]:
-        base, h = names.layer(self.prefix, i), self.hidden_size
+        m, h = names.layer_names(self.prefix, i), self.hidden_size
         qkv_parts = (("q_proj", self.q_width), ("k_proj", self.kv_width), ("v_proj", self.kv_width))
         out = [
-            WeightTensor(f"{base}.input_layernorm.weight", Role.NORM, (h,), i),
-            WeightTensor(f"{base}.self_attn.qkv_proj.weight", Role.ATTN_QKV, (h, self.qkv_width), i, parts=qkv_parts),
+            WeightTensor(names.tensor(m.input_norm, names.WEIGHT), Role.NORM, (h,), i),
+            WeightTensor(names.tensor(m.qkv, names.WEIGHT), Role.ATTN_QKV, (h, self.qkv_width), i, parts=qkv_parts),
         ]
         if self.qkv_bias:
-            out.append(WeightTensor(f"{base}.self_attn.qkv_proj.bias", Role.ATTN_QKV_BIAS, (self.qkv_width,), i, parts=qkv_parts))
-        out.append(WeightTensor(f"{base}.self_attn.o_proj.weight", Role.ATTN_O, (self.q_width, h), i))
-        out.append(WeightTensor(f"{base}.post_attention_layernorm.weight", Role.NORM, (h,), i))
+            out.append(WeightTensor(names.tensor(m.qkv, names.BIAS), Role.ATTN_QKV_BIAS, (self.qkv_width,), i, parts=qkv_parts))
+        out.append(WeightTensor(names.tensor(m.o_proj, names.WEIGHT), Role.ATTN_O, (self.q_width, h), i))
+        out.append(WeightTensor(names.tensor(m.post_attention_norm, names.WEIGHT), Role.NORM, (h,), i))
         if not self.is_moe_layer(i):
-            out.extend(_mlp(f"{base}.mlp", h, self.intermediate_size, Role.MLP_UP_GATE, Role.MLP_DOWN, i, None))
+            out.extend(_mlp(m.mlp, h, self.intermediate_size, Role.MLP_UP_GATE, Role.MLP_DOWN, i, None))
             return out
         moe = self.moe
         assert moe is not None  # is_moe_layer(i) holds only when the model has a MoE config
-        out.append(WeightTensor(f"{base}.mlp.gate.weight", Role.ROUTER, (h, moe.num_experts), i))
+        out.append(WeightTensor(names.tensor(m.router, names.WEIGHT), Role.ROUTER, (h, moe.num_experts), i))
         if moe.correction_bias:
-            out.append(WeightTensor(f"{base}.mlp.moe_statics.e_score_correction_bias", Role.ROUTER_BIAS, (1, moe.num_experts), i))
+            out.append(WeightTensor(m.score_bias, Role.ROUTER_BIAS, (1, moe.num_experts), i))
         for e in range(moe.num_experts):
-            out.extend(_mlp(f"{base}.mlp.experts.{e}", h, moe.intermediate_size, Role.EXPERT_UP_GATE, Role.EXPERT_DOWN, i, e))
+            out.extend(_mlp(m.expert(e), h, moe.intermediate_size, Role.EXPERT_UP_GATE, Role.EXPERT_DOWN, i, e))
         if moe.num_shared_experts:
             width = moe.num_shared_experts * moe.intermediate_size
-            out.extend(_mlp(f"{base}.mlp.shared_experts", h, width, Role.SHARED_UP_GATE, Role.SHARED_DOWN, i, None))
+            out.extend(_mlp(m.shared_experts, h, width, Role.SHARED_UP_GATE, Role.SHARED_DOWN, i, None))
         return out
 
     def act_modules(self, attention_fp8: bool, ignore: frozenset[str] = frozenset()) -> list[str]:
@@ -234,12 +236,12 @@ def _mlp(
 ) -> list[WeightTensor]:
     return [
         WeightTensor(
-            f"{module}.up_gate_proj.weight",
+            names.tensor(names.tensor(module, names.UP_GATE), names.WEIGHT),
             up_role,
             (hidden, 2 * width),
             layer,
             expert,
             parts=(("gate_proj", width), ("up_proj", width)),
         ),
-        WeightTensor(f"{module}.down_proj.weight", down_role, (width, hidden), layer, expert),
+        WeightTensor(names.tensor(names.tensor(module, names.DOWN), names.WEIGHT), down_role, (width, hidden), layer, expert),
     ]

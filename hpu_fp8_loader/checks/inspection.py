@@ -77,9 +77,9 @@ def _stats(values: list[np.ndarray]) -> dict[str, float] | None:
 
 
 def _role_of_act(module: str) -> str:
-    tail = module.split(".self_attn.")[-1] if ".self_attn." in module else None
-    if tail in names.ATTENTION_POINTS:
-        return f"attn_{tail}"
+    point = names.attention_point_of(module)
+    if point is not None:
+        return f"attn_{point}"
     return "act_inputs"
 
 

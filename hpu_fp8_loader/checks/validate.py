@@ -212,7 +212,7 @@ def _check_scales(
                 scale_info.name,
                 f"act_scale {scale[0]:.9g} != act_amax / fp8_max = {want[0]:.9g} ({qc.scale_rounding.value} rounding)",
             )
-        if module.endswith(".self_attn.s") and amax[0] != 1.0:
+        if names.attention_point_of(module) == "s" and amax[0] != 1.0:
             report.add(
                 "scales.s-amax-one",
                 amax_info.name,

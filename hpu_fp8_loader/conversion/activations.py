@@ -74,13 +74,6 @@ def _check_ranges(measurements: Measurements, label: str) -> None:
             raise MeasurementError(f"{label}: {module}: {problem}")
 
 
-def _expert_of(module: str) -> tuple[int, int] | None:
-    match = names.MODULE_PATTERN.match(module)
-    if match is None or match.group("expert") is None:
-        return None
-    return int(match.group("layer")), int(match.group("expert"))
-
-
 def resolve_act_amax(
     modules: Sequence[str], amax: dict[str, float], policy: DeadExpertPolicy
 ) -> tuple[dict[str, float], list[ExpertRef]]:
@@ -94,11 +87,11 @@ def resolve_act_amax(
     dead: list[tuple[str, tuple[int, int]]] = []  # (module, (layer, expert))
     for module in modules:
         value = amax.get(module)
-        if module.endswith(".self_attn.s"):
+        if names.attention_point_of(module) == "s":
             out[module] = 1.0  # FastDeploy's decode path quantizes exp scores peaking at exactly 1
         elif value is not None and value > 0:
             out[module] = value
-        elif (expert := _expert_of(module)) is not None:
+        elif (expert := names.expert_of(module)) is not None:
             dead.append((module, expert))
         else:
             (missing if value is None else zero).append(module)
@@ -116,8 +109,7 @@ def resolve_act_amax(
                 "to give each the max of its layer's other experts (recorded in config.json)."
             )
         for module, (layer, expert_id) in dead:
-            prefix = module.split(".mlp.experts.")[0] + ".mlp.experts."
-            siblings = [v for m, v in out.items() if m.startswith(prefix) and m.endswith(".down_proj")]
+            siblings = [v for m, v in out.items() if (of := names.expert_of(m)) is not None and of[0] == layer]
             if not siblings:
                 raise MeasurementError(f"every expert of layer {layer} is dead; there is no sibling to take an amax from")
             out[module] = max(siblings)

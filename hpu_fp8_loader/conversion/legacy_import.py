@@ -89,7 +89,7 @@ def _legacy_measurements(checkpoint: Checkpoint) -> tuple[Measurements, float | 
             unknown.append(key)
             continue
         value = float(np.asarray(checkpoint.get(key), np.float32).reshape(-1)[0])
-        if module.endswith(".self_attn.s"):
+        if names.attention_point_of(module) == "s":
             s_values.append(value)
         resolved = amax_from_legacy(key, value)
         problem = act_amax_problem(resolved) if resolved != 0 else None  # zero: a dead expert, or an error later

@@ -37,7 +37,20 @@ import numpy as np
 
 from hpu_fp8_loader.arch import ModelDescriptor, describe
 from hpu_fp8_loader.engine.model import EngineConfig, rms_norm, rotary, route, silu
-from hpu_fp8_loader.fastdeploy.mapping import FASTDEPLOY_FP8_MAX, Parallelism, map_rank
+from hpu_fp8_loader.fastdeploy.mapping import (
+    ACT_SCALE_INV_PARAMETER,
+    ACT_SCALE_PARAMETER,
+    EXPERT_PARAMETERS,
+    FASTDEPLOY_FP8_MAX,
+    LM_HEAD_PARAMETER,
+    ROUTER_BIAS_PARAMETER,
+    WEIGHT_SCALE_PARAMETER,
+    Parallelism,
+    attention_parameter,
+    embedding_parameter,
+    expert_parameter,
+    map_rank,
+)
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.numerics import e4m3
 from hpu_fp8_loader.spec import names
@@ -99,20 +112,21 @@ class Fp8Emulator:
 
     def _linear(self, p: dict, module: str, x: np.ndarray, descale_name: str | None = None) -> np.ndarray:
         """An FP8 linear: cast x with act_scale, fp8 GEMM, descales, bf16 out (docs/fastdeploy.md section 5, "Linear layers")."""
-        weight, weight_scale = p[f"{module}.weight"], p[f"{module}.weight_scale"][0]
+        weight, weight_scale = p[names.tensor(module, names.WEIGHT)], p[names.tensor(module, WEIGHT_SCALE_PARAMETER)][0]
         if self.options.weights_only:
             return x @ (weight * weight_scale)
-        multiplier = p[f"{module}.act_scale"][0]
-        descale = p[f"{module}.{descale_name}"][0] if descale_name else np.float32(1) / multiplier
+        multiplier = p[names.tensor(module, ACT_SCALE_PARAMETER)][0]
+        descale = p[names.tensor(module, descale_name)][0] if descale_name else np.float32(1) / multiplier
         return bf16((quantize_by_multiplier(x, multiplier, module) @ weight) * descale * weight_scale)
 
-    def _attention(self, p: dict, base: str, x: np.ndarray) -> np.ndarray:
+    def _attention(self, p: dict, layer: int, x: np.ndarray) -> np.ndarray:
         d, hd = self.d, self.d.head_dim
         b, t, _ = x.shape
-        qkv = self._linear(p, f"{base}.self_attn.qkv_proj", x)
+        m = names.layer_names(d.prefix, layer)
+        qkv = self._linear(p, m.qkv, x)
         if d.qkv_bias:
-            qkv = self.round(qkv + p[f"{base}.self_attn.qkv_proj.bias"])
-        heads = p[f"{base}.self_attn.o_proj.weight"].shape[0] // hd
+            qkv = self.round(qkv + p[names.tensor(m.qkv, names.BIAS)])
+        heads = p[names.tensor(m.o_proj, names.WEIGHT)].shape[0] // hd
         kv_heads = (qkv.shape[-1] - heads * hd) // (2 * hd)
         q = qkv[..., : heads * hd].reshape(b, t, heads, hd)
         k = qkv[..., heads * hd : (heads + kv_heads) * hd].reshape(b, t, kv_heads, hd)
@@ -121,12 +135,15 @@ class Fp8Emulator:
         q = self.round(rotary(q, positions, self.cfg.rope_theta, self.cfg.interleaved_rotary))
         k = self.round(rotary(k, positions, self.cfg.rope_theta, self.cfg.interleaved_rotary))
         scale = np.float32(hd**-0.5)
-        attn = f"{base}.self_attn.attn"
+
+        def attn(scale_name: str) -> np.float32:
+            return p[attention_parameter(d.prefix, layer, scale_name)][0]
+
         if self.fp8_attention and not self.options.weights_only:
-            q = quantize_by_multiplier(q, p[f"{attn}.q_scale"][0], f"{attn}.q")
-            k = quantize_by_multiplier(k, p[f"{attn}.cache_k_scale"][0], f"{attn}.cache_k")  # the fp8 KV cache
-            v = quantize_by_multiplier(v, p[f"{attn}.cache_v_scale"][0], f"{attn}.cache_v")
-            scale = scale * p[f"{attn}.q_out_scale"][0] * p[f"{attn}.cache_k_out_scale"][0]
+            q = quantize_by_multiplier(q, attn("q_scale"), m.attention_point("q"))
+            k = quantize_by_multiplier(k, attn("cache_k_scale"), m.attention_point("cache_k"))  # the fp8 KV cache
+            v = quantize_by_multiplier(v, attn("cache_v_scale"), m.attention_point("cache_v"))
+            scale = scale * attn("q_out_scale") * attn("cache_k_out_scale")
         group = heads // kv_heads
         q = np.ascontiguousarray(q.transpose(0, 2, 1, 3))
         k = np.repeat(k, group, axis=2).transpose(0, 2, 3, 1)
@@ -139,30 +156,30 @@ class Fp8Emulator:
         if self.fp8_attention and not self.options.weights_only:
             probabilities = exp if self.options.decode_attention else exp / total
             out = (
-                (quantize_by_multiplier(probabilities, p[f"{attn}.s_scale"][0], f"{attn}.s") @ v)
-                * p[f"{attn}.s_out_scale"][0]
-                * p[f"{attn}.cache_v_out_scale"][0]
+                (quantize_by_multiplier(probabilities, attn("s_scale"), m.attention_point("s")) @ v)
+                * attn("s_out_scale")
+                * attn("cache_v_out_scale")
             )
             if self.options.decode_attention:
                 out = out / total
         else:
             out = (exp / total) @ v
         out = self.round(out.transpose(0, 2, 1, 3).reshape(b, t, heads * hd))
-        return self._linear(p, f"{base}.self_attn.o_proj", out, descale_name="act_scale_inv")
+        return self._linear(p, m.o_proj, out, descale_name=ACT_SCALE_INV_PARAMETER)
 
     def _mlp(self, p: dict, module: str, x: np.ndarray) -> np.ndarray:
-        gate_up = self._linear(p, f"{module}.up_gate_proj", x)
+        gate_up = self._linear(p, names.tensor(module, names.UP_GATE), x)
         half = gate_up.shape[-1] // 2
         hidden = silu(gate_up[..., :half]) * gate_up[..., half:]
-        return self._linear(p, f"{module}.down_proj", self.round(hidden))
+        return self._linear(p, names.tensor(module, names.DOWN), self.round(hidden))
 
-    def _experts(self, p: dict, base: str, flat: np.ndarray, chosen: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    def _experts(self, p: dict, layer: int, flat: np.ndarray, chosen: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """This rank's share of the routed experts (docs/fastdeploy.md section 5, "MoE")."""
-        experts = f"{base}.mlp.experts"
-        up, down = p[f"{experts}.up_gate_proj_weight"], p[f"{experts}.down_proj_weight"]
-        up_scale, down_scale = p[f"{experts}.up_gate_proj_weight_scale"], p[f"{experts}.down_proj_weight_scale"]
-        in_scale, down_in = p[f"{experts}.up_gate_proj_in_scale"][0], p[f"{experts}.down_proj_in_scale"][:, 0]
-        qx = flat if self.options.weights_only else quantize_by_multiplier(flat, in_scale, f"{experts}.up_gate_proj")
+        prefix = self.d.prefix
+        up, down, up_scale, down_scale, in_scale, down_in = (p[expert_parameter(prefix, layer, n)] for n in EXPERT_PARAMETERS)
+        in_scale, down_in = in_scale[0], down_in[:, 0]
+        point = names.shared_expert_input(prefix, layer)
+        qx = flat if self.options.weights_only else quantize_by_multiplier(flat, in_scale, point)
         x_descale = np.float32(1) if self.options.weights_only else np.float32(1) / in_scale
         out = np.zeros_like(flat)
         for e in range(up.shape[0]):
@@ -178,7 +195,7 @@ class Fp8Emulator:
             gate_up = bf16(gate_up)
             hidden = bf16(silu(gate_up[:, :half]) * gate_up[:, half:])
             y = bf16(
-                (quantize_by_multiplier(hidden, np.float32(1) / down_in[e], f"{experts}.{e}.down_proj") @ down[e])
+                (quantize_by_multiplier(hidden, np.float32(1) / down_in[e], names.expert(prefix, layer, e, names.DOWN)) @ down[e])
                 * down_in[e]
                 * down_scale[e]
             )
@@ -194,7 +211,7 @@ class Fp8Emulator:
     def forward(self, ids: np.ndarray) -> np.ndarray:
         """Logits ``[B, T, vocab]`` (float32) of the emulated FP8 model."""
         d, ranks, round_ = self.d, self.ranks, self.round
-        embed_name = f"{d.prefix}.embed_tokens.embeddings.weight"
+        embed_name = embedding_parameter(d.prefix)
         rows = ranks[0][embed_name].shape[0]
         x = np.zeros((*ids.shape, d.hidden_size), np.float32)
         for r, p in enumerate(ranks):  # vocabulary-parallel embedding: each rank looks up its rows
@@ -203,23 +220,25 @@ class Fp8Emulator:
             x[mine] = p[embed_name][local[mine]]
         first = ranks[0]
         for layer in range(d.num_layers):
-            base = names.layer(d.prefix, layer)
-            h = round_(rms_norm(x, first[f"{base}.input_layernorm.weight"], self.cfg.rms_norm_eps))
-            x = round_(x + self._reduce([self._attention(p, base, h) for p in ranks]))
-            h = round_(rms_norm(x, first[f"{base}.post_attention_layernorm.weight"], self.cfg.rms_norm_eps))
+            m = names.layer_names(d.prefix, layer)
+            h = round_(rms_norm(x, first[names.tensor(m.input_norm, names.WEIGHT)], self.cfg.rms_norm_eps))
+            x = round_(x + self._reduce([self._attention(p, layer, h) for p in ranks]))
+            h = round_(rms_norm(x, first[names.tensor(m.post_attention_norm, names.WEIGHT)], self.cfg.rms_norm_eps))
             if d.is_moe_layer(layer):
                 assert d.moe is not None  # is_moe_layer holds only when the model has an MoE config
                 flat = h.reshape(-1, h.shape[-1])
-                bias = first.get(f"{base}.mlp.experts.gate_correction_bias")
-                chosen, weights = route(flat, first[f"{base}.mlp.gate.weight"], bias, d.moe.top_k, self.cfg.router_norm_min)
+                bias = first.get(expert_parameter(d.prefix, layer, ROUTER_BIAS_PARAMETER))
+                chosen, weights = route(
+                    flat, first[names.tensor(m.router, names.WEIGHT)], bias, d.moe.top_k, self.cfg.router_norm_min
+                )
                 weights = self.round(weights)
-                partials = [self._experts(p, base, flat, chosen, weights) for p in ranks]
+                partials = [self._experts(p, layer, flat, chosen, weights) for p in ranks]
                 if d.moe.num_shared_experts:
-                    partials += [self._mlp(p, f"{base}.mlp.shared_experts", flat) for p in ranks]
+                    partials += [self._mlp(p, m.shared_experts, flat) for p in ranks]
                 x = round_(x + self._reduce(partials).reshape(x.shape))
             else:
-                x = round_(x + self._reduce([self._mlp(p, f"{base}.mlp", h) for p in ranks]))
-        x = round_(rms_norm(x, first[f"{d.prefix}.norm.weight"], self.cfg.rms_norm_eps))
-        if "lm_head.linear.weight" in first:
-            return np.concatenate([x @ p["lm_head.linear.weight"] for p in ranks], axis=-1)
+                x = round_(x + self._reduce([self._mlp(p, m.mlp, h) for p in ranks]))
+        x = round_(rms_norm(x, first[names.tensor(names.final_norm(d.prefix), names.WEIGHT)], self.cfg.rms_norm_eps))
+        if LM_HEAD_PARAMETER in first:
+            return np.concatenate([x @ p[LM_HEAD_PARAMETER] for p in ranks], axis=-1)
         return np.concatenate([x @ p[embed_name].T for p in ranks], axis=-1)

@@ -115,12 +115,14 @@ def rotary(x: np.ndarray, positions: np.ndarray, theta: float, interleaved: bool
     return np.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
 
 
-def _attention(d: ModelDescriptor, cfg: EngineConfig, w: dict, base: str, x: np.ndarray, observer: Observer) -> np.ndarray:
+def _attention(
+    d: ModelDescriptor, cfg: EngineConfig, w: dict, m: names.LayerNames, x: np.ndarray, observer: Observer
+) -> np.ndarray:
     b, t, _ = x.shape
-    observer.record(f"{base}.self_attn.qkv_proj", x)
-    qkv = x @ w[f"{base}.self_attn.qkv_proj.weight"]
+    observer.record(m.qkv, x)
+    qkv = x @ w[names.tensor(m.qkv, names.WEIGHT)]
     if d.qkv_bias:
-        qkv = qkv + w[f"{base}.self_attn.qkv_proj.bias"]
+        qkv = qkv + w[names.tensor(m.qkv, names.BIAS)]
     hd = d.head_dim
     q = qkv[..., : d.q_width].reshape(b, t, d.num_heads, hd)
     k = qkv[..., d.q_width : d.q_width + d.kv_width].reshape(b, t, d.num_kv_heads, hd)
@@ -128,9 +130,9 @@ def _attention(d: ModelDescriptor, cfg: EngineConfig, w: dict, base: str, x: np.
     positions = np.arange(t)
     q = rotary(q, positions, cfg.rope_theta, cfg.interleaved_rotary)
     k = rotary(k, positions, cfg.rope_theta, cfg.interleaved_rotary)
-    observer.record(f"{base}.self_attn.q", q)
-    observer.record(f"{base}.self_attn.cache_k", k)
-    observer.record(f"{base}.self_attn.cache_v", v)
+    observer.record(m.attention_point("q"), q)
+    observer.record(m.attention_point("cache_k"), k)
+    observer.record(m.attention_point("cache_v"), v)
     group = d.num_heads // d.num_kv_heads
     q = np.ascontiguousarray(q.transpose(0, 2, 1, 3))  # [B, heads, T, hd]: batched matmuls go to BLAS
     k = np.repeat(k, group, axis=2).transpose(0, 2, 3, 1)  # [B, heads, hd, T]
@@ -141,20 +143,20 @@ def _attention(d: ModelDescriptor, cfg: EngineConfig, w: dict, base: str, x: np.
     probabilities = np.exp(scores)
     probabilities /= probabilities.sum(axis=-1, keepdims=True)
     # FastDeploy's decode path quantizes unnormalised exp scores peaking at exactly 1 (docs/fastdeploy.md section 10).
-    observer.record(f"{base}.self_attn.s", np.ones(1, np.float32))
+    observer.record(m.attention_point("s"), np.ones(1, np.float32))
     out = (probabilities @ v).transpose(0, 2, 1, 3).reshape(b, t, d.q_width)
-    observer.record(f"{base}.self_attn.o_proj", out)
-    return out @ w[f"{base}.self_attn.o_proj.weight"]
+    observer.record(m.o_proj, out)
+    return out @ w[names.tensor(m.o_proj, names.WEIGHT)]
 
 
 def _mlp(module: str, w: dict, x: np.ndarray, observer: Observer, record_input: bool = True) -> np.ndarray:
     if record_input:
-        observer.record(f"{module}.up_gate_proj", x)
-    gate_up = x @ w[f"{module}.up_gate_proj.weight"]
+        observer.record(names.tensor(module, names.UP_GATE), x)
+    gate_up = x @ w[names.tensor(names.tensor(module, names.UP_GATE), names.WEIGHT)]
     half = gate_up.shape[-1] // 2
     hidden = silu(gate_up[..., :half]) * gate_up[..., half:]
-    observer.record(f"{module}.down_proj", hidden)
-    return hidden @ w[f"{module}.down_proj.weight"]
+    observer.record(names.tensor(module, names.DOWN), hidden)
+    return hidden @ w[names.tensor(names.tensor(module, names.DOWN), names.WEIGHT)]
 
 
 def route(x: np.ndarray, gate: np.ndarray, bias: np.ndarray | None, top_k: int, norm_min: float):
@@ -170,31 +172,33 @@ def route(x: np.ndarray, gate: np.ndarray, bias: np.ndarray | None, top_k: int, 
 
 
 def _moe(d: ModelDescriptor, cfg: EngineConfig, w: dict, layer: int, x: np.ndarray, observer: Observer) -> np.ndarray:
-    base = names.layer(d.prefix, layer)
+    m = names.layer_names(d.prefix, layer)
     moe = d.moe
     assert moe is not None  # called for MoE layers only
     flat = x.reshape(-1, x.shape[-1])
     observer.record(names.shared_expert_input(d.prefix, layer), flat)
-    bias = w.get(f"{base}.mlp.moe_statics.e_score_correction_bias")
-    chosen, weights = route(flat, w[f"{base}.mlp.gate.weight"], bias, moe.top_k, cfg.router_norm_min)
+    bias = w.get(m.score_bias)
+    chosen, weights = route(flat, w[names.tensor(m.router, names.WEIGHT)], bias, moe.top_k, cfg.router_norm_min)
     out = np.zeros_like(flat)
     for e in range(moe.num_experts):
         rows, slot = np.nonzero(chosen == e)
-        module = f"{base}.mlp.experts.{e}"
+        module = m.expert(e)
         if observer.wants_all_experts or rows.size:
             tokens = flat if observer.wants_all_experts else flat[rows]
-            gate_up = tokens @ w[f"{module}.up_gate_proj.weight"]
+            gate_up = tokens @ w[names.tensor(names.tensor(module, names.UP_GATE), names.WEIGHT)]
             half = gate_up.shape[-1] // 2
             hidden = silu(gate_up[..., :half]) * gate_up[..., half:]
             observer.record_expert(layer, e, hidden, int(rows.size))
             if observer.wants_all_experts:
                 hidden = hidden[rows]
             if rows.size:
-                out[rows] += weights[rows, slot][:, None] * (hidden @ w[f"{module}.down_proj.weight"])
+                out[rows] += weights[rows, slot][:, None] * (
+                    hidden @ w[names.tensor(names.tensor(module, names.DOWN), names.WEIGHT)]
+                )
         else:
             observer.record_expert(layer, e, np.zeros((0, moe.intermediate_size), np.float32), 0)
     if moe.num_shared_experts:
-        out += _mlp(f"{base}.mlp.shared_experts", w, flat, observer)
+        out += _mlp(m.shared_experts, w, flat, observer)
     return out.reshape(x.shape)
 
 
@@ -217,15 +221,15 @@ def forward(
     cfg = config or EngineConfig.from_config(weights.checkpoint.config, d, str(weights.checkpoint.root / "config.json"))
     observer = observer or Observer()
     top = weights.layer(None)
-    embed = top[f"{d.prefix}.embed_tokens.weight"]
+    embed = top[names.tensor(names.embedding(d.prefix), names.WEIGHT)]
     x = embed[ids]
     for layer in range(d.num_layers):
         w = _load_layer(weights, layer)
-        base = names.layer(d.prefix, layer)
-        h = rms_norm(x, w[f"{base}.input_layernorm.weight"], cfg.rms_norm_eps)
-        x = x + _attention(d, cfg, w, base, h, observer)
-        h = rms_norm(x, w[f"{base}.post_attention_layernorm.weight"], cfg.rms_norm_eps)
-        x = x + (_moe(d, cfg, w, layer, h, observer) if d.is_moe_layer(layer) else _mlp(f"{base}.mlp", w, h, observer))
+        m = names.layer_names(d.prefix, layer)
+        h = rms_norm(x, w[names.tensor(m.input_norm, names.WEIGHT)], cfg.rms_norm_eps)
+        x = x + _attention(d, cfg, w, m, h, observer)
+        h = rms_norm(x, w[names.tensor(m.post_attention_norm, names.WEIGHT)], cfg.rms_norm_eps)
+        x = x + (_moe(d, cfg, w, layer, h, observer) if d.is_moe_layer(layer) else _mlp(m.mlp, w, h, observer))
         del w
-    x = rms_norm(x, top[f"{d.prefix}.norm.weight"], cfg.rms_norm_eps)
+    x = rms_norm(x, top[names.tensor(names.final_norm(d.prefix), names.WEIGHT)], cfg.rms_norm_eps)
     return x @ top["lm_head.weight"] if "lm_head.weight" in top else x @ embed.T

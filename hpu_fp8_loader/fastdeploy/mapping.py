@@ -29,15 +29,23 @@ from hpu_fp8_loader.spec.config import KvCacheScheme, QuantizationConfig, ScaleR
 from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX
 
 __all__ = [
+    "ACT_SCALE_INV_PARAMETER",
+    "ACT_SCALE_PARAMETER",
+    "EXPERT_PARAMETERS",
     "FASTDEPLOY_FP8_MAX",
     "LM_HEAD_PARAMETER",
     "NUMPY",
+    "ROUTER_BIAS_PARAMETER",
+    "WEIGHT_SCALE_PARAMETER",
     "Arithmetic",
     "MappedPiece",
     "Parallelism",
     "ParameterSpec",
     "activation_scale_value",
+    "attention_parameter",
     "check_parallelism",
+    "embedding_parameter",
+    "expert_parameter",
     "fastdeploy_name",
     "holds_raw_amax",
     "local_experts",
@@ -56,6 +64,32 @@ ATTENTION_SCALES = (
 )  # fmt: skip
 # FastDeploy always builds a column-parallel lm_head; tied, it holds the rank's embedding rows transposed.
 LM_HEAD_PARAMETER = "lm_head.linear.weight"
+# FastDeploy's parameter names where they differ from the spec's (docs/fastdeploy.md section 11): spelled only here.
+# An FP8 linear's scales beside its weight: the bf16 descale of the weight, the multiplier and its inverse.
+WEIGHT_SCALE_PARAMETER, ACT_SCALE_PARAMETER, ACT_SCALE_INV_PARAMETER = "weight_scale", "act_scale", "act_scale_inv"
+# The stacked parameters of a layer's routed experts, under ``<layer>.mlp.experts``.
+EXPERT_PARAMETERS = (
+    "up_gate_proj_weight", "down_proj_weight", "up_gate_proj_weight_scale", "down_proj_weight_scale",
+    "up_gate_proj_in_scale", "down_proj_in_scale",
+)  # fmt: skip
+ROUTER_BIAS_PARAMETER = "gate_correction_bias"  # under ``<layer>.mlp.experts``
+
+
+def embedding_parameter(prefix: str) -> str:
+    """FastDeploy's embedding parameter (its VocabParallelEmbedding nests an ``embeddings`` layer)."""
+    return names.tensor(f"{names.embedding(prefix)}.embeddings", names.WEIGHT)
+
+
+def attention_parameter(prefix: str, layer: int, scale: str) -> str:
+    """One of a layer's ATTENTION_SCALES, on FastDeploy's attention module ``self_attn.attn``."""
+    return f"{names.layer_names(prefix, layer).base}.self_attn.attn.{scale}"
+
+
+def expert_parameter(prefix: str, layer: int, parameter: str) -> str:
+    """One of a layer's EXPERT_PARAMETERS (or ROUTER_BIAS_PARAMETER), on its fused MoE module."""
+    return f"{names.layer_names(prefix, layer).experts}.{parameter}"
+
+
 # Tensors up to this size are read through the memory map instead of pread.
 _SMALL_BYTES = 1 << 16
 
@@ -252,14 +286,15 @@ def share_shape(d: ModelDescriptor, w: WeightTensor, par: Parallelism) -> tuple[
     return w.shape
 
 
-def fastdeploy_name(w: WeightTensor) -> str:
+def fastdeploy_name(d: ModelDescriptor, w: WeightTensor) -> str:
     """FastDeploy's parameter path of an unquantized weight (docs/fastdeploy.md section 11)."""
     if w.role is Role.EMBEDDING:
-        return w.name.replace(".embed_tokens.weight", ".embed_tokens.embeddings.weight")
+        return embedding_parameter(d.prefix)
     if w.role is Role.LM_HEAD:
         return LM_HEAD_PARAMETER
     if w.role is Role.ROUTER_BIAS:
-        return w.name.replace(".mlp.moe_statics.e_score_correction_bias", ".mlp.experts.gate_correction_bias")
+        assert w.layer is not None  # a router bias belongs to a layer
+        return expert_parameter(d.prefix, w.layer, ROUTER_BIAS_PARAMETER)
     return w.name
 
 
@@ -273,28 +308,27 @@ def parameter_specs(d: ModelDescriptor, kv_cache: KvCacheScheme, par: Parallelis
         shape = share_shape(d, w, par)
         if w.is_linear:
             specs[w.name] = ParameterSpec("F8_E4M3", shape)
-            for suffix in ("weight_scale", "act_scale", "act_scale_inv"):
+            for suffix in (WEIGHT_SCALE_PARAMETER, ACT_SCALE_PARAMETER, ACT_SCALE_INV_PARAMETER):
                 specs[names.tensor(w.module, suffix)] = ParameterSpec("BF16", (1,))
         else:
-            specs[fastdeploy_name(w)] = ParameterSpec(w.source_dtype, shape)
+            specs[fastdeploy_name(d, w)] = ParameterSpec(w.source_dtype, shape)
             if w.role is Role.EMBEDDING and d.tie_word_embeddings:
                 specs[LM_HEAD_PARAMETER] = ParameterSpec(w.source_dtype, shape[::-1])
     for layer in d.moe_layers():
         assert d.moe is not None  # moe_layers() is empty without an MoE config
-        base = f"{names.layer(d.prefix, layer)}.mlp.experts"
         e = len(local_experts(d, par))
         inter = d.moe.intermediate_size // _expert_tp(par)
         h = d.hidden_size
-        specs[f"{base}.up_gate_proj_weight"] = ParameterSpec("F8_E4M3", (e, h, 2 * inter))
-        specs[f"{base}.down_proj_weight"] = ParameterSpec("F8_E4M3", (e, inter, h))
-        specs[f"{base}.up_gate_proj_weight_scale"] = ParameterSpec("BF16", (e, 2 * inter))
-        specs[f"{base}.down_proj_weight_scale"] = ParameterSpec("BF16", (e, h))
-        specs[f"{base}.up_gate_proj_in_scale"] = ParameterSpec("BF16", (1,))
-        specs[f"{base}.down_proj_in_scale"] = ParameterSpec("BF16", (e, 1))
+        shapes: list[tuple[str, tuple[int, ...]]] = [
+            ("F8_E4M3", (e, h, 2 * inter)), ("F8_E4M3", (e, inter, h)), ("BF16", (e, 2 * inter)), ("BF16", (e, h)),
+            ("BF16", (1,)), ("BF16", (e, 1)),
+        ]  # fmt: skip
+        for parameter, (dtype, shape) in zip(EXPERT_PARAMETERS, shapes, strict=True):
+            specs[expert_parameter(d.prefix, layer, parameter)] = ParameterSpec(dtype, shape)
     if kv_cache is KvCacheScheme.FP8:
         for layer in range(d.num_layers):
             for scale in ATTENTION_SCALES:
-                specs[f"{names.layer(d.prefix, layer)}.self_attn.attn.{scale}"] = ParameterSpec("F32", (1,))
+                specs[attention_parameter(d.prefix, layer, scale)] = ParameterSpec("F32", (1,))
     return specs
 
 
@@ -450,32 +484,33 @@ def _moe_pieces(
     arithmetic: Arithmetic,
 ):
     """The stacked expert parameters of one MoE layer, from its experts' weights keyed by (expert, role)."""
-    base = f"{names.layer(d.prefix, layer)}.mlp.experts"
+    up_weight, down_weight, up_scale, down_scale, up_in, down_in_scale = (
+        expert_parameter(d.prefix, layer, parameter) for parameter in EXPERT_PARAMETERS
+    )
     local = local_experts(d, par)
     down_in = []
     for i, e in enumerate(local):
         up, down = experts[(e, Role.EXPERT_UP_GATE)], experts[(e, Role.EXPERT_DOWN)]
-        yield MappedPiece(f"{base}.up_gate_proj_weight", rank_share(checkpoint, d, up, par), i)
-        yield MappedPiece(f"{base}.down_proj_weight", rank_share(checkpoint, d, down, par), i)
-        yield MappedPiece(f"{base}.up_gate_proj_weight_scale", _bf16(scale_share(checkpoint, d, up, par)), i)
-        yield MappedPiece(f"{base}.down_proj_weight_scale", _bf16(scale_share(checkpoint, d, down, par)), i)
+        yield MappedPiece(up_weight, rank_share(checkpoint, d, up, par), i)
+        yield MappedPiece(down_weight, rank_share(checkpoint, d, down, par), i)
+        yield MappedPiece(up_scale, _bf16(scale_share(checkpoint, d, up, par)), i)
+        yield MappedPiece(down_scale, _bf16(scale_share(checkpoint, d, down, par)), i)
         # the stored amax / 240 as it is, a descale (docs/fastdeploy.md section 5, "MoE")
         down_in.append(arithmetic.array(arithmetic.operand(_activation_scale(checkpoint, down.module, qc)[0]), "BF16"))
     s, _ = _activation_scale(checkpoint, names.shared_expert_input(d.prefix, layer), qc)
-    yield MappedPiece(f"{base}.up_gate_proj_in_scale", arithmetic.array(1.0 / arithmetic.operand(s), "BF16"))
-    yield MappedPiece(f"{base}.down_proj_in_scale", np.stack(down_in))
+    yield MappedPiece(up_in, arithmetic.array(1.0 / arithmetic.operand(s), "BF16"))
+    yield MappedPiece(down_in_scale, np.stack(down_in))
 
 
 def _attention_pieces(checkpoint: Checkpoint, d: ModelDescriptor, qc: QuantizationConfig, layer: int, arithmetic: Arithmetic):
     """The ten float32 scalars of docs/fastdeploy.md section 6 ("Attention scales")."""
-    prefix = f"{names.layer(d.prefix, layer)}.self_attn.attn"
     raw = {
         point: arithmetic.operand(_activation_scale(checkpoint, names.attention_point(d.prefix, layer, point), qc)[0])
         for point in ("cache_k", "cache_v", "q", "s")
     }
     values = _attention_scales(raw["cache_k"], raw["cache_v"], raw["q"], raw["s"], d.head_dim)
     for scale in ATTENTION_SCALES:
-        yield MappedPiece(f"{prefix}.{scale}", arithmetic.array(values[scale], "F32"))
+        yield MappedPiece(attention_parameter(d.prefix, layer, scale), arithmetic.array(values[scale], "F32"))
 
 
 def _checked_scale(piece: MappedPiece) -> MappedPiece:
@@ -534,16 +569,16 @@ def _pieces(
         if not w.is_linear:
             value = rank_share(checkpoint, d, w, par)
             value = value if w.source_dtype == "F32" else value.astype(e4m3.BF16_DTYPE, copy=False)
-            yield MappedPiece(fastdeploy_name(w), value)
+            yield MappedPiece(fastdeploy_name(d, w), value)
             if w.role is Role.EMBEDDING and d.tie_word_embeddings:
                 yield MappedPiece(LM_HEAD_PARAMETER, np.ascontiguousarray(value.T))
             continue
         yield MappedPiece(w.name, rank_share(checkpoint, d, w, par))
-        yield MappedPiece(names.tensor(w.module, "weight_scale"), _bf16(scale_share(checkpoint, d, w, par)))
+        yield MappedPiece(names.tensor(w.module, WEIGHT_SCALE_PARAMETER), _bf16(scale_share(checkpoint, d, w, par)))
         s, raw = _activation_scale(checkpoint, w.module, qc)
         multiplier, descale = _linear_act_scales(arithmetic.operand(s), raw)
-        yield MappedPiece(names.tensor(w.module, "act_scale"), arithmetic.array(multiplier, "BF16"))
-        yield MappedPiece(names.tensor(w.module, "act_scale_inv"), arithmetic.array(descale, "BF16"))
+        yield MappedPiece(names.tensor(w.module, ACT_SCALE_PARAMETER), arithmetic.array(multiplier, "BF16"))
+        yield MappedPiece(names.tensor(w.module, ACT_SCALE_INV_PARAMETER), arithmetic.array(descale, "BF16"))
         if w.role is Role.ATTN_QKV and qc.kv_cache_scheme is KvCacheScheme.FP8:
             assert w.layer is not None  # every linear weight belongs to a decoder layer
             yield from _attention_pieces(checkpoint, d, qc, w.layer, arithmetic)

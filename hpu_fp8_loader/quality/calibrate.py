@@ -189,8 +189,9 @@ def calibrate(
     dead = []
     for key, routed in observer.expert_tokens.items():
         if routed == 0:
-            layer, expert = key.split(".layers.", 1)[1].split(".mlp.experts.")
-            dead.append((int(layer), int(expert)))
+            expert = names.expert_of(key)
+            assert expert is not None  # the observer keys expert_tokens by names.expert_tokens_key
+            dead.append(expert)
     return CalibrationResult(measurements, tokenizer, tokens, time.perf_counter() - started, sorted(dead))
 
 

@@ -250,7 +250,7 @@ def fastdeploy_rank_files(path: Path) -> list[Path]:
 def _fastdeploy_warnings(amax: dict[str, float], label: str) -> list[str]:
     """Signs of a stale or dummy file: s far from 1, one value repeated across every layer."""
     warnings = []
-    s_values = [v for m, v in amax.items() if m.endswith(".self_attn.s")]
+    s_values = [v for m, v in amax.items() if names.attention_point_of(m) == "s"]
     if s_values and (max(s_values) < 0.5 or max(s_values) > 1.001):
         warnings.append(
             f"{label}: attention-probability (s_matmul) amax is {max(s_values):g}, expected about 1; a stale or odd file?"
@@ -262,7 +262,7 @@ def _fastdeploy_warnings(amax: dict[str, float], label: str) -> list[str]:
             point = module[match.end("layer") :]
             by_point[point][int(match.group("layer"))] = value
     for point, values in by_point.items():
-        if point.endswith(".self_attn.s"):
+        if names.attention_point_of(point) == "s":
             continue
         if len(values) >= 3 and len(set(values.values())) == 1:
             warnings.append(

@@ -21,6 +21,7 @@ import numpy as np
 from hpu_fp8_loader.arch import Layout, Role, WeightTensor, config_keys_of, describe
 from hpu_fp8_loader.errors import ConfigError
 from hpu_fp8_loader.io.writer import CheckpointWriter, PlannedTensor
+from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import AmaxSourceKind
 from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements, ModelIdentity
 
@@ -259,7 +260,7 @@ def synthetic_measurements(config: dict, seed: int = 0) -> Measurements:
     rng = np.random.default_rng([seed, 0x5EED])
     amax = {}
     for module in descriptor.act_modules(attention_fp8=True):
-        if module.endswith(".self_attn.s"):
+        if names.attention_point_of(module) == "s":
             amax[module] = 1.0
         elif ".experts." in module and module.endswith("down_proj"):
             amax[module] = float(rng.uniform(0.5, 5.0))

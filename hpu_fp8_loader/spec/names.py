@@ -7,6 +7,7 @@ building strings itself.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 __all__ = [
     "ACT_AMAX",
@@ -14,16 +15,24 @@ __all__ = [
     "ATTENTION_POINTS",
     "BIAS",
     "COPIED_SOURCE_FILES",
+    "DOWN",
     "MODULE_PATTERN",
     "PLAIN_NUMBER",
+    "UP_GATE",
     "WEIGHT",
     "WEIGHT_SCALE",
+    "LayerNames",
     "attention_point",
+    "attention_point_of",
+    "embedding",
     "expert",
+    "expert_of",
     "expert_tokens_key",
     "fastdeploy_key_from_module",
+    "final_norm",
     "is_act_module",
     "layer",
+    "layer_names",
     "module_from_fastdeploy_key",
     "scale_name",
     "shared_expert_input",
@@ -59,28 +68,105 @@ def scale_name(name: str) -> str:
     return name.removesuffix("weight") + "weight_scale"
 
 
+UP_GATE = "up_gate_proj"  # the fused gate|up projection of an MLP or expert
+DOWN = "down_proj"
+
+
+def embedding(prefix: str) -> str:
+    return f"{prefix}.embed_tokens"
+
+
+def final_norm(prefix: str) -> str:
+    return f"{prefix}.norm"
+
+
 def layer(prefix: str, index: int) -> str:
     return f"{prefix}.layers.{index}"
 
 
+@dataclass(frozen=True)
+class LayerNames:
+    """The module paths inside one decoder layer: the one place a layer's inside is spelled.
+
+    ERNIE-4.5 and Qwen2 share these paths in the spec's (Paddle) layout; the descriptor, the reference
+    engine, the emulation and the FastDeploy mapping all ask here.
+
+    Example:
+        >>> layer_names("qwen2", 0).qkv
+        'qwen2.layers.0.self_attn.qkv_proj'
+        >>> layer_names("ernie", 3).expert(7)
+        'ernie.layers.3.mlp.experts.7'
+    """
+
+    base: str
+
+    @property
+    def input_norm(self) -> str:
+        return f"{self.base}.input_layernorm"
+
+    @property
+    def post_attention_norm(self) -> str:
+        return f"{self.base}.post_attention_layernorm"
+
+    @property
+    def qkv(self) -> str:
+        return f"{self.base}.self_attn.qkv_proj"
+
+    @property
+    def o_proj(self) -> str:
+        return f"{self.base}.self_attn.o_proj"
+
+    def attention_point(self, point: str) -> str:
+        """Activation point of the attention: ``cache_k``, ``cache_v``, ``q`` or ``s``."""
+        if point not in ATTENTION_POINTS:
+            raise ValueError(f"unknown attention point {point!r}")
+        return f"{self.base}.self_attn.{point}"
+
+    @property
+    def mlp(self) -> str:
+        return f"{self.base}.mlp"
+
+    @property
+    def router(self) -> str:
+        return f"{self.base}.mlp.gate"
+
+    @property
+    def score_bias(self) -> str:
+        """ERNIE's aux-free routing bias (a tensor, not a module)."""
+        return f"{self.base}.mlp.moe_statics.e_score_correction_bias"
+
+    @property
+    def experts(self) -> str:
+        return f"{self.base}.mlp.experts"
+
+    def expert(self, expert_id: int) -> str:
+        return f"{self.experts}.{expert_id}"
+
+    @property
+    def shared_experts(self) -> str:
+        return f"{self.base}.mlp.shared_experts"
+
+
+def layer_names(prefix: str, index: int) -> LayerNames:
+    return LayerNames(layer(prefix, index))
+
+
 def attention_point(prefix: str, index: int, point: str) -> str:
     """Activation point of the attention (``cache_k``, ``cache_v``, ``q``, ``s``) of a layer."""
-    if point not in ATTENTION_POINTS:
-        raise ValueError(f"unknown attention point {point!r}")
-    return f"{layer(prefix, index)}.self_attn.{point}"
+    return layer_names(prefix, index).attention_point(point)
 
 
 def expert(prefix: str, index: int, expert_id: int, projection: str) -> str:
-    return f"{layer(prefix, index)}.mlp.experts.{expert_id}.{projection}"
+    return f"{layer_names(prefix, index).expert(expert_id)}.{projection}"
 
 
 def shared_expert_input(prefix: str, index: int) -> str:
     """The one input point all routed experts of a layer share (their up_gate act scale)."""
-    return f"{layer(prefix, index)}.mlp.experts.up_gate_proj"
+    return f"{layer_names(prefix, index).experts}.{UP_GATE}"
 
 
 def expert_tokens_key(prefix: str, index: int, expert_id: int) -> str:
-    return f"{layer(prefix, index)}.mlp.experts.{expert_id}"
+    return layer_names(prefix, index).expert(expert_id)
 
 
 # A layer or expert number in a name: plain ASCII decimal, so that "01" or a non-ASCII digit can never
@@ -97,6 +183,31 @@ MODULE_PATTERN = re.compile(
 
 def is_act_module(name: str) -> bool:
     return MODULE_PATTERN.match(name) is not None
+
+
+def attention_point_of(module: str) -> str | None:
+    """The attention point (``cache_k``, ``cache_v``, ``q``, ``s``) a module name is, or None.
+
+    Example:
+        >>> attention_point_of("qwen2.layers.0.self_attn.s"), attention_point_of("qwen2.layers.0.self_attn.o_proj")
+        ('s', None)
+    """
+    head, _, last = module.rpartition(".")
+    return last if head.endswith(".self_attn") and last in ATTENTION_POINTS else None
+
+
+_EXPERT = re.compile(rf"^[a-z0-9_]+\.layers\.(?P<layer>{PLAIN_NUMBER})\.mlp\.experts\.(?P<expert>{PLAIN_NUMBER})(?:\.|$)")
+
+
+def expert_of(name: str) -> tuple[int, int] | None:
+    """(layer, expert) of a routed expert's module, tensor or expert-tokens key; None for anything else.
+
+    Example:
+        >>> expert_of("ernie.layers.3.mlp.experts.7.down_proj"), expert_of("ernie.layers.3.mlp.experts.up_gate_proj")
+        ((3, 7), None)
+    """
+    match = _EXPERT.match(name)
+    return (int(match.group("layer")), int(match.group("expert"))) if match else None
 
 
 def module_from_fastdeploy_key(key: str) -> str:
