@@ -124,19 +124,16 @@ json_option = _shared_option(
     "--json", "as_json", is_flag=True, help="Print the result as one JSON document on stdout (messages stay on stderr)."
 )
 shard_size_option = _shared_option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard file.")
-target_option = _shared_option(
-    "--target",
-    type=EnumChoice(Target),
-    default="gaudi2",
-    show_default=True,
-    help="gaudi2: FP8 range ±240 (what FastDeploy serves); gaudi3: ±448.",
-)
-kv_cache_option = _shared_option(
-    "--kv-cache",
-    type=EnumChoice(KvCacheScheme),
-    default="fp8",
-    show_default=True,
-    help="fp8: fp8 KV cache and fp8 attention; none: attention stays BF16 (safer for Qwen2).",
+
+
+def _enum_option(flag: str, enum: type[Enum], help: str) -> Callable[..., Callable[[FC], FC]]:
+    """A shared option choosing one of an enum's values, the first member by default."""
+    return _shared_option(flag, type=EnumChoice(enum), default=next(iter(enum)).value, show_default=True, help=help)
+
+
+target_option = _enum_option("--target", Target, "gaudi2: FP8 range ±240 (what FastDeploy serves); gaudi3: ±448.")
+kv_cache_option = _enum_option(
+    "--kv-cache", KvCacheScheme, "fp8: fp8 KV cache and fp8 attention; none: attention stays BF16 (safer for Qwen2)."
 )
 measurements_option = _shared_option(
     "--measurements",
@@ -147,12 +144,10 @@ measurements_option = _shared_option(
 )
 tp_option = _shared_option("--tp", type=COUNT, default=1, show_default=True, help="Tensor-parallel size.")
 ep_option = _shared_option("--ep", type=COUNT, default=1, show_default=True, help="Expert-parallel size (MoE).")
-dead_experts_option = _shared_option(
+dead_experts_option = _enum_option(
     "--dead-experts",
-    type=EnumChoice(DeadExpertPolicy),
-    default="error",
-    show_default=True,
-    help="Experts without a positive amax: error stops and lists them; sibling-max gives each the max of its "
+    DeadExpertPolicy,
+    "Experts without a positive amax: error stops and lists them; sibling-max gives each the max of its "
     "layer's other experts and records which in config.json.",
 )
 
