@@ -4,6 +4,10 @@ The CLI catches :class:`HpuFp8Error` once and prints its message as a single lin
 names the file, tensor or key at fault and, where there is one, what to do next. A bug of ours is a
 ``RuntimeError`` ("internal error: ..."), never one of these: no input can fix it, and its traceback is
 what a bug report needs.
+
+The classes for malformed input (config, safetensors, index, measurements, values, checksums, unsafe paths) also
+derive from ``ValueError``, so that code catching it catches ours too. None derives from ``OSError``: the code
+turns a system's ``OSError`` into ``WriteFailedError`` and the like, and must never mistake one of ours for one.
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ class CheckpointNotFoundError(HpuFp8Error):
     """
 
 
-class ConfigError(HpuFp8Error):
+class ConfigError(HpuFp8Error, ValueError):
     """config.json is missing, is not JSON, or breaks the schema.
 
     Also raised for a model config or option that cannot be served or made: an unknown preset or config key, a
@@ -119,7 +123,7 @@ class UnknownArchitectureError(ConfigError):
     """
 
 
-class SafetensorsFormatError(HpuFp8Error):
+class SafetensorsFormatError(HpuFp8Error, ValueError):
     """A safetensors file is truncated, has a corrupt header, or its offsets do not fit the file.
 
     Example:
@@ -130,7 +134,7 @@ class SafetensorsFormatError(HpuFp8Error):
     """
 
 
-class UnsafePathError(HpuFp8Error):
+class UnsafePathError(HpuFp8Error, ValueError):
     """An index entry points outside the checkpoint directory (absolute path, `..`, symlink escape).
 
     Also raised for an output that is, lies inside or contains its source (which is never modified), and for
@@ -145,7 +149,7 @@ class UnsafePathError(HpuFp8Error):
     """
 
 
-class CheckpointIndexError(HpuFp8Error):
+class CheckpointIndexError(HpuFp8Error, ValueError):
     """model.safetensors.index.json is missing, malformed, or disagrees with the shard files.
 
     Example:
@@ -156,7 +160,7 @@ class CheckpointIndexError(HpuFp8Error):
     """
 
 
-class NonFiniteError(HpuFp8Error):
+class NonFiniteError(HpuFp8Error, ValueError):
     """A tensor that must be quantized holds NaN or inf; FP8 casts must never see them.
 
     Also raised when calibration or evaluation meets a NaN or inf activation or logit, and when a command reads a
@@ -170,7 +174,7 @@ class NonFiniteError(HpuFp8Error):
     """
 
 
-class MeasurementError(HpuFp8Error):
+class MeasurementError(HpuFp8Error, ValueError):
     """A measurement file is malformed or does not fit the model.
 
     Example:
@@ -257,7 +261,7 @@ class HubError(HpuFp8Error):
     """
 
 
-class ChecksumMismatchError(HpuFp8Error):
+class ChecksumMismatchError(HpuFp8Error, ValueError):
     """Files of a checkpoint disagree with its manifest (a corrupt or partial download).
 
     Example:

@@ -169,3 +169,15 @@ def test_wrong_json_types_are_refused_naming_the_key_and_the_json_value(config, 
     with pytest.raises(ConfigError) as caught:
         parse_quantization_config(config, "ckpt/config.json")
     assert str(caught.value) == f"ckpt/config.json: quantization_config: {message}"
+
+
+@pytest.mark.parametrize("what", ["quantization-config", "measurements"])
+def test_the_printed_schema_carries_the_prose_of_the_docstrings_not_their_python_examples(what):
+    from click.testing import CliRunner
+
+    from hpu_fp8_loader.cli.main import main
+
+    result = CliRunner().invoke(main, ["schema", what])
+    assert result.exit_code == 0, result.output
+    schema = json.loads(result.output)
+    assert schema["description"] and ">>>" not in result.output and "Example:" not in result.output

@@ -97,3 +97,22 @@ def test_an_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="has no attribute 'map_everything'"):
         hpu_fp8_loader.map_everything  # noqa: B018
     assert ParameterSpec  # the mapping module stays importable directly, too
+
+
+@pytest.mark.parametrize(
+    ("name", "builtin"),
+    [
+        ("ConfigError", ValueError),
+        ("UnknownArchitectureError", ValueError),
+        ("MeasurementError", ValueError),
+        ("NonFiniteError", ValueError),
+        ("SafetensorsFormatError", ValueError),
+        ("ChecksumMismatchError", ValueError),
+    ],
+)
+def test_errors_are_also_the_builtin_they_mean(name: str, builtin: type[Exception]):
+    """Code that catches the builtin (``except ValueError``) catches ours too, with our one-line message."""
+    error = getattr(hpu_fp8_loader, name)
+    with pytest.raises(builtin, match="^x.json: named$"):
+        raise error("x.json: named")
+    assert issubclass(error, hpu_fp8_loader.HpuFp8Error)

@@ -163,8 +163,8 @@ def schema(what: str, as_json: bool) -> None:
       # The schema of a measurement file (what calibrate writes and convert --measurements reads)
       hpu-fp8 schema measurements
     """
-    from hpu_fp8_loader.spec.config import QuantizationConfig
+    from hpu_fp8_loader.spec.config import QuantizationConfig, json_schema
     from hpu_fp8_loader.spec.measurements import Measurements
 
     model = QuantizationConfig if what == "quantization-config" else Measurements
-    emit_json(model.model_json_schema())
+    emit_json(json_schema(model))

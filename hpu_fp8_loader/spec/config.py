@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from functools import partial
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
@@ -33,6 +33,7 @@ __all__ = [
     "Target",
     "fastdeploy_config_problems",
     "is_hpu_fp8",
+    "json_schema",
     "parse_quantization_config",
     "validation_error_text",
 ]
@@ -46,6 +47,31 @@ FASTDEPLOY_ARCHITECTURES = {
     "ernie4_5": "Ernie4_5ForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
 }
+
+
+def json_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The JSON Schema of a format model, every description cut to its docstring's first paragraph.
+
+    The docstrings carry Python examples for readers of the code; a schema's reader gets the prose only.
+
+    Example:
+        >>> json_schema(QuantizationConfig)["title"]
+        'QuantizationConfig'
+    """
+
+    def summarise(node: object) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("description"), str):
+                node["description"] = node["description"].split("\n\n")[0]
+            for value in node.values():
+                summarise(value)
+        elif isinstance(node, list):
+            for value in node:
+                summarise(value)
+
+    schema = model.model_json_schema()
+    summarise(schema)
+    return schema
 
 
 class _Strict(BaseModel):
