@@ -43,6 +43,7 @@ def hooked_amax(model_dir, ids: np.ndarray, points: dict[str, str]) -> dict[str,
     return seen
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["qwen2-tiny", "ernie-dense-tiny"])
 def test_amax_at_each_point_matches_hooks_on_transformers(source_factory, preset):
     root = source_factory(preset, "torch")

@@ -17,6 +17,7 @@ from hpu_fp8_loader.sources.measurements import write_measurements
 from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 
 
+@pytest.mark.slow
 def test_demo_runs_the_pipeline_end_to_end_through_the_console_script(tmp_path):
     result = subprocess.run(
         [str(Path(sys.executable).with_name("hpu-fp8")), "demo", "--out", str(tmp_path / "demo")],
@@ -29,6 +30,7 @@ def test_demo_runs_the_pipeline_end_to_end_through_the_console_script(tmp_path):
     assert (tmp_path / "demo" / "fp8" / "hpu_fp8_manifest.json").is_file()
 
 
+@pytest.mark.slow
 def test_synth_convert_validate_through_the_cli(tmp_path):
     runner = CliRunner()
     assert (
@@ -71,6 +73,7 @@ def test_schema_command_prints_json_schemas():
         assert schema["type"] == "object" and schema["properties"]
 
 
+@pytest.mark.slow
 def test_the_quantize_benchmark_runs_and_reports_ratios():
     bench = Path(__file__).resolve().parents[1] / "bench" / "quantize.py"
     result = subprocess.run(

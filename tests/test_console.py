@@ -40,6 +40,7 @@ def measurements(tmp_path):
     return path
 
 
+@pytest.mark.slow
 def test_json_results_are_one_document_on_stdout(tmp_path, source_factory, measurements):
     source, out = source_factory("qwen2-tiny"), tmp_path / "out"
     converted = invoke("convert", source, out, "--measurements", measurements, "--json")
@@ -69,6 +70,7 @@ def _fastdeploy_file_with_a_warning(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flags", "env", "shows_warning", "shows_info"),
     [

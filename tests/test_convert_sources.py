@@ -102,6 +102,7 @@ def test_a_hub_repo_id_converts_from_the_offline_cache(tmp_path, source_factory)
     assert missing.returncode == 1 and "not in the local Hugging Face cache" in missing.stderr
 
 
+@pytest.mark.slow
 def test_cli_convert_prints_a_summary_and_fastdeploy_warnings(tmp_path, source_factory):
     amax = synthetic_measurements(preset_config("ernie-moe-tiny")).amax
     from hpu_fp8_loader.spec import names

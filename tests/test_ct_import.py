@@ -164,6 +164,7 @@ def test_an_ignore_list_that_leaves_the_router_quantized_is_handled(tmp_path, me
     assert validate(tmp_path / "out").valid
 
 
+@pytest.mark.slow
 def test_cli_import_prints_the_scheme_and_the_worst_errors(tmp_path):
     result = CliRunner().invoke(main, ["import", str(STATIC), str(tmp_path / "out"), "--kv-cache", "none"])
     assert result.exit_code == 0, result.output
@@ -258,6 +259,7 @@ def test_a_group_mixing_fp8_and_bf16_parts_is_requantized_from_its_values(tmp_pa
     assert 0 < dict(result.errors)["qwen2.layers.0.self_attn.qkv_proj.weight"] < 0.05
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_nan_code_in_an_fp8_source_is_named_and_nothing_is_published(tmp_path, workers):
     root = _copy(tmp_path)

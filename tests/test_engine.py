@@ -44,6 +44,7 @@ def reference_logits(source_factory):
     return make
 
 
+@pytest.mark.slow  # imports transformers and torch
 @pytest.mark.parametrize("preset", PRESETS)
 def test_logits_match_transformers_in_float32(source_factory, reference_logits, preset):
     ids, reference = reference_logits(preset)

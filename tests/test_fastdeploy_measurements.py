@@ -92,6 +92,7 @@ def test_measurements_of_another_model_are_refused(tmp_path, source_factory):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_qwen2_fastdeploy_file_lacks_the_mlp_and_is_combined_with_our_own(tmp_path, source_factory):
     config = preset_config("qwen2-tiny")
     ours = synthetic_measurements(config)

@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers.hub_cache import add_to_cache
+
+pytestmark = pytest.mark.slow  # a real Hub cache per module and console-script subprocesses
+
 
 LOAD = """
 import json, sys

@@ -239,6 +239,7 @@ def test_eval_still_runs_on_a_matching_pair(work):
     assert json.loads(result.stdout)["tokens"] == 16
 
 
+@pytest.mark.slow
 def test_eval_of_weights_so_large_the_arithmetic_overflows_is_one_line_naming_what(tmp_path, source_factory):
     """Finite but huge weights (3e38 in bf16) convert; their forward overflows float32. eval printed numpy's
     RuntimeWarnings and "tensor 'tensor' holds nan" before; now one line naming the model and the point."""

@@ -96,6 +96,7 @@ def test_a_planted_staging_path_is_refused_and_never_written_through(request, tm
     assert after == before
 
 
+@pytest.mark.slow
 def test_an_output_reached_through_a_linked_directory_is_published(tmp_path, src):
     """OUT's own directory may be a link a user made (it is not a planted staging path): the final fsync of
     that directory used to refuse to follow it and report a failure after OUT was already in place."""
@@ -144,6 +145,7 @@ def test_map_to_a_file_refuses_an_existing_one_and_replaces_a_link_not_its_targe
     assert victim.read_bytes() == b"keep me" and not out.is_symlink() and out.stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_map_to_a_file_over_the_file_size_limit_names_that_file_and_leaves_nothing(tmp_path, ckpt):
     out = tmp_path / "rank0.safetensors"
     cli = shutil.which("hpu-fp8", path=os.path.dirname(sys.executable))
@@ -198,6 +200,7 @@ def test_force_replaces_only_a_checkpoint_this_tool_wrote(tmp_path, src, existin
     )
 
 
+@pytest.mark.slow
 def test_force_replaces_an_earlier_checkpoint_and_leaves_a_users_out_replaced_alone(tmp_path, src):
     out = tmp_path / "out"
     assert run_cli(*convert_args(src, out, tmp_path)).exit_code == 0
@@ -223,6 +226,7 @@ def _hold_staging_lock(out) -> subprocess.Popen:
     return holder
 
 
+@pytest.mark.slow
 def test_a_second_run_on_the_same_output_is_refused_naming_the_holder_then_runs_once_it_is_gone(tmp_path, src):
     out = tmp_path / "out"
     holder = _hold_staging_lock(out)

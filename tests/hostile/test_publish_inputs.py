@@ -382,6 +382,7 @@ def test_an_empty_license_option_is_refused_not_replaced_by_the_cards(tmp_path, 
     assert tree_digest(tmp_path) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("endpoint", ["http://user:hf_SECRET123@127.0.0.1:9", "ftp://user:hf_SECRET123@127.0.0.1:9"])
 def test_credentials_in_hf_endpoint_are_never_repeated(endpoint):
     """In a process of its own: huggingface_hub reads HF_ENDPOINT once, when it is imported."""

@@ -275,8 +275,13 @@ def damaged(tmp_path, base):
     path.unlink(missing_ok=True)
 
 
+def _marks(case_id: str) -> list:
+    """The cases that write a 100 MB header are slow."""
+    return [pytest.mark.slow] if case_id.endswith("library-limit") else []
+
+
 def _by_id(cases: list[tuple[str, Damage, str]]) -> list:
-    return [pytest.param(damage, message, id=case_id) for case_id, damage, message in cases]
+    return [pytest.param(damage, message, id=case_id, marks=_marks(case_id)) for case_id, damage, message in cases]
 
 
 @pytest.mark.parametrize(("damage", "message"), _by_id(REFUSED_BY_BOTH))
@@ -328,7 +333,7 @@ ACCEPTED_BY_BOTH: list[tuple[str, Damage]] = [
 ]
 
 
-@pytest.mark.parametrize("damage", [pytest.param(d, id=i) for i, d in ACCEPTED_BY_BOTH])
+@pytest.mark.parametrize("damage", [pytest.param(d, id=i, marks=_marks(i)) for i, d in ACCEPTED_BY_BOTH])
 def test_what_the_library_reads_we_read_identically(damaged, damage):
     path = damaged(damage)
     assert _library_accepts(path)

@@ -80,6 +80,7 @@ def test_a_tensor_the_model_does_not_account_for_is_refused_by_name(tmp_path, co
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists() and not (tmp_path / "c.json").exists()
 
 
+@pytest.mark.slow
 def test_known_omissions_convert_with_a_warning_naming_them(tmp_path, copy_of):
     root = copy_of(MOE)
     hidden = json.loads((root / "config.json").read_text())["hidden_size"]
@@ -196,6 +197,7 @@ def test_an_index_that_omits_a_tensor_its_shards_hold_is_named_without_python_re
     assert "index omits" in line and "[" not in line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("key", "value"),
     [("hidden_act", "gelu"), ("rope_scaling", {"type": "yarn", "factor": 4.0}), ("use_sliding_window", True)],
