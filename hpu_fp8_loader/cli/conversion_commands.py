@@ -173,7 +173,6 @@ def import_command(
     """
     from hpu_fp8_loader.conversion.compressed_tensors import compressed_tensors_scheme, import_compressed_tensors
     from hpu_fp8_loader.conversion.plan import ConvertOptions
-    from hpu_fp8_loader.quality.calibrate import calibrate
     from hpu_fp8_loader.sources.measurements import load_measurements
     from hpu_fp8_loader.sources.resolve import resolve_checkpoint
 
@@ -189,9 +188,11 @@ def import_command(
     )
     with user_errors():
         source = resolve_checkpoint(src)
-        compressed_tensors_scheme(source)  # refused before a calibration runs
         extra = [load_measurements(p).measurements for p in measurement_paths]
         if run_calibration:
+            from hpu_fp8_loader.quality.calibrate import calibrate
+
+            compressed_tensors_scheme(source)  # a scheme that does not import is refused before the calibration runs
             extra.append(calibrate(source).measurements)
         result = import_compressed_tensors(source, out, options, extra)
     warn_each(result.warnings)

@@ -182,8 +182,12 @@ def _imported_amax(checkpoint: Checkpoint, d: ModelDescriptor) -> tuple[dict[str
 
 def compressed_tensors_scheme(src: str | Path) -> str:
     """The scheme of a compressed-tensors FP8 checkpoint this importer reads, or a named refusal: checked before any work."""
-    config = Checkpoint.open(src).config
-    return _check_scheme(Path(src), _parse_config(Path(src), config.get("quantization_config")))
+    return _scheme(Path(src), Checkpoint.open(src).config)
+
+
+def _scheme(src: Path, config: dict) -> str:
+    """The scheme named by ``config``'s quantization_config, or a named refusal."""
+    return _check_scheme(src, _parse_config(src, config.get("quantization_config")))
 
 
 def import_compressed_tensors(
@@ -239,7 +243,7 @@ def import_compressed_tensors(
     options = options or ConvertOptions()
     checkpoint = Checkpoint.open(src)
     raw = checkpoint.config.get("quantization_config")
-    scheme = compressed_tensors_scheme(src)
+    scheme = _scheme(Path(src), checkpoint.config)  # the checkpoint is opened once
     assert isinstance(raw, dict)  # compressed_tensors_scheme refused a config without a quantization_config object
     d = describe(checkpoint.config)
     result = CompressedTensorsImportResult(Path(out), scheme)

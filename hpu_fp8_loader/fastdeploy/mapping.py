@@ -82,7 +82,7 @@ def embedding_parameter(prefix: str) -> str:
 
 def attention_parameter(prefix: str, layer: int, scale: str) -> str:
     """One of a layer's ATTENTION_SCALES, on FastDeploy's attention module ``self_attn.attn``."""
-    return f"{names.layer_names(prefix, layer).base}.self_attn.attn.{scale}"
+    return f"{names.layer(prefix, layer)}.self_attn.attn.{scale}"
 
 
 def expert_parameter(prefix: str, layer: int, parameter: str) -> str:
