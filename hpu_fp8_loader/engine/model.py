@@ -87,6 +87,10 @@ class Observer:
     def record_expert(self, layer: int, expert: int, intermediate: np.ndarray, routed_tokens: int) -> None:
         """An expert's SwiGLU output over the tokens routed to it (all tokens with --all-experts)."""
 
+    def enter_layer(self, layer: int, weights: dict[str, np.ndarray]) -> None:
+        """Layer ``layer`` is about to run on these float32 weights (spec names, ``[in, out]``): what a report
+        needs to relate each linear's input to its weight without reading the layer a second time."""
+
     wants_all_experts = False
 
 
@@ -225,6 +229,7 @@ def forward(
     x = embed[ids]
     for layer in range(d.num_layers):
         w = _load_layer(weights, layer)
+        observer.enter_layer(layer, w)
         m = names.layer_names(d.prefix, layer)
         h = rms_norm(x, w[names.tensor(m.input_norm, names.WEIGHT)], cfg.rms_norm_eps)
         x = x + _attention(d, cfg, w, m, h, observer)
