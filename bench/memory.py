@@ -1,12 +1,16 @@
-"""Peak memory of a process tree: the sum of every live process's PSS, sampled from /proc/<pid>/smaps_rollup.
+"""Peak memory and bytes read of a process tree, sampled from /proc.
 
-PSS (proportional set size) charges each shared page to the processes that map it in equal parts,
-so summing it over a parent and its workers counts shared libraries once, not once per process.
+PSS (proportional set size, /proc/<pid>/smaps_rollup) charges each shared page to the processes that
+map it in equal parts, so summing it over a parent and its workers counts shared libraries once, not
+once per process. Bytes read are each process's ``rchar`` (/proc/<pid>/io: every byte a read call
+returned, page cache or not), last sample per process, summed; bytes read from the disk itself are the
+block reads wait4 reports for the process and every descendant it reaped.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import threading
 import time
@@ -42,30 +46,54 @@ def tree_pss_bytes(root: int) -> int:
     return total * 1024
 
 
+def _read_chars(pid: int) -> int:
+    with contextlib.suppress(OSError, ValueError):  # the process may have exited meanwhile
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+    return 0
+
+
+def tree_pids(root: int) -> list[int]:
+    found, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        if pid not in found:
+            found.append(pid)
+            stack += _children(pid)
+    return found
+
+
 @dataclass
 class Measured:
     seconds: float
     peak_pss: int
     returncode: int
+    bytes_read: int = 0  # rchar summed over the tree (last sample of each process)
+    disk_bytes_read: int = 0  # block reads of the process and its reaped descendants (wait4)
 
 
 def run_measured(command: list[str], interval: float = 0.05) -> Measured:
-    """Run ``command``; wall time and the peak of the summed PSS of its process tree."""
+    """Run ``command``; wall time, the peak of the summed PSS of its process tree and the bytes it read."""
     start = time.perf_counter()
     process = subprocess.Popen(command)
     peak = 0
+    read: dict[int, int] = {}
     stop = threading.Event()
 
     def sample() -> None:
         nonlocal peak
         while not stop.is_set():
             peak = max(peak, tree_pss_bytes(process.pid))
+            for pid in tree_pids(process.pid):
+                read[pid] = max(read.get(pid, 0), _read_chars(pid))
             time.sleep(interval)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    returncode = process.wait()
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - start
     stop.set()
     sampler.join()
-    return Measured(seconds, peak, returncode)
+    return Measured(seconds, peak, process.returncode, sum(read.values()), usage.ru_inblock * 512)

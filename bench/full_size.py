@@ -1,0 +1,250 @@
+"""The whole pipeline at ERNIE-4.5-21B-A3B's real size on this machine (issue 16), as ratios (never asserts).
+
+Synthesizes ERNIE-4.5-21B-A3B at its real configuration (28 layers, 64 experts, hidden 2560: 43.6 GB BF16;
+the config.json values of the public release) with a sentencepiece tokenizer trained here, then runs, each
+as its own ``hpu-fp8`` process measured for wall time, peak memory (summed PSS of the process tree) and bytes
+read (every byte a read call returned, and the part that came from the disk itself):
+
+    calibrate 16 windows x 512 tokens -> copy baseline -> convert -> validate -> eval 2 windows -> map TP 2 rank 0
+
+Goals (ratios against baselines measured in the same run):
+1. weights read by calibrate <= 1.1x the model's bytes, whatever the number of windows;
+2. calibration throughput >= 0.5x this machine's FLOP bound: the model's active FLOPs per token (the linears
+   a token passes through: attention, dense MLP, shared experts, top-k of the routed experts, the router; plus
+   the attention scores as the engine computes them, the full T x T before the causal mask) divided by numpy's
+   float32 matmul GFLOP/s measured on the same shapes;
+3. convert time <= 1.0x a plain copy of the same files through safetensors' numpy API.
+
+Disk: the source, its FP8 checkpoint (half its size) and one shard of headroom, ~70 GB at 28 layers. Where the
+disk has less, the most layers that fit are used, at full width, and the output says so. The copy baseline
+deletes each copied shard once written (it is timed, not kept), and the source is deleted before ``map``
+writes rank 0's file. Nothing here is run by CI.
+
+    python bench/full_size.py --work /path/with/70GB/free [--layers N] [--samples 16] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from memory import Measured, run_measured
+
+from hpu_fp8_loader.arch import describe
+from hpu_fp8_loader.arch.base import Role
+from hpu_fp8_loader.quality.datasets import load_text
+from hpu_fp8_loader.sources.synth import preset_config
+
+# ERNIE-4.5-21B-A3B's config.json values (the public release) that differ from the tiny preset.
+ERNIE_21B = {
+    "hidden_size": 2560,
+    "intermediate_size": 12288,
+    "moe_intermediate_size": 1536,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 20,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "moe_num_experts": 64,
+    "moe_num_shared_experts": 2,
+    "moe_k": 6,
+    "moe_layer_start_index": 1,
+    "moe_layer_end_index": 27,
+    "moe_layer_interval": 1,
+    "vocab_size": 103424,
+    "tie_word_embeddings": True,
+    "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 131072,
+}
+SHARD = 2 * 10**9  # bytes per source shard: the copy baseline's disk headroom
+HEADROOM = 3 * 10**9  # for measurements, scratch and the filesystem itself
+TOKENIZER_VOCAB = 8000
+
+COPY = """
+import sys
+from pathlib import Path
+import ml_dtypes  # noqa: F401  registers 'bfloat16' with numpy, which safetensors' numpy API needs for BF16
+from safetensors import safe_open
+from safetensors.numpy import save_file
+src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+dst.mkdir(parents=True, exist_ok=True)
+for shard in sorted(src.glob("*.safetensors")):
+    with safe_open(shard, framework="numpy") as f:
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    save_file(tensors, dst / shard.name)
+    del tensors
+    (dst / shard.name).unlink()  # timed, not kept: the disk holds the source and one copied shard
+"""
+
+
+def config_for(layers: int) -> dict:
+    return preset_config("ernie-moe-tiny", {**ERNIE_21B, "num_hidden_layers": layers, "moe_layer_end_index": layers - 1})
+
+
+def model_bytes(layers: int) -> int:
+    return 2 * describe(config_for(layers)).parameter_count()
+
+
+def layers_that_fit(work: Path, wanted: int) -> int:
+    """The most layers (at most ``wanted``) whose source, FP8 checkpoint and headroom fit the free disk."""
+    free = shutil.disk_usage(work).free
+    layers = wanted
+    while layers > 2 and 1.5 * model_bytes(layers) + SHARD + HEADROOM > free:
+        layers -= 1
+    return layers
+
+
+def active_flops_per_token(config: dict, seq_len: int) -> float:
+    """Multiply-adds x 2 of one token's forward as the engine runs it, without the lm_head (calibration has none)."""
+    d = describe(config)
+    assert d.moe is not None
+    share = d.moe.top_k / d.moe.num_experts
+    flops = 0.0
+    for w in d.weights():
+        if w.layer is None:
+            continue
+        if w.role in (Role.EXPERT_UP_GATE, Role.EXPERT_DOWN):
+            flops += 2 * share * w.shape[0] * w.shape[1]
+        elif w.is_linear or w.role is Role.ROUTER:
+            flops += 2 * w.shape[0] * w.shape[1]
+    # Q.K^T and P.V over the full T x T matrix per layer, as the engine computes them before the causal mask.
+    flops += d.num_layers * 2 * 2 * seq_len * d.num_heads * d.head_dim
+    return flops
+
+
+def matmul_gflops(tokens: int, hidden: int, width: int) -> float:
+    """numpy's float32 matmul rate on a calibration-shaped product: best of five."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((tokens, hidden), np.float32)
+    b = rng.standard_normal((hidden, width), np.float32)
+    a @ b  # warm up BLAS's threads
+    best = min(_timed(lambda: a @ b) for _ in range(5))
+    return 2 * tokens * hidden * width / best / 1e9
+
+
+def _timed(work) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
+def train_tokenizer(source: Path) -> None:
+    """A sentencepiece tokenizer.model (what ERNIE-4.5's releases ship) trained on the built-in text, with the
+    tokenizer_config.json that asks for BOS, so calibrate and eval tokenize as they would the real model."""
+    import sentencepiece
+
+    text_file = source / "train.txt"
+    text_file.write_text(load_text("builtin"))
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(text_file),
+        model_prefix=str(source / "tokenizer"),
+        vocab_size=TOKENIZER_VOCAB,
+        model_type="bpe",
+        bos_id=1,
+        eos_id=2,
+        pad_id=0,
+        unk_id=3,
+        minloglevel=2,
+    )
+    text_file.unlink()
+    (source / "tokenizer.vocab").unlink()
+    (source / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": True, "bos_token": "<s>", "eos_token": "</s>"}))
+
+
+def step(results: dict, name: str, command: list[str]) -> Measured:
+    print(f"-- {name}: {' '.join(command[1:])}", flush=True)
+    measured = run_measured(command, interval=0.2)
+    if measured.returncode != 0:
+        sys.exit(f"{name} failed (exit {measured.returncode})")
+    results[name] = measured
+    print(
+        f"   {measured.seconds:.0f} s, peak {measured.peak_pss / 2**30:.2f} GiB, read {measured.bytes_read / 1e9:.1f} GB "
+        f"({measured.disk_bytes_read / 1e9:.1f} GB from disk)",
+        flush=True,
+    )
+    return measured
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/hpu-fp8-full-size"))
+    parser.add_argument("--layers", type=int, default=28, help="at most this many layers (fewer when the disk is short)")
+    parser.add_argument("--samples", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--eval-samples", type=int, default=2)
+    parser.add_argument("--json", action="store_true", help="also print every figure as one JSON document")
+    args = parser.parse_args()
+    shutil.rmtree(args.work, ignore_errors=True)
+    args.work.mkdir(parents=True)
+    layers = layers_that_fit(args.work, args.layers)
+    config = config_for(layers)
+    size = model_bytes(layers)
+    print(f"ERNIE-4.5-21B-A3B-sized: {layers} of 28 layers at full width, {size / 1e9:.1f} GB BF16", flush=True)
+    if layers < 28:
+        print(f"   (28 layers need {(1.5 * model_bytes(28) + SHARD + HEADROOM) / 1e9:.0f} GB free; {args.work} has less)")
+    cli = str(Path(sys.executable).with_name("hpu-fp8"))
+    py = sys.executable
+    src, out, results = args.work / "src", args.work / "fp8", {}
+    sets = [arg for key, value in config.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
+    step(results, "synth", [cli, "synth", str(src), *sets, "--max-shard-size", "2GB", "-q"])
+    train_tokenizer(src)
+
+    chunk_tokens = 4 * args.seq_len  # calibrate's default --batch-size 4
+    rate = matmul_gflops(chunk_tokens, config["hidden_size"], 2 * config["moe_intermediate_size"])
+    per_token = active_flops_per_token(config, args.seq_len)
+    measurements = args.work / "measurements.json"
+    calibrate = step(
+        results,
+        "calibrate",
+        [
+            cli,
+            "calibrate",
+            str(src),
+            "-o",
+            str(measurements),
+            "--samples",
+            str(args.samples),
+            "--seq-len",
+            str(args.seq_len),
+            "-q",
+        ],
+    )
+    copy = step(results, "copy baseline", [py, "-c", COPY, str(src), str(args.work / "copy")])
+    shutil.rmtree(args.work / "copy", ignore_errors=True)
+    convert = step(results, "convert", [cli, "convert", str(src), str(out), "--measurements", str(measurements), "-q"])
+    step(results, "validate", [cli, "validate", "-q", str(out)])
+    step(
+        results,
+        "eval",
+        [cli, "eval", str(src), str(out), "--samples", str(args.eval_samples), "--seq-len", str(args.seq_len), "--json"],
+    )
+    shutil.rmtree(src)  # map's rank file needs the room
+    step(results, "map", [cli, "map", str(out), "--tp", "2", "--rank", "0", "-o", str(args.work / "rank0.safetensors")])
+
+    tokens = args.samples * args.seq_len
+    bound = tokens * per_token / (rate * 1e9)
+    ratios = {
+        "calibrate_read_over_model": calibrate.bytes_read / size,
+        "calibrate_throughput_over_flop_bound": bound / calibrate.seconds,
+        "convert_over_copy": convert.seconds / copy.seconds,
+    }
+    print(f"\nnumpy float32 matmul: {rate:.1f} GFLOP/s; {per_token / 1e9:.2f} GFLOP per token -> FLOP bound {bound:.0f} s")
+    print(f"calibrate read {calibrate.bytes_read / 1e9:.1f} GB of a {size / 1e9:.1f} GB model:")
+    print(f"  -> {ratios['calibrate_read_over_model']:.2f}x the model's bytes (goal <= 1.1)")
+    print(f"calibrate {tokens} tokens in {calibrate.seconds:.0f} s, {tokens / calibrate.seconds:.1f} tokens/s:")
+    print(f"  -> {ratios['calibrate_throughput_over_flop_bound']:.2f}x the FLOP bound (goal >= 0.5)")
+    print(f"convert {convert.seconds:.0f} s, copy {copy.seconds:.0f} s:")
+    print(f"  -> {ratios['convert_over_copy']:.2f}x the copy (goal <= 1.0)")
+    if args.json:
+        figures = {name: vars(m) for name, m in results.items()}
+        print(json.dumps({"layers": layers, "model_bytes": size, "gflops": rate, "steps": figures, "ratios": ratios}))
+    shutil.rmtree(args.work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
