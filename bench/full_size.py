@@ -21,6 +21,7 @@ deletes each copied shard once written (it is timed, not kept), and the source i
 writes rank 0's file. Nothing here is run by CI.
 
     python bench/full_size.py --work /path/with/70GB/free [--layers N] [--samples 16] [--json]
+    python bench/full_size.py --synth-only; python bench/full_size.py --reuse-source   # the source made beforehand
 """
 
 from __future__ import annotations
@@ -178,10 +179,21 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--eval-samples", type=int, default=2)
     parser.add_argument("--json", action="store_true", help="also print every figure as one JSON document")
+    parser.add_argument("--reuse-source", action="store_true", help="keep a source an earlier run of this script made")
+    parser.add_argument("--synth-only", action="store_true", help="make the source (and its tokenizer), then stop")
     args = parser.parse_args()
-    shutil.rmtree(args.work, ignore_errors=True)
-    args.work.mkdir(parents=True)
-    layers = layers_that_fit(args.work, args.layers)
+    src, out, results = args.work / "src", args.work / "fp8", {}
+    marker = src / "bench-source.json"  # written once the source and its tokenizer are complete
+    reused = args.reuse_source and marker.is_file()
+    if reused:
+        layers = json.loads(marker.read_text())["layers"]
+        for path in args.work.iterdir():
+            if path != src:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+    else:
+        shutil.rmtree(args.work, ignore_errors=True)
+        args.work.mkdir(parents=True)
+        layers = layers_that_fit(args.work, args.layers)
     config = config_for(layers)
     size = model_bytes(layers)
     print(f"ERNIE-4.5-21B-A3B-sized: {layers} of 28 layers at full width, {size / 1e9:.1f} GB BF16", flush=True)
@@ -189,10 +201,15 @@ def main() -> None:
         print(f"   (28 layers need {(1.5 * model_bytes(28) + SHARD + HEADROOM) / 1e9:.0f} GB free; {args.work} has less)")
     cli = str(Path(sys.executable).with_name("hpu-fp8"))
     py = sys.executable
-    src, out, results = args.work / "src", args.work / "fp8", {}
-    sets = [arg for key, value in config.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
-    step(results, "synth", [cli, "synth", str(src), *sets, "--max-shard-size", "2GB", "-q"])
-    train_tokenizer(src)
+    if reused:
+        print(f"-- synth: reusing {src} (--reuse-source)")
+    else:
+        sets = [arg for key, value in config.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
+        step(results, "synth", [cli, "synth", str(src), *sets, "--max-shard-size", "2GB", "-q"])
+        train_tokenizer(src)
+        marker.write_text(json.dumps({"layers": layers}))
+    if args.synth_only:
+        return
 
     chunk_tokens = 4 * args.seq_len  # calibrate's default --batch-size 4
     rate = matmul_gflops(chunk_tokens, config["hidden_size"], 2 * config["moe_intermediate_size"])
@@ -223,7 +240,7 @@ def main() -> None:
         "eval",
         [cli, "eval", str(src), str(out), "--samples", str(args.eval_samples), "--seq-len", str(args.seq_len), "--json"],
     )
-    shutil.rmtree(src)  # map's rank file needs the room
+    shutil.rmtree(src)  # map's rank file needs the room (--reuse-source cannot reuse it after a whole run)
     step(results, "map", [cli, "map", str(out), "--tp", "2", "--rank", "0", "-o", str(args.work / "rank0.safetensors")])
 
     tokens = args.samples * args.seq_len
