@@ -141,9 +141,7 @@ def test_a_tokenizer_json_in_the_model_directory_is_used(tmp_path, source_factor
     shutil.copytree(source_factory("qwen2-tiny", "torch"), root)
     tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.train_from_iterator(
-        [builtin_text()[:20000]], trainers.WordLevelTrainer(vocab_size=500, special_tokens=["[UNK]"])
-    )
+    tokenizer.train_from_iterator([builtin_text()[:20000]], trainers.WordLevelTrainer(vocab_size=500, special_tokens=["[UNK]"]))
     tokenizer.save(str(root / "tokenizer.json"))
     result = calibrate(root, samples=2, seq_len=32)
     assert result.tokenizer == "tokenizer.json"
