@@ -44,9 +44,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "hpu_fp8_loader.fastdeploy.plan": ("DeploymentPlan", "describe_model", "plan_deployment"),
     "hpu_fp8_loader.fastdeploy.legacy": ("LegacyExportResult", "export_legacy"),
     "hpu_fp8_loader.errors": (
-        "CheckpointIndexError", "CheckpointNotFoundError", "ChecksumMismatchError", "ConfigError", "HpuFp8Error",
-        "HubError", "MeasurementError", "NonFiniteError", "NotHpuFp8CheckpointError", "OutputExistsError",
-        "OutputLockedError", "SafetensorsFormatError", "UnknownArchitectureError", "UnsafePathError",
+        "CheckpointIndexError", "CheckpointNotFoundError", "ChecksumMismatchError", "ConfigError", "DatasetError",
+        "HpuFp8Error", "HubError", "MeasurementError", "NonFiniteError", "NotHpuFp8CheckpointError", "OutputExistsError",
+        "OutputLockedError", "SafetensorsFormatError", "TokenizerError", "UnknownArchitectureError", "UnsafePathError",
         "UnsupportedFormatVersionError", "UploadError", "WorkerDiedError", "WriteFailedError",
     ),
 }  # fmt: skip
@@ -89,6 +89,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; the same names __getatt
     from hpu_fp8_loader.errors import CheckpointNotFoundError as CheckpointNotFoundError
     from hpu_fp8_loader.errors import ChecksumMismatchError as ChecksumMismatchError
     from hpu_fp8_loader.errors import ConfigError as ConfigError
+    from hpu_fp8_loader.errors import DatasetError as DatasetError
     from hpu_fp8_loader.errors import HpuFp8Error as HpuFp8Error
     from hpu_fp8_loader.errors import HubError as HubError
     from hpu_fp8_loader.errors import MeasurementError as MeasurementError
@@ -97,6 +98,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; the same names __getatt
     from hpu_fp8_loader.errors import OutputExistsError as OutputExistsError
     from hpu_fp8_loader.errors import OutputLockedError as OutputLockedError
     from hpu_fp8_loader.errors import SafetensorsFormatError as SafetensorsFormatError
+    from hpu_fp8_loader.errors import TokenizerError as TokenizerError
     from hpu_fp8_loader.errors import UnknownArchitectureError as UnknownArchitectureError
     from hpu_fp8_loader.errors import UnsafePathError as UnsafePathError
     from hpu_fp8_loader.errors import UnsupportedFormatVersionError as UnsupportedFormatVersionError

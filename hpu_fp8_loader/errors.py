@@ -17,6 +17,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "ChecksumMismatchError",
     "ConfigError",
+    "DatasetError",
     "HpuFp8Error",
     "HubError",
     "MeasurementError",
@@ -25,6 +26,7 @@ __all__ = [
     "OutputExistsError",
     "OutputLockedError",
     "SafetensorsFormatError",
+    "TokenizerError",
     "UnknownArchitectureError",
     "UnsafePathError",
     "UnsupportedFormatVersionError",
@@ -183,6 +185,32 @@ class MeasurementError(HpuFp8Error, ValueError):
         ... except MeasurementError as exc:
         ...     print(exc)
         no measurements given; pass --measurements
+    """
+
+
+class DatasetError(HpuFp8Error, ValueError):
+    """A calibration or evaluation dataset cannot be used: missing, not a regular UTF-8 file, a record without its
+    text field (or ``messages``), a parquet file without the column, a directory without dataset files, a Hub
+    dataset that is missing or not cached while offline.
+
+    Example:
+        >>> try:
+        ...     calibrate("qwen2-bf16", dataset="corpus.parquet", text_field="content")
+        ... except DatasetError as exc:
+        ...     print(exc)  # "corpus.parquet: no column 'content' (columns: text, url)"
+    """
+
+
+class TokenizerError(HpuFp8Error, ValueError):
+    """The model's tokenizer cannot be found, loaded or used: no tokenizer file for a vocabulary too large for byte
+    tokens, a corrupt tokenizer.json / tokenizer.model / tokenizer_config.json, a token id beyond the model's
+    vocab_size, a chat template that is missing or fails to render.
+
+    Example:
+        >>> try:
+        ...     calibrate("Qwen2-7B-weights-only")  # a copy without its tokenizer files
+        ... except TokenizerError as exc:
+        ...     print(exc)  # "Qwen2-7B-weights-only: no tokenizer.json or tokenizer.model, and a vocabulary of ..."
     """
 
 

@@ -23,7 +23,7 @@ from hpu_fp8_loader.engine.memory import memory_budget
 from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.quality.calibrate import AmaxObserver, calibrate
-from hpu_fp8_loader.quality.datasets import load_text, token_batches, tokenize
+from hpu_fp8_loader.quality.datasets import builtin_text, token_batches
 from hpu_fp8_loader.sources.measurements import load_measurements
 
 
@@ -57,7 +57,7 @@ def test_amax_at_each_point_matches_hooks_on_transformers(source_factory, preset
             f"model.layers.{i}.mlp.gate_proj": f"{prefix}.layers.{i}.mlp.up_gate_proj",
             f"model.layers.{i}.mlp.down_proj": f"{prefix}.layers.{i}.mlp.down_proj",
         })  # fmt: skip
-    ids, _ = tokenize(load_text("builtin"), root, 512)
+    ids = np.frombuffer(builtin_text().encode(), np.uint8).astype(np.int64)  # a synthetic model: byte tokens
     expected = hooked_amax(root, ids[: 2 * 64].reshape(2, 64), points)
     for module, value in expected.items():
         assert result.measurements.amax[module] == pytest.approx(value, rel=1e-4), module
@@ -141,9 +141,7 @@ def test_a_tokenizer_json_in_the_model_directory_is_used(tmp_path, source_factor
     shutil.copytree(source_factory("qwen2-tiny", "torch"), root)
     tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.train_from_iterator(
-        [load_text("builtin")[:20000]], trainers.WordLevelTrainer(vocab_size=500, special_tokens=["[UNK]"])
-    )
+    tokenizer.train_from_iterator([builtin_text()[:20000]], trainers.WordLevelTrainer(vocab_size=500, special_tokens=["[UNK]"]))
     tokenizer.save(str(root / "tokenizer.json"))
     result = calibrate(root, samples=2, seq_len=32)
     assert result.tokenizer == "tokenizer.json"
@@ -166,15 +164,8 @@ def test_bad_calibration_requests_get_clear_errors(tmp_path, source_factory, mon
         calibrate(source_factory(), **kwargs)
 
 
-def test_byte_tokens_need_a_vocabulary_of_256(tmp_path):
-    with pytest.raises(HpuFp8Error, match="vocabulary of 100 < 256"):
-        tokenize("text", tmp_path, 100)
-    ids, kind = tokenize("é", tmp_path, 256)
-    assert kind == "bytes" and ids.tolist() == list("é".encode()) and ids.dtype == np.int64
-
-
 def test_held_out_text_never_calibrates():
-    calibration, held_out = load_text("builtin"), load_text("builtin", split="held-out")
+    calibration, held_out = builtin_text(), builtin_text("held-out")
     assert held_out and held_out not in calibration and len(held_out) < len(calibration) / 5
 
 

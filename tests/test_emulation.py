@@ -21,12 +21,12 @@ from hpu_fp8_loader.fastdeploy.mapping import Parallelism
 from hpu_fp8_loader.fastdeploy.rankfiles import write_rank_file
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.quality.calibrate import calibrate
-from hpu_fp8_loader.quality.datasets import load_text
+from hpu_fp8_loader.quality.datasets import builtin_text
 from hpu_fp8_loader.quality.evaluate import EvalRow, attention_warning, evaluate
 from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 
 # Two windows of held-out text (never calibrated on), byte tokens as the tiny models use.
-IDS = np.frombuffer(load_text("builtin", split="held-out").encode()[:256], np.uint8).astype(np.int64).reshape(2, 128)
+IDS = np.frombuffer(builtin_text("held-out").encode()[:256], np.uint8).astype(np.int64).reshape(2, 128)
 
 
 @pytest.fixture(scope="module")

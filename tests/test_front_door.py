@@ -108,6 +108,8 @@ def test_an_unknown_name_is_an_attribute_error():
         ("NonFiniteError", ValueError),
         ("SafetensorsFormatError", ValueError),
         ("ChecksumMismatchError", ValueError),
+        ("DatasetError", ValueError),
+        ("TokenizerError", ValueError),
     ],
 )
 def test_errors_are_also_the_builtin_they_mean(name: str, builtin: type[Exception]):

@@ -23,6 +23,7 @@ import click
 from hpu_fp8_loader import __version__
 from hpu_fp8_loader.console import LEVELS, LOGGER, configure
 from hpu_fp8_loader.errors import HpuFp8Error
+from hpu_fp8_loader.quality.tokenizer import BYTE_VOCAB_LIMIT, TOKENIZER_CHOICES
 from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, Target
 
 log = logging.getLogger(LOGGER)
@@ -150,6 +151,44 @@ dead_experts_option = _enum_option(
     "Experts without a positive amax: error stops and lists them; sibling-max gives each the max of its "
     "layer's other experts and records which in config.json.",
 )
+
+DATASET_FORMS = (
+    "FILE.txt, FILE.jsonl (one record a line), FILE.parquet, a DIR of such files (sorted, recursively), or a Hub "
+    "dataset ORG/NAME (through the Hugging Face cache; HF_HUB_OFFLINE=1 reads the cache only). A local path wins."
+)
+
+
+def dataset_options(dataset_help: str) -> Callable[[FC], FC]:
+    """``--dataset`` (with each command's own help) and how its records become tokens: ``--text-field``,
+    ``--chat-template``, ``--dataset-revision`` and ``--tokenizer``, shared by calibrate and eval."""
+    options = [
+        click.option("--dataset", default="builtin", show_default=True, help=f"{dataset_help} {DATASET_FORMS}"),
+        click.option(
+            "--text-field", default="text", show_default=True, help="The JSONL key or parquet column of each record's text."
+        ),
+        click.option(
+            "--chat-template",
+            is_flag=True,
+            help="Render each record's 'messages' (a list of {role, content}) through the model's chat template instead.",
+        ),
+        click.option("--dataset-revision", help="Branch, tag or commit of a Hub dataset."),
+        click.option(
+            "--tokenizer",
+            type=click.Choice(TOKENIZER_CHOICES),
+            default="auto",
+            show_default=True,
+            help="auto: the model's tokenizer.json, else its sentencepiece tokenizer.model (BOS as tokenizer_config.json "
+            f"says); byte tokens only for a model without either and a vocabulary of at most {BYTE_VOCAB_LIMIT}. "
+            "bytes: one token per UTF-8 byte.",
+        ),
+    ]
+
+    def decorate(command: FC) -> FC:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
 
 
 PIPELINE_ORDER = [

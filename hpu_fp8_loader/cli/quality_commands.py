@@ -10,6 +10,7 @@ import click
 from hpu_fp8_loader.cli.group import (
     COUNT,
     EXIT_INVALID,
+    dataset_options,
     force_option,
     json_option,
     kv_cache_option,
@@ -83,12 +84,7 @@ def demo(work_dir: Path, model: str, kv_cache: KvCacheScheme, force: bool, as_js
 @main.command(short_help="Record activation amax with the reference engine.")
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Measurement file to write (JSON).")
-@click.option(
-    "--dataset",
-    default="builtin",
-    show_default=True,
-    help="builtin (Python's own documentation, offline; its last 10% is held out for eval), FILE.txt, or FILE.jsonl with a 'text' field.",
-)
+@dataset_options("builtin: Python's own documentation, offline (its last 10% is held out for eval).")
 @click.option("--samples", default=32, type=COUNT, show_default=True, help="Windows of --seq-len tokens to run.")
 @click.option(
     "--seq-len",
@@ -117,6 +113,10 @@ def calibrate(
     model: Path,
     out: Path,
     dataset: str,
+    text_field: str,
+    chat_template: bool,
+    dataset_revision: str | None,
+    tokenizer: str,
     samples: int,
     seq_len: int,
     batch_size: int,
@@ -128,8 +128,10 @@ def calibrate(
 ) -> None:
     """Record activation amax at FastDeploy's measurement points with the float32 reference engine.
 
-    MODEL is a BF16 checkpoint (Paddle or torch layout) or an hpu-fp8 one. Tokens come from its
-    tokenizer.json when present (and the tokenizers library), else one token per UTF-8 byte.
+    MODEL is a BF16 checkpoint (Paddle or torch layout) or an hpu-fp8 one. Tokens come from its own
+    tokenizer (tokenizer.json, else the sentencepiece tokenizer.model), one document (file or record)
+    at a time, BOS as tokenizer_config.json says; byte tokens only with --tokenizer bytes or for a
+    byte-level model (no tokenizer file, a vocabulary of at most 512). A model without a tokenizer is refused.
     The output files are checked before any work and written atomically; an existing one is
     replaced only with --force, and never one inside MODEL.
 
@@ -139,12 +141,16 @@ def calibrate(
       hpu-fp8 calibrate ./ERNIE-4.5-21B-A3B-PT -o measurements.json --samples 64 --seq-len 512
 
     \b
-      # Your own text, with every expert calibrated (no dead experts left for convert)
-      hpu-fp8 calibrate ./ERNIE-4.5-21B-A3B-PT -o ernie.json --dataset corpus.jsonl --all-experts
+      # Chat records ({"messages": [...]}) rendered by the model's own chat template
+      hpu-fp8 calibrate ./ERNIE-4.5-21B-A3B-PT -o ernie.json --dataset chats.jsonl --chat-template
 
     \b
       # Qwen2, also in FastDeploy's measurement text format, replacing earlier files
       hpu-fp8 calibrate ./Qwen2-7B-Instruct -o qwen2.json --fastdeploy-format qwen2.txt --force
+
+    \b
+      # The 'body' field of a Hub dataset's files at tag v1 (HF_HUB_OFFLINE=1: from the cache only)
+      hpu-fp8 calibrate ./Qwen2 -o q.json --dataset ORG/NAME --text-field body --dataset-revision v1
     """
     from hpu_fp8_loader.quality.calibrate import calibrate as run_calibration
     from hpu_fp8_loader.quality.calibrate import check_outputs, write_fastdeploy_file
@@ -155,7 +161,19 @@ def calibrate(
     with user_errors():
         check_outputs(model, dataset, [out, *([fastdeploy_file] if fastdeploy_file else [])], force)
         with progress_bar("calibrate", quiet or as_json, unit="tok") as bar:
-            result = run_calibration(model, dataset, samples, seq_len, batch_size, all_experts, progress=bar.update)
+            result = run_calibration(
+                model,
+                dataset,
+                samples,
+                seq_len,
+                batch_size,
+                all_experts,
+                progress=bar.update,
+                tokenizer=tokenizer,
+                text_field=text_field,
+                chat_template=chat_template,
+                dataset_revision=dataset_revision,
+            )
         write_measurements(out, result.measurements, replace=force)
         if fastdeploy_file:
             write_fastdeploy_file(fastdeploy_file, result.measurements, replace=force)
@@ -179,7 +197,8 @@ def calibrate(
         )
         return
     click.echo(
-        f"{out}: {len(result.measurements.amax)} points from {result.tokens:,} tokens ({result.tokenizer} tokens), "
+        f"{out}: {len(result.measurements.amax)} points from {result.tokens:,} tokens of {result.measurements.provenance.dataset} "
+        f"(tokenizer: {result.tokenizer}), "
         f"{result.tokens / max(result.seconds, 1e-9):,.0f} tokens/s"
     )
 
@@ -187,12 +206,7 @@ def calibrate(
 @main.command("eval", short_help="Compare emulated Gaudi FP8 with the BF16 model.")
 @click.argument("bf16_source", type=click.Path(path_type=Path))
 @click.argument("fp8_checkpoint", type=click.Path(path_type=Path))
-@click.option(
-    "--dataset",
-    default="builtin",
-    show_default=True,
-    help="builtin uses its held-out part (never the calibration text), or FILE.txt/.jsonl.",
-)
+@dataset_options("builtin: the held-out 10% of Python's own documentation (never the calibration text).")
 @click.option("--samples", type=COUNT, default=8, show_default=True, help="Windows of --seq-len tokens.")
 @click.option("--seq-len", type=click.IntRange(min=2), default=128, show_default=True)
 @tp_option(help="Emulate this tensor parallelism (bf16 partial sums reduced as FastDeploy would).")
@@ -208,6 +222,10 @@ def eval_command(
     bf16_source: Path,
     fp8_checkpoint: Path,
     dataset: str,
+    text_field: str,
+    chat_template: bool,
+    dataset_revision: str | None,
+    tokenizer: str,
     samples: int,
     seq_len: int,
     tp: int,
@@ -220,6 +238,7 @@ def eval_command(
 
     Prints top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both perplexities. Without
     --weights-only / --no-kv-fp8 every row is shown; with them, the FP8 row and the rows asked for.
+    Tokens come from BF16_SOURCE's own tokenizer, as for calibrate.
 
     \b
     Examples:
@@ -233,12 +252,29 @@ def eval_command(
     \b
       # Only the FP8 and weights-only rows, on 32 windows of your own text
       hpu-fp8 eval ./Qwen2-7B-Instruct ./qwen2-fp8 --weights-only --dataset eval.txt --samples 32
+
+    \b
+      # Chat records of a directory of parquet files, rendered by the model's chat template
+      hpu-fp8 eval ./Qwen2-7B-Instruct ./qwen2-fp8 --dataset ./chats/ --chat-template
     """
     from hpu_fp8_loader.quality.evaluate import chosen_variants, evaluate
 
     variants = chosen_variants(only_weights, only_no_kv)
     with user_errors():
-        report = evaluate(bf16_source, fp8_checkpoint, dataset, samples, seq_len, tp, variants, decode_attention)
+        report = evaluate(
+            bf16_source,
+            fp8_checkpoint,
+            dataset,
+            samples,
+            seq_len,
+            tp,
+            variants,
+            decode_attention,
+            tokenizer=tokenizer,
+            text_field=text_field,
+            chat_template=chat_template,
+            dataset_revision=dataset_revision,
+        )
     if as_json:
         emit_json(report.to_dict())
     else:

@@ -24,7 +24,7 @@ from hpu_fp8_loader.engine.model import EngineConfig, Observer, forward
 from hpu_fp8_loader.engine.weights import open_weights
 from hpu_fp8_loader.errors import NonFiniteError
 from hpu_fp8_loader.io.file_output import check_output_file, write_text_atomically
-from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, load_text, token_batches, tokenize
+from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, dataset_tokens, token_batches
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import AmaxSourceKind
 from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements, ModelIdentity
@@ -64,8 +64,9 @@ class CalibrationResult:
         measurements: every activation amax of the model, with provenance ``reference-engine`` and the number of
             tokens each expert saw; what :func:`~hpu_fp8_loader.convert` reads and
             :func:`~hpu_fp8_loader.write_measurements` writes.
-        tokenizer: which tokenizer made the tokens: ``"tokenizer.json"`` (the model's own) or ``"bytes"`` (one
-            token per UTF-8 byte, when the model directory has no tokenizer.json).
+        tokenizer: which tokenizer made the tokens: ``"tokenizer.json"`` or ``"tokenizer.model (sentencepiece)"``
+            (the model's own), or ``"bytes"`` (one token per UTF-8 byte: asked for, or a byte-level model without a
+            tokenizer file); also the measurements' ``provenance.tokenizer``.
         tokens: tokens run through the model.
         seconds: wall time of the calibration.
         dead_experts: ``(layer, expert)`` of every routed expert no calibration token reached, sorted; convert
@@ -94,18 +95,26 @@ def calibrate(
     batch_size: int = 4,
     all_experts: bool = False,
     progress: Callable[[int], object] | None = None,
+    *,
+    tokenizer: str = "auto",
+    text_field: str = "text",
+    chat_template: bool = False,
+    dataset_revision: str | None = None,
 ) -> CalibrationResult:
     """Run the reference engine over ``samples`` windows of ``dataset`` and record every act amax.
 
     Activation statistics without an HPU: the float32 reference engine records, at every point FastDeploy's
     measurement mode records (plus the Qwen2 MLP points it forgets), the whole-tensor max |x| over every window;
-    each expert's intermediate over the tokens routed to it. Tokens come from the model's ``tokenizer.json``
-    (with the ``tokenizers`` library), else one token per UTF-8 byte (a vocabulary of at least 256).
+    each expert's intermediate over the tokens routed to it. Tokens come from the model's own tokenizer
+    (tokenizer.json, else the sentencepiece tokenizer.model, with tokenizer_config.json's BOS), one document at a
+    time; byte tokens only when asked for or for a byte-level model (no tokenizer file, a vocabulary of at most 512).
 
     Args:
         model: a local checkpoint directory: a BF16 source (either layout) or an hpu-fp8 checkpoint.
         dataset: ``"builtin"`` (the first 90% of Python's own documentation; the rest is held out for
-            :func:`~hpu_fp8_loader.evaluate`), a UTF-8 ``.txt`` file, or a ``.jsonl`` file of ``{"text": ...}`` lines.
+            :func:`~hpu_fp8_loader.evaluate`), a UTF-8 ``.txt`` file, a ``.jsonl`` file of ``{"text": ...}`` lines, a
+            ``.parquet`` file with a ``text`` column, a directory of such files, or a Hub dataset repo id ``ORG/NAME``
+            (from the Hugging Face cache; a local path that exists wins).
         samples: how many windows to run (fewer when the text holds fewer).
         seq_len: tokens per window; at most the model's ``max_position_embeddings``.
         batch_size: windows per forward.
@@ -113,6 +122,10 @@ def calibrate(
             forward): no expert stays uncalibrated, at the price of wider expert ranges and about E/k times the
             expert work.
         progress: called with the token count of each batch run.
+        tokenizer: ``"auto"`` (the model's own; refused when it has none, unless a byte-level model) or ``"bytes"``.
+        text_field: the JSONL key or parquet column holding each record's text.
+        chat_template: render each record's ``messages`` through the model's chat template instead.
+        dataset_revision: the branch, tag or commit of a Hub ``dataset``.
 
     Returns:
         A :class:`~hpu_fp8_loader.CalibrationResult`; its ``measurements`` go to :func:`~hpu_fp8_loader.convert`.
@@ -127,8 +140,10 @@ def calibrate(
         CheckpointIndexError: the shard index is malformed or disagrees with the shards.
         NonFiniteError: an activation is NaN or inf (the message names the module and the windows); nothing is
             returned.
-        HpuFp8Error: the dataset cannot be read or holds no text, the tokenizer cannot be loaded or does not fit the
-            vocabulary, ``samples``, ``seq_len`` or ``batch_size`` is below 1, ``seq_len`` is beyond
+        DatasetError: the dataset cannot be read, lacks the text field or ``messages``, or holds no text.
+        TokenizerError: the model has no tokenizer (and is no byte-level model), its tokenizer or chat template cannot
+            be loaded or used, or gives ids beyond the vocabulary.
+        HpuFp8Error: ``samples``, ``seq_len`` or ``batch_size`` is below 1, ``seq_len`` is beyond
             max_position_embeddings or the text holds fewer tokens than one window, an hpu-fp8 ``model`` fails the
             quick validation, or a layer does not fit in memory.
 
@@ -143,14 +158,23 @@ def calibrate(
     weights = open_weights(model)
     d = weights.descriptor
     check_seq_len(seq_len, model, weights.checkpoint.config)
-    ids, tokenizer = tokenize(load_text(dataset), Path(model), d.vocab_size)
+    ids, tokenizer_name = dataset_tokens(
+        model,
+        d.vocab_size,
+        dataset,
+        limit=samples * seq_len,
+        tokenizer=tokenizer,
+        text_field=text_field,
+        chat_template=chat_template,
+        dataset_revision=dataset_revision,
+    )
     observer = AmaxObserver(d.prefix, all_experts)
     config = EngineConfig.from_config(weights.checkpoint.config, d, str(weights.checkpoint.root / "config.json"))
     log.info(
         "%s: %d tokens of text (%s tokens) for %d window(s) of %d; weights %s",
         model,
         ids.size,
-        tokenizer,
+        tokenizer_name,
         samples,
         seq_len,
         "cached in memory" if weights.cached else "streamed per forward",
@@ -181,6 +205,7 @@ def calibrate(
             date=datetime.date.today().isoformat(),
             tool="hpu-fp8 calibrate" + (" --all-experts" if all_experts else ""),
             tool_version=__version__,
+            tokenizer=tokenizer_name,
         ),
         model=ModelIdentity(model_type=d.model_type, num_hidden_layers=d.num_layers, moe_num_experts=experts),
         amax=observer.amax,
@@ -192,7 +217,7 @@ def calibrate(
             expert = names.expert_of(key)
             assert expert is not None  # the observer keys expert_tokens by names.expert_tokens_key
             dead.append(expert)
-    return CalibrationResult(measurements, tokenizer, tokens, time.perf_counter() - started, sorted(dead))
+    return CalibrationResult(measurements, tokenizer_name, tokens, time.perf_counter() - started, sorted(dead))
 
 
 def check_outputs(model: str | Path, dataset: str | Path, outputs: Iterable[str | Path], force: bool) -> None:

@@ -1,62 +1,161 @@
-"""Text for calibration and evaluation, and turning it into token ids, offline.
+"""Text for calibration and evaluation, as documents, and the token stream the model's tokenizer makes of them.
 
-The built-in text is CPython's own documentation (``pydoc_data.topics``, ~465k characters, always
-installed): the first 90% calibrates, the last 10% is held out for evaluation and never calibrates.
-Tokens come from the model directory's ``tokenizer.json`` through the ``tokenizers`` library when
-both are there; otherwise from a byte-level fallback (token id = UTF-8 byte, 0..255), which needs a
-vocabulary of at least 256 and is what the tiny models of this project are trained on.
+A dataset is one of:
 
-Everything read here is read strictly, because a dataset or tokenizer that is read leniently does not
-fail, it calibrates on something else: a dataset must be a regular file (a FIFO would block the run
-forever, /dev/zero fill the memory), UTF-8 (a BOM is dropped: it is not text), and a JSONL line must be
-strict JSON (:func:`~hpu_fp8_loader.io.jsonfile.parse_json`: no lone surrogate, duplicate key or NaN).
+- ``builtin``: CPython's own documentation (``pydoc_data.topics``, ~465k characters, always installed, offline):
+  the first 90% calibrates, the last 10% is held out for evaluation and never calibrates;
+- a ``.txt`` file (one document), a ``.jsonl`` file (one document per line: a JSON string, or an object's
+  ``text_field`` string) or a ``.parquet`` file (one document per row of the ``text_field`` string column);
+- a directory: every .txt, .jsonl and .parquet file under it, sorted by path, each file's records in order;
+- a Hub dataset repo id ``ORG/NAME`` (optionally at a revision): its .txt, .jsonl and .parquet files, through
+  huggingface_hub's cache, so ``HF_HUB_OFFLINE=1`` reads the cache only. A local path that exists wins.
+
+With a chat template, each record's ``messages`` (a list of ``{"role", "content"}`` objects) is rendered through
+the model's template (:meth:`~hpu_fp8_loader.quality.tokenizer.ModelTokenizer.chat_renderer`) instead. Each
+document is tokenized on its own (BOS per document where the model expects one) and the ids are concatenated
+into the stream :func:`token_batches` cuts into windows; documents are read only until the stream is long enough.
+
+Everything read here is read strictly, because a dataset that is read leniently does not fail, it calibrates
+on something else: a dataset must be a regular file (a FIFO would block the run forever, /dev/zero fill the
+memory), UTF-8 (a BOM is dropped: it is not text), and a JSONL line must be strict JSON
+(:func:`~hpu_fp8_loader.io.jsonfile.parse_json`: no lone surrogate, duplicate key or NaN); a parquet column must
+hold strings, none of them null.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 
-from hpu_fp8_loader.errors import HpuFp8Error, one_line
-from hpu_fp8_loader.io.jsonfile import JsonFormatError, parse_json, read_json_object, read_regular_file
+from hpu_fp8_loader.errors import DatasetError, HpuFp8Error, HubError, one_line
+from hpu_fp8_loader.io.jsonfile import JsonFormatError, parse_json, read_regular_file
+from hpu_fp8_loader.quality.tokenizer import load_tokenizer
+from hpu_fp8_loader.sources.resolve import check_repo_id, check_revision, download_snapshot
 
-__all__ = ["BUILTIN", "check_seq_len", "load_text", "token_batches", "tokenize"]
+__all__ = ["BUILTIN", "DATASET_SUFFIXES", "builtin_text", "check_seq_len", "dataset_tokens", "load_documents", "token_batches"]
 
 BUILTIN = "builtin"
+DATASET_SUFFIXES = (".txt", ".jsonl", ".parquet")
+_FORMS = "'builtin', a .txt, .jsonl or .parquet file, a directory of them, or a Hub dataset ORG/NAME"
 _HELD_OUT = 0.1
 _BOM = "\ufeff"
 # What a JSONL record's value is, in JSON's words (never Python's: a user wrote JSON, not None or list).
 _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "true/false", int: "a number", float: "a number"}
 
 
-def _builtin_text() -> str:
+def builtin_text(split: str = "calibration") -> str:
+    """The built-in text's ``"calibration"`` part (the first 90%) or its ``"held-out"`` part (the rest)."""
     import pydoc_data.topics
 
     topics = pydoc_data.topics.topics
-    return "\n\n".join(topics[key] for key in sorted(topics))
+    text = "\n\n".join(topics[key] for key in sorted(topics))
+    cut = int(len(text) * (1 - _HELD_OUT))
+    return text[:cut] if split == "calibration" else text[cut:]
 
 
-def load_text(dataset: str | Path, split: str = "calibration") -> str:
-    """The text of ``dataset``: ``builtin`` (split into calibration / held-out), a .txt or a .jsonl file.
+def dataset_tokens(
+    model_dir: str | Path,
+    vocab_size: int,
+    dataset: str | Path = BUILTIN,
+    *,
+    split: str = "calibration",
+    limit: int | None = None,
+    tokenizer: str = "auto",
+    text_field: str = "text",
+    chat_template: bool = False,
+    dataset_revision: str | None = None,
+) -> tuple[np.ndarray, str]:
+    """(token ids, the tokenizer's name): ``dataset``'s documents through the model's tokenizer, until ``limit`` ids.
 
-    Refuses, naming the file (and line), anything that is not a regular UTF-8 file, a JSONL line that is
-    not a strict JSON string or object with a ``text`` string, and a dataset with no text at all.
+    The tokenizer (and the chat template, with ``chat_template``) is checked before any dataset is read.
     """
+    model_tokenizer = load_tokenizer(model_dir, vocab_size, tokenizer)
+    render = model_tokenizer.chat_renderer() if chat_template else None
+    documents = load_documents(dataset, split, text_field, dataset_revision, render)
+    return model_tokenizer.tokens(documents, limit, chat=chat_template), model_tokenizer.name
+
+
+def load_documents(
+    dataset: str | Path,
+    split: str = "calibration",
+    text_field: str = "text",
+    revision: str | None = None,
+    render: Callable[[list, str], str] | None = None,
+) -> Iterator[str]:
+    """The documents of ``dataset`` (see the module's docstring for its forms), read as they are asked for.
+
+    ``split`` picks the built-in text's part; ``render(messages, where)`` turns each record's ``messages`` into
+    text (the chat template). Blank documents are skipped; a dataset with no text at all is refused.
+    """
+    found = False
+    for document in _records(dataset, split, text_field, revision, render):
+        if document.strip():
+            found = True
+            yield document
+    if not found:
+        raise DatasetError(f"{dataset}: no text in the dataset (empty, or only whitespace)")
+
+
+def _records(dataset: str | Path, split: str, field: str, revision: str | None, render) -> Iterator[str]:
     if str(dataset) == BUILTIN:
-        text = _builtin_text()
-        cut = int(len(text) * (1 - _HELD_OUT))
-        return text[:cut] if split == "calibration" else text[cut:]
+        if render is not None:
+            raise DatasetError("builtin: plain text without 'messages'; --chat-template needs .jsonl or .parquet chat records")
+        if revision is not None:
+            raise DatasetError(f"builtin: --dataset-revision {revision!r} is for a Hub dataset")
+        yield builtin_text(split)
+        return
+    for path in _dataset_files(dataset, revision):
+        suffix = path.suffix.lower()
+        if suffix == ".parquet":
+            yield from _parquet_records(path, field, render)
+            continue
+        text = _decode(path, _read_dataset(path))
+        if suffix == ".jsonl":
+            yield from _jsonl_records(path, text, field, render)
+        elif render is not None:
+            raise DatasetError(f"{path}: plain text without 'messages'; --chat-template needs .jsonl or .parquet chat records")
+        else:
+            yield text
+
+
+def _dataset_files(dataset: str | Path, revision: str | None) -> list[Path]:
+    """The files of a local file or directory (which wins when it exists), or of a Hub dataset's snapshot."""
     path = Path(dataset)
-    text = _decode(path, _read_dataset(path))
-    if path.suffix.lower() == ".jsonl":
-        text = "\n\n".join(_jsonl_texts(path, text))
-    if not text.strip():
-        raise HpuFp8Error(f"{path}: no text in the dataset (empty, or only whitespace)")
-    return text
+    if os.path.lexists(path):
+        if revision is not None:
+            raise DatasetError(f"{path}: --dataset-revision {revision!r} is for a Hub dataset, and this is a local path")
+        return _directory_files(path, str(path)) if path.is_dir() else [path]
+    text = str(dataset)
+    try:
+        check_repo_id(text, "dataset")
+    except HubError:  # HF_ENDPOINT, not the id
+        raise
+    except HpuFp8Error:
+        raise DatasetError(f"{path}: no such dataset file (use {_FORMS})") from None
+    if path.suffix.lower() in DATASET_SUFFIXES:  # a file name that happens to be a valid repo id: a missing file
+        raise DatasetError(f"{path}: no such dataset file (use {_FORMS})")
+    if revision is not None:
+        check_revision(revision, "--dataset-revision")
+    patterns = [f"*{suffix}" for suffix in DATASET_SUFFIXES]
+    snapshot = download_snapshot(text, revision, patterns, "dataset", DatasetError, "a local file or directory")
+    return _directory_files(snapshot, f"Hub dataset {text}")
+
+
+def _directory_files(root: Path, name: str) -> list[Path]:
+    """Every dataset file under ``root`` (hidden ones aside), sorted by path; refused when there is none."""
+    files = [
+        p
+        for p in root.rglob("*")
+        if p.suffix.lower() in DATASET_SUFFIXES
+        and not p.is_dir()
+        and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    ]
+    if not files:
+        raise DatasetError(f"{name}: a directory without .txt, .jsonl or .parquet files")
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
 def _read_dataset(path: Path) -> bytes:
@@ -64,13 +163,13 @@ def _read_dataset(path: Path) -> bytes:
     try:
         return read_regular_file(path)
     except FileNotFoundError:
-        raise HpuFp8Error(f"{path}: no such dataset file (use 'builtin', a .txt or a .jsonl file)") from None
+        raise DatasetError(f"{path}: no such dataset file (use {_FORMS})") from None
     except JsonFormatError as exc:  # a FIFO or a device (a directory is an OSError below)
-        raise HpuFp8Error(
-            f"{path}: {exc}; a dataset must be a regular .txt or .jsonl file (a FIFO or device may never end)"
+        raise DatasetError(
+            f"{path}: {exc}; a dataset must be a regular file or a directory (a FIFO or device may never end)"
         ) from None
     except OSError as exc:
-        raise HpuFp8Error(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        raise DatasetError(f"{path}: cannot be read ({exc.strerror or exc})") from None
 
 
 def _decode(path: Path, data: bytes) -> str:
@@ -79,13 +178,14 @@ def _decode(path: Path, data: bytes) -> str:
         return data.decode("utf-8").removeprefix(_BOM)
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise HpuFp8Error(
+        raise DatasetError(
             f"{path}:{line}: not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x}; UTF-16 or Latin-1?)"
         ) from None
 
 
-def _jsonl_texts(path: Path, text: str) -> Iterator[str]:
-    """The text of each non-blank JSONL line: a JSON string, or an object's ``text`` string.
+def _jsonl_records(path: Path, text: str, field: str, render) -> Iterator[str]:
+    """The text of each non-blank JSONL line: a JSON string, an object's ``field`` string, or (``render``) its
+    rendered ``messages``.
 
     Lines end at ``\\n`` only: ``str.splitlines`` would also split at U+2028 and other characters a JSON
     string may hold, and break a valid line in two.
@@ -97,17 +197,56 @@ def _jsonl_texts(path: Path, text: str) -> Iterator[str]:
         try:
             record = parse_json(line)
         except JsonFormatError as exc:
-            raise HpuFp8Error(f"{where}: {exc}") from None
-        if isinstance(record, dict) and "text" not in record:
-            raise HpuFp8Error(f"{where}: the JSON object has no 'text' key")
-        value = record.get("text") if isinstance(record, dict) else record
+            raise DatasetError(f"{where}: {exc}") from None
+        if render is not None:
+            yield render(_messages(record.get("messages") if isinstance(record, dict) else None, where), where)
+            continue
+        if isinstance(record, dict) and field not in record:
+            raise DatasetError(f"{where}: the JSON object has no {field!r} key")
+        value = record.get(field) if isinstance(record, dict) else record
         if not isinstance(value, str):
-            what = "its 'text' is" if isinstance(record, dict) else "the line is"
-            raise HpuFp8Error(
-                f"{where}: {what} {_JSON_TYPES.get(type(value), 'null')}; expected a JSON object with a 'text' string "
+            what = f"its {field!r} is" if isinstance(record, dict) else "the line is"
+            raise DatasetError(
+                f"{where}: {what} {_JSON_TYPES.get(type(value), 'null')}; expected a JSON object with a {field!r} string "
                 "(or a JSON string)"
             )
         yield value
+
+
+def _parquet_records(path: Path, field: str, render) -> Iterator[str]:
+    """Each row's ``field`` string (or, with ``render``, its rendered ``messages``) of a parquet file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    column = "messages" if render is not None else field
+    try:
+        parquet = pq.ParquetFile(pa.BufferReader(_read_dataset(path)))
+        names = parquet.schema_arrow.names
+        values = parquet.read(columns=[column]).column(column) if column in names else None
+    except (pa.ArrowException, ValueError, OSError) as exc:
+        raise DatasetError(f"{path}: not a parquet file pyarrow can read ({one_line(exc)})") from None
+    if values is None:
+        raise DatasetError(f"{path}: no column {column!r} (columns: {', '.join(names) or 'none'})")
+    if render is None and not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+        raise DatasetError(f"{path}: column {column!r} holds {values.type}, not strings")
+    for row, value in enumerate(values.to_pylist()):
+        where = f"{path} row {row}"
+        if render is not None:
+            yield render(_messages(value, where), where)
+        elif value is None:
+            raise DatasetError(f"{where}: {column!r} is null, not a string")
+        else:
+            yield value
+
+
+def _messages(value: object, where: str) -> list:
+    """A record's ``messages`` if it is a list of objects with ``role`` and ``content`` strings, else refused."""
+    if not isinstance(value, list) or not value:
+        raise DatasetError(f"{where}: no 'messages' list of {{role, content}} objects, which --chat-template renders")
+    for number, message in enumerate(value):
+        if not isinstance(message, dict) or not all(isinstance(message.get(key), str) for key in ("role", "content")):
+            raise DatasetError(f"{where}: messages[{number}] is not an object with 'role' and 'content' strings")
+    return value
 
 
 def check_seq_len(seq_len: int, model: str | Path, config: dict) -> None:
@@ -116,49 +255,6 @@ def check_seq_len(seq_len: int, model: str | Path, config: dict) -> None:
     limit = config.get("max_position_embeddings")
     if limit and seq_len > int(limit):
         raise HpuFp8Error(f"{model}: seq_len {seq_len} is beyond the model's max_position_embeddings {limit}")
-
-
-def tokenize(text: str, model_dir: Path, vocab_size: int) -> tuple[np.ndarray, str]:
-    """(token ids, which tokenizer was used); every id is below ``vocab_size``.
-
-    The id check is here, for calibrate and eval alike: a tokenizer that does not belong to the model gives
-    ids its embedding does not have, which would end in numpy's IndexError halfway through a forward.
-    """
-    tokenizer_file = Path(model_dir) / "tokenizer.json"
-    tokenizer = _load_tokenizer(tokenizer_file) if os.path.lexists(tokenizer_file) else None
-    if tokenizer is None:
-        if vocab_size < 256:
-            raise HpuFp8Error(
-                f"{model_dir}: no tokenizer.json (or no `tokenizers` library) and a vocabulary of {vocab_size} < 256 bytes"
-            )
-        return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int64), "bytes"
-    try:
-        ids = np.asarray(tokenizer.encode(text).ids, np.int64)
-    except Exception as exc:  # the tokenizers library raises bare Exception
-        raise HpuFp8Error(f"{tokenizer_file}: cannot encode the dataset ({one_line(exc)})") from None
-    if ids.size and ids.max() >= vocab_size:
-        raise HpuFp8Error(
-            f"{tokenizer_file}: gives token id {int(ids.max())} >= the model's vocab_size {vocab_size}; "
-            "is it the tokenizer of this model?"
-        )
-    return ids, "tokenizer.json"
-
-
-def _load_tokenizer(path: Path):
-    """The tokenizer in ``path``, or None without the ``tokenizers`` library (the byte fallback then applies).
-
-    The file is read as strict JSON first: the library's own messages for a broken file are misleading
-    (``{"not": 1}`` is "expected `,` or `}`"), and it would block on a FIFO.
-    """
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        return None
-    data = read_json_object(path, HpuFp8Error, "a link to nothing")
-    try:
-        return Tokenizer.from_str(json.dumps(data))
-    except Exception as exc:  # the tokenizers library raises bare Exception
-        raise HpuFp8Error(f"{path}: the tokenizers library cannot load it ({one_line(exc)})") from None
 
 
 def token_batches(ids: np.ndarray, samples: int, seq_len: int, batch_size: int, dataset: str | Path = "the dataset"):

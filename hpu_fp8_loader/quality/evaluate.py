@@ -19,7 +19,7 @@ from hpu_fp8_loader.engine.fp8 import EmulationOptions, Fp8Emulator
 from hpu_fp8_loader.engine.model import forward
 from hpu_fp8_loader.engine.weights import open_weights
 from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
-from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, load_text, token_batches, tokenize
+from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, dataset_tokens, token_batches
 
 __all__ = ["VARIANTS", "EvalRow", "EvaluationResult", "check_same_model", "chosen_variants", "evaluate"]
 
@@ -140,6 +140,11 @@ def evaluate(
     tp: int = 1,
     variants: tuple[str, ...] = tuple(VARIANTS),
     decode_attention: bool = False,
+    *,
+    tokenizer: str = "auto",
+    text_field: str = "text",
+    chat_template: bool = False,
+    dataset_revision: str | None = None,
 ) -> EvaluationResult:
     """Top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both perplexities, per variant.
 
@@ -153,7 +158,8 @@ def evaluate(
         bf16_source: the BF16 source checkpoint directory ``fp8_checkpoint`` was converted from.
         fp8_checkpoint: the hpu-fp8 checkpoint directory (fp8_max 240: what FastDeploy serves).
         dataset: ``"builtin"`` (the held-out last 10% of the built-in text, never calibrated on), a UTF-8 ``.txt``
-            or a ``.jsonl`` file of ``{"text": ...}`` lines.
+            file, a ``.jsonl`` file of ``{"text": ...}`` lines, a ``.parquet`` file with a ``text`` column, a directory
+            of such files, or a Hub dataset repo id ``ORG/NAME`` (from the Hugging Face cache; a local path wins).
         samples: how many windows to run (fewer when the text holds fewer).
         seq_len: tokens per window: at least 2, at most the model's ``max_position_embeddings``.
         tp: the tensor parallelism to emulate: every rank's share runs, and row-parallel outputs are reduced as
@@ -163,6 +169,11 @@ def evaluate(
             the checkpoint already keeps attention in BF16).
         decode_attention: quantize the unnormalised exp scores as FastDeploy's decode path does (prefill form
             otherwise).
+        tokenizer: ``"auto"`` (the BF16 source's own tokenizer; refused when it has none, unless a byte-level
+            model) or ``"bytes"``.
+        text_field: the JSONL key or parquet column holding each record's text.
+        chat_template: render each record's ``messages`` through the source's chat template instead.
+        dataset_revision: the branch, tag or commit of a Hub ``dataset``.
 
     Returns:
         An :class:`~hpu_fp8_loader.EvaluationResult`: one row per variant, and a warning when FP8 attention costs
@@ -171,7 +182,10 @@ def evaluate(
     Raises:
         HpuFp8Error: an unknown variant; ``seq_len`` below 2 or beyond max_position_embeddings; ``fp8_checkpoint``
             fails the quick validation, is not at fp8_max 240 or keeps modules in BF16; the two are different
-            models; the dataset or tokenizer cannot be used, or holds fewer tokens than one window.
+            models; the dataset holds fewer tokens than one window.
+        DatasetError: the dataset cannot be read, lacks the text field or ``messages``, or holds no text.
+        TokenizerError: the source has no tokenizer (and is no byte-level model), its tokenizer or chat template
+            cannot be loaded or used, or gives ids beyond the vocabulary.
         NonFiniteError: logits or an emulated value are NaN or inf (a weight so large that float32 overflows).
         CheckpointNotFoundError: ``fp8_checkpoint`` is not a directory, or a shard is missing.
         NotHpuFp8CheckpointError: ``fp8_checkpoint`` is not an hpu-fp8 checkpoint.
@@ -197,7 +211,17 @@ def evaluate(
     reference = open_weights(bf16_source)
     check_same_model(bf16_source, reference.descriptor, fp8_checkpoint, fp8.descriptor)
     check_seq_len(seq_len, bf16_source, reference.checkpoint.config)
-    ids, _ = tokenize(load_text(dataset, split="held-out"), Path(bf16_source), reference.descriptor.vocab_size)
+    ids, _ = dataset_tokens(
+        bf16_source,
+        reference.descriptor.vocab_size,
+        dataset,
+        split="held-out",
+        limit=samples * seq_len,
+        tokenizer=tokenizer,
+        text_field=text_field,
+        chat_template=chat_template,
+        dataset_revision=dataset_revision,
+    )
     emulators = {}
     for name in variants:
         options = VARIANTS[name]

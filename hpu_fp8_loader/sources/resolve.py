@@ -20,6 +20,7 @@ __all__ = [
     "SPEC_PATTERNS",
     "check_repo_id",
     "check_revision",
+    "download_snapshot",
     "hub_error",
     "hub_failures",
     "resolve_checkpoint",
@@ -182,6 +183,20 @@ def resolve_checkpoint(location: str | Path, revision: str | None = None, allow_
         raise CheckpointNotFoundError(f"{text!r}: no such directory, and not a Hugging Face repo id ({_REPO_ID_RULE})") from None
     if revision is not None:
         check_revision(revision)
+    return download_snapshot(text, revision, allow_patterns or SOURCE_PATTERNS)
+
+
+def download_snapshot(
+    repo_id: str,
+    revision: str | None,
+    allow_patterns: list[str],
+    repo_type: str = "model",
+    missing: type[HpuFp8Error] = CheckpointNotFoundError,
+    local: str = "a local directory",
+) -> Path:
+    """The snapshot directory of a checked ``repo_id`` (a model or a dataset repository), downloaded or from the
+    cache offline; each way the Hub or the cache fails is one ``missing`` error (or a :func:`hub_error`) naming the
+    repo id. ``local`` is what the offline message offers instead."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -191,26 +206,23 @@ def resolve_checkpoint(location: str | Path, revision: str | None = None, allow_
         RevisionNotFoundError,
     )
 
+    what = "repository" if repo_type == "model" else f"{repo_type} repository"
     hub_bars_follow_ours()
     try:
-        return Path(snapshot_download(text, revision=revision, allow_patterns=allow_patterns or SOURCE_PATTERNS))
+        return Path(snapshot_download(repo_id, repo_type=repo_type, revision=revision, allow_patterns=allow_patterns))
     except GatedRepoError:
-        raise CheckpointNotFoundError(
-            f"{text}: the repository is gated; accept its terms on the Hub and log in (hf auth login)"
-        ) from None
+        raise missing(f"{repo_id}: the {what} is gated; accept its terms on the Hub and log in (hf auth login)") from None
     except RepositoryNotFoundError:
-        raise CheckpointNotFoundError(
-            f"{text}: no such repository on the Hub, or it is private and you are not logged in"
-        ) from None
+        raise missing(f"{repo_id}: no such {what} on the Hub, or it is private and you are not logged in") from None
     except RevisionNotFoundError:
-        raise CheckpointNotFoundError(f"{text}: revision {revision or 'main'!r} does not exist") from None
+        raise missing(f"{repo_id}: revision {revision or 'main'!r} does not exist") from None
     except LocalEntryNotFoundError as exc:  # the Hub was not asked (offline) or did not answer, and the cache lacks it
         if exc.__cause__ is not None and not isinstance(exc.__cause__, OfflineModeIsEnabled):
             doing = "looking it up, as the local Hugging Face cache lacks it"
-            raise hub_error(text, exc.__cause__, doing) from None
-        raise CheckpointNotFoundError(
-            f"{text}: not in the local Hugging Face cache and the Hub cannot be reached (offline?); "
-            "download it once with network access, or pass a local directory"
+            raise hub_error(repo_id, exc.__cause__, doing) from None
+        raise missing(
+            f"{repo_id}: not in the local Hugging Face cache and the Hub cannot be reached (offline?); "
+            f"download it once with network access, or pass {local}"
         ) from None
     except hub_failures() as exc:
-        raise hub_error(text, exc, "downloading") from None
+        raise hub_error(repo_id, exc, "downloading") from None

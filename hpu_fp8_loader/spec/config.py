@@ -141,6 +141,7 @@ class Provenance(_Strict):
     tool: str | None = None
     tool_version: str | None = None
     files: list[str] = Field(default_factory=list)
+    tokenizer: str | None = None  # what made the tokens: "tokenizer.json", "tokenizer.model (sentencepiece)", "bytes"
 
 
 class CalibrationSource(Provenance):

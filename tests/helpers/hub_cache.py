@@ -12,8 +12,9 @@ import os
 from pathlib import Path
 
 
-def add_to_cache(cache: Path, repo_id: str, source: Path, commit: str = "0" * 39 + "1") -> Path:
-    repo = cache / ("models--" + repo_id.replace("/", "--"))
+def add_to_cache(cache: Path, repo_id: str, source: Path, commit: str = "0" * 39 + "1", repo_type: str = "model") -> Path:
+    """``source``'s files as ``repo_id``'s snapshot at ``commit`` (refs/main), a model or a dataset repository."""
+    repo = cache / (f"{repo_type}s--" + repo_id.replace("/", "--"))
     snapshot = repo / "snapshots" / commit
     (repo / "blobs").mkdir(parents=True, exist_ok=True)
     snapshot.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import pytest
 from hostile.refusal import assert_refused, run_cli, tree_digest
 from hpu_fp8_loader.arch import describe
 from hpu_fp8_loader.errors import HpuFp8Error
-from hpu_fp8_loader.quality.datasets import load_text
+from hpu_fp8_loader.quality.datasets import load_documents
 from hpu_fp8_loader.quality.evaluate import check_same_model, evaluate
 from hpu_fp8_loader.sources.synth import preset_config, synthesize
 
@@ -165,13 +165,13 @@ def test_a_missing_dataset_is_named(work):
 def test_a_byte_order_mark_and_line_separators_inside_strings_are_text_not_errors(tmp_path):
     (tmp_path / "bom.txt").write_bytes("\ufeffplain".encode())
     (tmp_path / "bom.jsonl").write_bytes('\ufeff{"text": "one\u2028two"}\r\n"three"\n'.encode())
-    assert load_text(tmp_path / "bom.txt") == "plain"
-    assert load_text(tmp_path / "bom.jsonl") == "one\u2028two\n\nthree"
+    assert list(load_documents(tmp_path / "bom.txt")) == ["plain"]
+    assert list(load_documents(tmp_path / "bom.jsonl")) == ["one\u2028two", "three"]
 
 
 def test_an_upper_case_jsonl_suffix_is_still_jsonl(tmp_path):
     (tmp_path / "d.JSONL").write_text('{"text": "words"}\n')
-    assert load_text(tmp_path / "d.JSONL") == "words"
+    assert list(load_documents(tmp_path / "d.JSONL")) == ["words"]
 
 
 def test_a_bom_jsonl_dataset_calibrates(work):
