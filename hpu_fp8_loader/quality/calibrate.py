@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, load_text, t
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import AmaxSourceKind
 from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements, ModelIdentity
+
+if TYPE_CHECKING:
+    from hpu_fp8_loader.quality.report import Report
 
 __all__ = ["AmaxObserver", "CalibrationResult", "calibrate", "check_outputs", "write_fastdeploy_file"]
 
@@ -94,6 +98,7 @@ def calibrate(
     batch_size: int = 4,
     all_experts: bool = False,
     progress: Callable[[int], object] | None = None,
+    report: Report | None = None,
 ) -> CalibrationResult:
     """Run the reference engine over ``samples`` windows of ``dataset`` and record every act amax.
 
@@ -113,6 +118,8 @@ def calibrate(
             forward): no expert stays uncalibrated, at the price of wider expert ranges and about E/k times the
             expert work.
         progress: called with the token count of each batch run.
+        report: a :class:`~hpu_fp8_loader.Report` that collects, during the same forwards, each linear's FP8
+            output error, the weight spread and the expert load; write it afterwards with ``report.write(DIR)``.
 
     Returns:
         A :class:`~hpu_fp8_loader.CalibrationResult`; its ``measurements`` go to :func:`~hpu_fp8_loader.convert`.
@@ -157,10 +164,11 @@ def calibrate(
     )
     tokens = 0
     count = 0
+    forward_observer = observer if report is None else report.calibration_observer(model, d, observer)
     for batch in token_batches(ids, samples, seq_len, batch_size, dataset):
         try:
             with np.errstate(over="ignore", invalid="ignore"):  # the observer refuses what overflowed, by name
-                forward(weights, batch, observer, config)
+                forward(weights, batch, forward_observer, config)
         except NonFiniteError as exc:
             raise NonFiniteError(
                 f"{model}: {exc} on calibration windows {count}..{count + len(batch) - 1}: a weight feeding it is "
