@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-__all__ = ["HTML_FILE", "PLOTS", "render"]
+__all__ = ["CAPTIONS", "HTML_FILE", "PLOTS", "render"]
 
 HTML_FILE = "index.html"
 # Plot name -> file name: what report.json's "plots" lists and a model card references.
@@ -159,7 +159,7 @@ def render(data: dict, directory: Path) -> dict[str, str]:
     return made
 
 
-_CAPTIONS = {
+CAPTIONS = {
     "linear_error": "Relative output error of each linear under FP8 (activation and weight), worst first.",
     "act_amax": "Activation amax per layer, one line per point type: a sudden jump marks an outlier layer whose scale is coarse.",
     "weight_spread": "Per linear, max / min of the per-output-channel weight amax: large values mean a per-tensor scale leaves small channels few FP8 codes.",
@@ -191,7 +191,7 @@ def _page(data: dict, plots: dict[str, str]) -> str:
             + "</table>"
         )
     figures = "".join(
-        f'<figure><img src="{e(file)}" alt="{e(name)}"><figcaption>{e(_CAPTIONS[name])}</figcaption></figure>'
+        f'<figure><img src="{e(file)}" alt="{e(name)}"><figcaption>{e(CAPTIONS[name])}</figcaption></figure>'
         for name, file in plots.items()
     )
     return (
