@@ -150,7 +150,7 @@ def calibrate(
       hpu-fp8 calibrate ./Qwen2-7B-Instruct -o qwen2.json --fastdeploy-format qwen2.txt --force
 
     \b
-      # Also a report: per-linear FP8 error, amax, weight spread, expert load (open calib-report/index.html)
+      # Also a report of per-linear FP8 error, amax and expert load (calib-report/index.html)
       hpu-fp8 calibrate ./ERNIE-4.5-21B-A3B-PT -o ernie.json --report calib-report
     """
     from hpu_fp8_loader.quality.calibrate import calibrate as run_calibration
@@ -251,7 +251,7 @@ def eval_command(
       hpu-fp8 eval ./Qwen2-7B-Instruct ./qwen2-fp8 --weights-only --dataset eval.txt --samples 32
 
     \b
-      # Also a report: which linears lose most with the checkpoint's own scales (open eval-report/index.html)
+      # Also a report: which linears lose most with the checkpoint's scales (eval-report/index.html)
       hpu-fp8 eval ./Qwen2-7B-Instruct ./qwen2-fp8 --report eval-report
     """
     from hpu_fp8_loader.quality.evaluate import chosen_variants, evaluate
