@@ -39,6 +39,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "hpu_fp8_loader.checks.inspection": ("Inspection", "inspect_checkpoint"),
     "hpu_fp8_loader.checks.load": ("LoadedCheckpoint", "load"),
     "hpu_fp8_loader.quality.evaluate": ("EvaluationResult", "evaluate"),
+    "hpu_fp8_loader.quality.report": ("Report",),
     "hpu_fp8_loader.fastdeploy.mapping": ("MappedPiece", "Parallelism"),
     "hpu_fp8_loader.fastdeploy.rankfiles": ("rank_parameters",),
     "hpu_fp8_loader.fastdeploy.plan": ("DeploymentPlan", "describe_model", "plan_deployment"),
@@ -117,6 +118,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; the same names __getatt
     from hpu_fp8_loader.quality.calibrate import calibrate as calibrate
     from hpu_fp8_loader.quality.evaluate import EvaluationResult as EvaluationResult
     from hpu_fp8_loader.quality.evaluate import evaluate as evaluate
+    from hpu_fp8_loader.quality.report import Report as Report
     from hpu_fp8_loader.sources.measurements import load_measurements as load_measurements
     from hpu_fp8_loader.sources.measurements import read_measurements as read_measurements
     from hpu_fp8_loader.sources.measurements import write_measurements as write_measurements

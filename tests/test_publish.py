@@ -4,6 +4,7 @@ double of the Hub on 127.0.0.1 (tests/doubles/hub.py), LFS path included."""
 from __future__ import annotations
 
 import filecmp
+import json
 import os
 import subprocess
 import sys
@@ -80,6 +81,9 @@ def test_push_then_load_gives_identical_bytes(tmp_path, hub):
     assert filecmp.cmpfiles(local, remote, names, shallow=False)[1:] == ([], [])
     assert hub.lfs_uploads >= 2  # the weights took the LFS path
     card = (remote / "README.md").read_text()
+    plots = sorted(name for name in names if name.startswith("report-") and name.endswith(".png"))
+    assert {"report-calibrate-linear_error.png", "report-eval-linear_error.png"} <= set(plots)  # pulled and verified
+    assert all(f"]({name})" in card for name in plots)  # the card shows every uploaded plot
     assert "`hpu_fp8_measurements.json`" in card and "hpu-fp8 push acme/qwen2-bytes --repo-id acme/qwen2-bytes-hpu-fp8" in card
     assert str(tmp_path) not in card and "tiny_models" not in card  # no local path in the public card
 
@@ -312,6 +316,7 @@ def test_cards_parse_offline_and_their_metadata_round_trips(tmp_path, model, kv_
     else:
         assert "No evaluation was run for this upload (skipped with --skip-eval)" in text and "BF16 (FP8 attention off)" in text
     assert "--load-choices hpu_fp8" in text and "export-legacy" in text and "model.safetensors.index.json" in text
+    assert "Where the error comes from" not in text  # no plots given, none shown
 
 
 @pytest.mark.skipif(
@@ -358,3 +363,21 @@ def test_the_readme_publish_demo_command_runs(tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     assert result.returncode == 0, result.stderr
     assert "Hub test double listening on http://127.0.0.1:" in result.stdout and "published and verified" in result.stdout
+
+
+def test_a_dry_run_card_shows_the_report_plots_it_stages(tmp_path):
+    """eval's plots (and calibrate's with --calibrate) are staged beside the checkpoint, listed in the manifest
+    and referenced by the card; a skipped eval leaves only calibrate's."""
+    result = run(push_args(tmp_path, "--dry-run"), None, tmp_path)
+    assert result.returncode == 0, result.stderr
+    checkpoint = tmp_path / "work" / "checkpoint"
+    card = (checkpoint / "README.md").read_text()
+    manifest = json.loads((checkpoint / "hpu_fp8_manifest.json").read_text())["files"]
+    plots = sorted(p.name for p in checkpoint.glob("report-*.png"))
+    assert "report-eval-linear_error.png" in plots and "report-calibrate-linear_error.png" in plots
+    for name in plots:
+        assert name in manifest and f"![{name}]({name})" in card
+    assert "report-eval-expert_tokens.png" not in plots  # a dense model has no expert heatmap
+    skipped = run(push_args(tmp_path, "--dry-run", "--skip-eval"), None, tmp_path)
+    assert skipped.returncode == 0, skipped.stderr
+    assert not list(checkpoint.glob("report-eval-*")) and list(checkpoint.glob("report-calibrate-*"))

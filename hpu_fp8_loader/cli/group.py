@@ -121,6 +121,14 @@ DEFAULT_WORKERS = min(2, os.cpu_count() or 1)
 RANK = click.IntRange(min=0)
 force_option = _shared_option("--force", is_flag=True, help="Replace OUT if it exists.")
 quiet_option = _shared_option("-q", "--quiet", is_flag=True, help="No progress bar.")
+report_option = _shared_option(
+    "--report",
+    "report_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Also write a report here: report.json, index.html and PNGs of per-linear FP8 error, activation amax, weight "
+    "spread and expert load (an existing non-empty directory needs --force).",
+)
 json_option = _shared_option(
     "--json", "as_json", is_flag=True, help="Print the result as one JSON document on stdout (messages stay on stderr)."
 )

@@ -17,6 +17,7 @@ from hpu_fp8_loader.cli.group import (
     log,
     main,
     quiet_option,
+    report_option,
     say,
     tp_option,
     user_errors,
@@ -106,7 +107,8 @@ def demo(work_dir: Path, model: str, kv_cache: KvCacheScheme, force: bool, as_js
     type=click.Path(path_type=Path),
     help="Also write the amax in FastDeploy's measurement-mode text format to this file.",
 )
-@force_option(help="Replace the -o (and --fastdeploy-format) file if it exists.")
+@report_option()
+@force_option(help="Replace the -o (and --fastdeploy-format) file, and the --report directory, if they exist.")
 @quiet_option()
 @json_option()
 def calibrate(
@@ -122,6 +124,7 @@ def calibrate(
     batch_size: int,
     all_experts: bool,
     fastdeploy_file: Path | None,
+    report_dir: Path | None,
     force: bool,
     quiet: bool,
     as_json: bool,
@@ -137,8 +140,8 @@ def calibrate(
 
     \b
     Examples:
-      # ERNIE MoE on the built-in text: 64 windows of 512 tokens
-      hpu-fp8 calibrate ./ERNIE-4.5-21B-A3B-PT -o measurements.json --samples 64 --seq-len 512
+      # 64 windows of 512 tokens of the built-in text, with a report (calib-report/index.html)
+      hpu-fp8 calibrate ./ERNIE-4.5-21B-A3B-PT -o m.json --samples 64 --seq-len 512 --report calib-report
 
     \b
       # Chat records ({"messages": [...]}) rendered by the model's own chat template
@@ -160,6 +163,7 @@ def calibrate(
         raise click.BadParameter(f"{fastdeploy_file} is also the -o file; name another", param_hint="--fastdeploy-format")
     with user_errors():
         check_outputs(model, dataset, [out, *([fastdeploy_file] if fastdeploy_file else [])], force)
+        report = start_report(report_dir, force, [model])
         with progress_bar("calibrate", quiet or as_json, unit="tok") as bar:
             result = run_calibration(
                 model,
@@ -173,10 +177,12 @@ def calibrate(
                 text_field=text_field,
                 chat_template=chat_template,
                 dataset_revision=dataset_revision,
+                report=report,
             )
         write_measurements(out, result.measurements, replace=force)
         if fastdeploy_file:
             write_fastdeploy_file(fastdeploy_file, result.measurements, replace=force)
+        finish_report(report, report_dir, force, [model], as_json)
     if result.dead_experts:
         listing = ", ".join(f"layer {layer} expert {e}" for layer, e in result.dead_experts)
         log.warning(
@@ -193,6 +199,7 @@ def calibrate(
                 "tokenizer": result.tokenizer,
                 "seconds": result.seconds,
                 "dead_experts": [{"layer": layer, "expert": e} for layer, e in result.dead_experts],
+                "report": report_dir,
             }
         )
         return
@@ -217,6 +224,8 @@ def calibrate(
     is_flag=True,
     help="Quantize unnormalised exp scores as FastDeploy's decode path does (default: prefill form).",
 )
+@report_option()
+@force_option(help="Replace the --report directory if it exists.")
 @json_option(help="Print the report as JSON.")
 def eval_command(
     bf16_source: Path,
@@ -232,6 +241,8 @@ def eval_command(
     only_weights: bool,
     only_no_kv: bool,
     decode_attention: bool,
+    report_dir: Path | None,
+    force: bool,
     as_json: bool,
 ) -> None:
     """Compare the emulated FP8 model (Gaudi arithmetic, FastDeploy's parameters) with the BF16 model.
@@ -242,8 +253,8 @@ def eval_command(
 
     \b
     Examples:
-      # Every row (fp8, weights-only, no-kv-fp8) on the held-out part of the built-in text
-      hpu-fp8 eval ./ERNIE-4.5-21B-A3B-Paddle ./ernie-fp8
+      # Every row on the held-out built-in text, with a report of which linears lose most
+      hpu-fp8 eval ./ERNIE-4.5-21B-A3B-Paddle ./ernie-fp8 --report eval-report
 
     \b
       # As served at TP 2, with the decode path's attention quantization
@@ -261,6 +272,7 @@ def eval_command(
 
     variants = chosen_variants(only_weights, only_no_kv)
     with user_errors():
+        collector = start_report(report_dir, force, [bf16_source, fp8_checkpoint])
         report = evaluate(
             bf16_source,
             fp8_checkpoint,
@@ -274,12 +286,32 @@ def eval_command(
             text_field=text_field,
             chat_template=chat_template,
             dataset_revision=dataset_revision,
+            report=collector,
         )
+        finish_report(collector, report_dir, force, [bf16_source, fp8_checkpoint], as_json)
     if as_json:
         emit_json(report.to_dict())
     else:
         print_eval(report)
     warn_each(report.warnings)
+
+
+def start_report(report_dir: Path | None, force: bool, sources: list[Path]):
+    """A report collector when --report is given, its directory checked before any work; None otherwise."""
+    if report_dir is None:
+        return None
+    from hpu_fp8_loader.quality.report import Report, check_report_dir
+
+    check_report_dir(report_dir, force, sources)
+    return Report()
+
+
+def finish_report(report, report_dir: Path | None, force: bool, sources: list[Path], as_json: bool) -> None:
+    """Write the collected report atomically and say where it is (on stderr with --json, which owns stdout)."""
+    if report is None or report_dir is None:
+        return
+    report.write(report_dir, force, sources)
+    say(as_json)(f"report: {report_dir / 'index.html'}")
 
 
 def print_eval(report) -> None:

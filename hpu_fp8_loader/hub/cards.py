@@ -25,7 +25,7 @@ from hpu_fp8_loader.quality.evaluate import EvaluationResult
 from hpu_fp8_loader.sources.resolve import check_repo_id
 from hpu_fp8_loader.spec.config import parse_quantization_config
 
-__all__ = ["CardFile", "check_license", "render_card"]
+__all__ = ["CardFile", "CardPlot", "check_license", "render_card"]
 
 TEMPLATE = "hpu_fp8.md.j2"
 _TAGS = ["fp8", "intel-gaudi", "hpu", "fastdeploy", "hpu-fp8"]
@@ -40,6 +40,15 @@ class CardFile:
     name: str
     size: int
     sha256: str
+
+
+@dataclass(frozen=True)
+class CardPlot:
+    """A report plot uploaded beside the checkpoint: its file name, which run made it, what it shows."""
+
+    name: str
+    kind: str  # "calibrate" or "eval"
+    caption: str
 
 
 def check_license(license: str) -> str:
@@ -101,11 +110,13 @@ def render_card(
     evaluation: EvaluationResult | None = None,
     eval_note: str | None = None,
     measurement_files: Sequence[str] = (),
+    plots: Sequence[CardPlot] = (),
 ) -> str:
     """README.md of the checkpoint at ``checkpoint``, as the Hub will show it.
 
     ``command`` is the reproduce line (repo ids and file names only); ``measurement_files`` are the
-    activation statistics uploaded beside the checkpoint, which the card cites.
+    activation statistics uploaded beside the checkpoint, which the card cites; ``plots`` the report PNGs
+    uploaded beside it, which the card shows.
     """
     root = Path(checkpoint)
     config = read_config(root)
@@ -145,5 +156,6 @@ def render_card(
             command=command,
             files=files,
             measurement_files=list(measurement_files),
+            plots=list(plots),
         )
     )

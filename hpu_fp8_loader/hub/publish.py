@@ -30,12 +30,13 @@ from hpu_fp8_loader.console import hub_bars_follow_ours
 from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import HpuFp8Error, OutputExistsError, UnsafePathError, UploadError
-from hpu_fp8_loader.hub.cards import CardFile, check_license, render_card
+from hpu_fp8_loader.hub.cards import CardFile, CardPlot, check_license, render_card
 from hpu_fp8_loader.io.checkpoint import read_config, source_file
 from hpu_fp8_loader.io.manifest import MANIFEST_FILE, write_manifest
 from hpu_fp8_loader.io.writer import check_apart
 from hpu_fp8_loader.quality.calibrate import calibrate
 from hpu_fp8_loader.quality.evaluate import EvaluationResult, evaluate
+from hpu_fp8_loader.quality.report import REPORT_FILE, Report
 from hpu_fp8_loader.sources.measurements import load_measurements
 from hpu_fp8_loader.sources.resolve import (
     SOURCE_PATTERNS,
@@ -47,12 +48,15 @@ from hpu_fp8_loader.sources.resolve import (
 )
 from hpu_fp8_loader.spec.measurements import Measurements
 
-__all__ = ["MEASUREMENTS_FILE", "PushOptions", "PushResult", "git_blob_id", "push", "remote_problems"]
+__all__ = ["MEASUREMENTS_FILE", "REPORT_PLOT_PREFIX", "PushOptions", "PushResult", "git_blob_id", "push", "remote_problems"]
 
 CARD = "README.md"
 # The activation statistics the checkpoint was made from, uploaded beside it (llm-compressor uploads its recipe.yaml).
 MEASUREMENTS_FILE = "hpu_fp8_measurements.json"
 STAGED = "checkpoint"
+# The report plots uploaded beside the checkpoint and shown in the card: report-eval-linear_error.png, ... (flat
+# names at the top of the repository, which `pull` downloads and checks against the manifest like every file).
+REPORT_PLOT_PREFIX = "report-"
 # Written into a work directory before anything is staged there: only then may a later push replace WORK/checkpoint.
 STAGING_MARKER = ".hpu-fp8-push"
 # Above this many parameters the CPU evaluation takes long enough to ask for it explicitly.
@@ -298,12 +302,14 @@ def _add_files(checkpoint: Path, files: dict[str, bytes]) -> list[CardFile]:
 
 def _stage(
     src: Path, measurements: list[Measurements], options: PushOptions, checkpoint: Path, say: Callable[[str], None]
-) -> tuple[EvaluationResult | None, str | None, list[str]]:
+) -> tuple[EvaluationResult | None, str | None, list[str], list[CardPlot]]:
     """Convert into ``checkpoint`` (replacing an earlier push's), validate, add the measurement files (their names
-    are returned too), evaluate."""
+    are returned too), evaluate, add the plots of the calibration and evaluation reports (returned for the card)."""
+    reports: dict[str, Report] = {}
     if options.calibrate:
         say("calibrating with the reference engine on the built-in text ...")
-        measurements = [_publishable(calibrate(src).measurements)]
+        reports["calibrate"] = Report()
+        measurements = [_publishable(calibrate(src, report=reports["calibrate"]).measurements)]
     if checkpoint.exists():  # _staging_dir made sure that an earlier push staged it
         shutil.rmtree(checkpoint)
     convert(src, checkpoint, measurements, options.convert)
@@ -331,9 +337,33 @@ def _stage(
         note = f"{parameters / 1e9:.1f} B parameters: about {minutes:.0f} CPU minutes; pass --eval to run it"
         say(f"no evaluation: {note}")
     else:
-        evaluation = evaluate(src, checkpoint, samples=8, seq_len=128)
+        reports["eval"] = Report()
+        evaluation = evaluate(src, checkpoint, samples=8, seq_len=128, report=reports["eval"])
         say(f"evaluated: FP8 top-1 agreement {100 * evaluation.rows[0].top1_agreement:.2f}%")
-    return evaluation, note, names
+    plots = _add_report_plots(checkpoint, reports)
+    return evaluation, note, names, plots
+
+
+def _add_report_plots(checkpoint: Path, reports: dict[str, Report]) -> list[CardPlot]:
+    """Each report's PNGs into the checkpoint as ``report-<kind>-<plot>.png`` (report.json and index.html stay
+    behind: they name local paths), a plot identical to one already added once; and what the card shows of them."""
+    from hpu_fp8_loader.quality.report_plots import CAPTIONS
+
+    plots: list[CardPlot] = []
+    files: dict[str, bytes] = {}
+    for kind, report in reports.items():
+        with tempfile.TemporaryDirectory(prefix="hpu-fp8-report-") as where:
+            written = report.write(Path(where) / kind)
+            for plot, file in json.loads((written / REPORT_FILE).read_text())["plots"].items():
+                data = (written / file).read_bytes()
+                if data in files.values():  # eval's weight spread (and amax, when served as calibrated) repeat calibrate's
+                    continue
+                name = f"{REPORT_PLOT_PREFIX}{kind}-{file}"
+                files[name] = data
+                plots.append(CardPlot(name, kind, CAPTIONS[plot]))
+    if files:
+        _add_files(checkpoint, files)
+    return plots
 
 
 def reproduce_command(options: PushOptions, base_model: str, measurement_files: Sequence[str]) -> str:
@@ -358,10 +388,11 @@ def _write_card(
     evaluation: EvaluationResult | None,
     note: str | None,
     measurement_files: Sequence[str],
+    plots: Sequence[CardPlot] = (),
 ) -> list[CardFile]:
     """README.md from model_cards/, then the manifest again so that it lists the card too."""
     command = reproduce_command(options, base_model, measurement_files)
-    card = render_card(checkpoint, options.repo_id, base_model, license_, command, evaluation, note, measurement_files)
+    card = render_card(checkpoint, options.repo_id, base_model, license_, command, evaluation, note, measurement_files, plots)
     return _add_files(checkpoint, {CARD: card.encode("utf-8")})
 
 
@@ -441,8 +472,8 @@ def push(src: str | Path, options: PushOptions, say: Callable[[str], None] = pri
         checkpoint = _staging_dir(work, [src, *options.measurements])
         work.mkdir(parents=True, exist_ok=True)
         (work / STAGING_MARKER).write_text("hpu-fp8 push stages its checkpoint here; a later push may replace it\n")
-        evaluation, note, names = _stage(src, measurements, options, checkpoint, say)
-        files = _write_card(checkpoint, license_, base_model, options, evaluation, note, names)
+        evaluation, note, names, plots = _stage(src, measurements, options, checkpoint, say)
+        files = _write_card(checkpoint, license_, base_model, options, evaluation, note, names, plots)
         result = PushResult(checkpoint, files, evaluation)
         if not options.dry_run:
             result.commit_url, result.pull_request_url = _upload(api, checkpoint, options, say)

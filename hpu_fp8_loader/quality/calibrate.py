@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, dataset_toke
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import AmaxSourceKind
 from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements, ModelIdentity
+
+if TYPE_CHECKING:
+    from hpu_fp8_loader.quality.report import Report
 
 __all__ = ["AmaxObserver", "CalibrationResult", "calibrate", "check_outputs", "write_fastdeploy_file"]
 
@@ -100,6 +104,7 @@ def calibrate(
     text_field: str = "text",
     chat_template: bool = False,
     dataset_revision: str | None = None,
+    report: Report | None = None,
 ) -> CalibrationResult:
     """Run the reference engine over ``samples`` windows of ``dataset`` and record every act amax.
 
@@ -126,6 +131,8 @@ def calibrate(
         text_field: the JSONL key or parquet column holding each record's text.
         chat_template: render each record's ``messages`` through the model's chat template instead.
         dataset_revision: the branch, tag or commit of a Hub ``dataset``.
+        report: a :class:`~hpu_fp8_loader.Report` that collects, during the same forwards, each linear's FP8
+            output error, the weight spread and the expert load; write it afterwards with ``report.write(DIR)``.
 
     Returns:
         A :class:`~hpu_fp8_loader.CalibrationResult`; its ``measurements`` go to :func:`~hpu_fp8_loader.convert`.
@@ -181,10 +188,11 @@ def calibrate(
     )
     tokens = 0
     count = 0
+    forward_observer = observer if report is None else report.calibration_observer(model, d, observer)
     for batch in token_batches(ids, samples, seq_len, batch_size, dataset):
         try:
             with np.errstate(over="ignore", invalid="ignore"):  # the observer refuses what overflowed, by name
-                forward(weights, batch, observer, config)
+                forward(weights, batch, forward_observer, config)
         except NonFiniteError as exc:
             raise NonFiniteError(
                 f"{model}: {exc} on calibration windows {count}..{count + len(batch) - 1}: a weight feeding it is "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,6 +21,9 @@ from hpu_fp8_loader.engine.model import forward
 from hpu_fp8_loader.engine.weights import open_weights
 from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, dataset_tokens, token_batches
+
+if TYPE_CHECKING:
+    from hpu_fp8_loader.quality.report import Report
 
 __all__ = ["VARIANTS", "EvalRow", "EvaluationResult", "check_same_model", "chosen_variants", "evaluate"]
 
@@ -145,6 +149,7 @@ def evaluate(
     text_field: str = "text",
     chat_template: bool = False,
     dataset_revision: str | None = None,
+    report: Report | None = None,
 ) -> EvaluationResult:
     """Top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both perplexities, per variant.
 
@@ -174,6 +179,9 @@ def evaluate(
         text_field: the JSONL key or parquet column holding each record's text.
         chat_template: render each record's ``messages`` through the source's chat template instead.
         dataset_revision: the branch, tag or commit of a Hub ``dataset``.
+        report: a :class:`~hpu_fp8_loader.Report` that collects, during the reference forward, each linear's output
+            error against the checkpoint's FP8 weights and scales, held-out amax and expert load, and these rows;
+            write it afterwards with ``report.write(DIR)``.
 
     Returns:
         An :class:`~hpu_fp8_loader.EvaluationResult`: one row per variant, and a warning when FP8 attention costs
@@ -231,10 +239,11 @@ def evaluate(
             continue  # the checkpoint already keeps attention in BF16: the full row is this ablation
         emulators[name] = emulator
     accumulators = {name: _Accumulator() for name in emulators}
+    observer = None if report is None else report.evaluation_observer(bf16_source, reference.descriptor, fp8.checkpoint)
     tokens = 0
     for batch in token_batches(ids, samples, seq_len, 4, dataset):
         with np.errstate(over="ignore", invalid="ignore"):  # what overflowed is refused below, by name
-            ref = forward(reference, batch)
+            ref = forward(reference, batch, observer)
             _check_finite(ref, f"{bf16_source}: the BF16 model's logits")
             for name, emulator in emulators.items():
                 try:
@@ -244,11 +253,13 @@ def evaluate(
                 _check_finite(logits, f"{fp8_checkpoint}: the emulated FP8 logits ({name} row)")
                 accumulators[name].add(ref, logits, batch[:, 1:])
         tokens += batch.size
-    report = EvaluationResult(tokens, tp, str(dataset), [accumulators[name].row(name) for name in emulators])
-    warning = attention_warning(report.rows)
+    result = EvaluationResult(tokens, tp, str(dataset), [accumulators[name].row(name) for name in emulators])
+    warning = attention_warning(result.rows)
     if warning:
-        report.warnings.append(warning)
-    return report
+        result.warnings.append(warning)
+    if report is not None:
+        report.evaluation = result
+    return result
 
 
 # Fields that follow from model_type, so naming them too would only repeat its difference.

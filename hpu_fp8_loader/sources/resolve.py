@@ -29,8 +29,8 @@ __all__ = [
 # What a conversion needs from a source repository: weights, index, configs and tokenizer files.
 SOURCE_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken"]
 # What an hpu-fp8 checkpoint is made of (docs/spec.md section 1): shards, index, config, manifest,
-# tokenizer and generation files.
-SPEC_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.md"]
+# tokenizer and generation files, and the report plots push uploads beside them (every file the manifest lists).
+SPEC_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.md", "*.png"]
 _REPO_ID_RULE = "ORG/NAME of ASCII letters, digits, '-', '_' and '.', at most 96 characters each, without '--' or '..'"
 # git check-ref-format: characters no ref name holds (besides control characters), and sequences none contains.
 _REF_CHARACTERS = " ~^:?*[\\"

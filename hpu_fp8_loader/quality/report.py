@@ -1,0 +1,425 @@
+"""Numbers a person can look at: which linears lose most under FP8, activation ranges, weight spread, expert load.
+
+Eval gives one figure per model (KL, top-1); when it is bad, the next question is *where*. A :class:`Report`
+collects, while calibrate or eval runs its float32 forward anyway (no second pass over the weights):
+
+- per linear, ``||y_fp8 - y|| / ||y||`` with ``y = x @ W`` (float32) and ``y_fp8`` the same product with the
+  activation cast to e4m3 at ±240 with its per-tensor scale and the FP8 weight with its scale (per tensor, or
+  per output channel for routed experts, as the converter makes it), on up to :data:`ROWS_PER_CALL` evenly
+  spaced rows of each input the forward hands over;
+- each linear's weight spread: max / min of its per-output-channel amax (what a per-tensor scale wastes on
+  the small channels);
+- the activation amax of every point and the tokens routed to each expert.
+
+Where the FP8 side comes from differs (``fp8_source`` in report.json says which): calibrate has no checkpoint
+yet, so the weights are quantized as ``convert`` would (±240, no scale rounding) and each activation at the
+amax measured *so far* (the final amax for the last batch; e4m3's relative rounding does not depend on the
+scale outside the subnormal range, and no value is clipped); eval uses the FP8 checkpoint's own codes, weight
+scales and ``act_scale`` tensors, during the reference forward on the BF16 source.
+
+Routed experts' up_gate error is measured on the layer's shared input rows (every token, not only those routed
+to the expert: the observer does not see the routing); their down_proj on the tokens routed to them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from hpu_fp8_loader import __version__
+from hpu_fp8_loader.arch import ModelDescriptor, Role, WeightTensor
+from hpu_fp8_loader.engine.model import Observer
+from hpu_fp8_loader.errors import OutputExistsError, UnsafePathError, WriteFailedError
+from hpu_fp8_loader.io.checkpoint import Checkpoint
+from hpu_fp8_loader.io.writer import check_apart, fsync_path
+from hpu_fp8_loader.numerics import e4m3, scales
+from hpu_fp8_loader.spec import names
+from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX
+
+if TYPE_CHECKING:
+    from hpu_fp8_loader.quality.calibrate import AmaxObserver
+    from hpu_fp8_loader.quality.evaluate import EvaluationResult
+
+__all__ = [
+    "REPORT_FILE",
+    "ROWS_PER_CALL",
+    "STARVED_SHARE",
+    "CheckpointFp8",
+    "ConverterFp8",
+    "LinearErrorObserver",
+    "Report",
+    "TeeObserver",
+    "check_report_dir",
+]
+
+REPORT_FILE = "report.json"
+REPORT_FORMAT = "hpu-fp8-report"
+# Rows of each input (a batch, a layer-major chunk, an expert's routed tokens) the error is measured on: enough
+# for a stable ratio, few enough that the report costs a fraction of the forward.
+ROWS_PER_CALL = 64
+# An expert that got fewer than this share of its layer's mean routed tokens is marked starved (0 is dead).
+STARVED_SHARE = 0.1
+
+
+class TeeObserver(Observer):
+    """Hands every event to each observer in turn, in order: an amax observer first refuses a NaN before
+    anything later computes on it, and has updated the amax a later one reads."""
+
+    def __init__(self, *observers: Observer):
+        self.observers = observers
+        self.wants_all_experts = any(o.wants_all_experts for o in observers)
+
+    def record(self, module: str, values: np.ndarray) -> None:
+        for observer in self.observers:
+            observer.record(module, values)
+
+    def record_expert(self, layer: int, expert: int, intermediate: np.ndarray, routed_tokens: int) -> None:
+        for observer in self.observers:
+            observer.record_expert(layer, expert, intermediate, routed_tokens)
+
+    def enter_layer(self, layer: int, weights: dict[str, np.ndarray]) -> None:
+        for observer in self.observers:
+            observer.enter_layer(layer, weights)
+
+
+class Fp8Side(Protocol):
+    """Where the FP8 side of a linear comes from: an activation scale per point, a dequantized FP8 weight."""
+
+    description: str
+
+    def act_scale(self, point: str) -> float | None: ...
+
+    def weight(self, weight: WeightTensor, values: np.ndarray) -> np.ndarray: ...
+
+
+class ConverterFp8:
+    """Calibrate's FP8 side: weights quantized as ``convert`` does at ±240 (no scale rounding), activations
+    at the amax measured so far (``amax`` is the amax observer's live dict)."""
+
+    description = "weights quantized as convert does (±240, no scale rounding); activations at the running amax"
+
+    def __init__(self, amax: Mapping[str, float]):
+        self.amax = amax
+
+    def act_scale(self, point: str) -> float | None:
+        amax = self.amax.get(point)
+        return float(scales.act_scale_from_amax(amax, GAUDI2_FP8_MAX)) if amax else None
+
+    def weight(self, weight: WeightTensor, values: np.ndarray) -> np.ndarray:
+        amax = e4m3.channel_abs_max(values, weight.name) if weight.channel_wise else e4m3.abs_max(values, weight.name)
+        scale = scales.weight_scale_from_amax(amax, GAUDI2_FP8_MAX).reshape(-1)
+        used = scale if weight.channel_wise else scale[0]
+        return e4m3.dequantize(e4m3.quantize(values, used, GAUDI2_FP8_MAX, weight.name), used)
+
+
+class CheckpointFp8:
+    """Eval's FP8 side: the hpu-fp8 checkpoint's own weight codes, weight scales and act_scale tensors."""
+
+    description = "the FP8 checkpoint's weight codes, weight scales and act_scale tensors"
+
+    def __init__(self, checkpoint: Checkpoint):
+        self.checkpoint = checkpoint
+
+    def _scalar(self, name: str) -> float | None:
+        if name not in self.checkpoint.tensors:
+            return None
+        return float(np.asarray(self.checkpoint.get(name), np.float32).reshape(-1)[0])
+
+    def act_scale(self, point: str) -> float | None:
+        return self._scalar(names.tensor(point, names.ACT_SCALE))
+
+    def weight(self, weight: WeightTensor, values: np.ndarray) -> np.ndarray:
+        scale = np.asarray(self.checkpoint.get(names.tensor(weight.module, names.WEIGHT_SCALE)), np.float32).reshape(-1)
+        return e4m3.dequantize(self.checkpoint.get(weight.name), scale if weight.channel_wise else scale[0])
+
+
+@dataclass
+class LinearError:
+    """One linear's accumulated FP8 output error (squared sums over the rows measured) and weight spread."""
+
+    module: str
+    role: Role
+    layer: int
+    expert: int | None
+    point: str  # the activation point feeding it (routed experts' up_gate: the layer's shared input)
+    squared_error: float = 0.0
+    squared_reference: float = 0.0
+    rows: int = 0
+    channel_spread: float | None = None  # max / min per-output-channel amax; None when a channel is all zeros
+
+    @property
+    def relative_error(self) -> float | None:
+        return (self.squared_error / self.squared_reference) ** 0.5 if self.squared_reference else None
+
+
+def _evenly_spaced_rows(values: np.ndarray, count: int) -> np.ndarray:
+    rows = values.reshape(-1, values.shape[-1])
+    if rows.shape[0] > count:
+        rows = rows[np.linspace(0, rows.shape[0] - 1, count).astype(np.int64)]
+    return np.ascontiguousarray(rows, np.float32)
+
+
+class LinearErrorObserver(Observer):
+    """Accumulates each linear's FP8 output error from the inputs the forward records and the weights
+    ``enter_layer`` hands over; works whether each layer is entered once (layer-major) or once per batch.
+    FP8 weights are made once per entry of a layer, and only for linears whose input arrives."""
+
+    def __init__(self, descriptor: ModelDescriptor, fp8: Fp8Side, rows_per_call: int = ROWS_PER_CALL):
+        self.fp8 = fp8
+        self.prefix = descriptor.prefix
+        self.rows_per_call = rows_per_call
+        self.linears: dict[str, LinearError] = {}
+        self._by_point: dict[str, list[WeightTensor]] = {}
+        for w in descriptor.weights():
+            if not w.is_linear:
+                continue
+            assert w.layer is not None  # every linear belongs to a decoder layer
+            point = names.shared_expert_input(self.prefix, w.layer) if w.role is Role.EXPERT_UP_GATE else w.module
+            self._by_point.setdefault(point, []).append(w)
+            self.linears[w.module] = LinearError(w.module, w.role, w.layer, w.expert, point)
+        self._weights: dict[str, np.ndarray] = {}
+        self._fp8_weights: dict[str, np.ndarray] = {}
+        self._spread_done: set[int] = set()
+
+    def enter_layer(self, layer: int, weights: dict[str, np.ndarray]) -> None:
+        self._weights, self._fp8_weights = weights, {}
+        if layer in self._spread_done:
+            return
+        self._spread_done.add(layer)
+        for stats in self.linears.values():
+            if stats.layer == layer:
+                values = weights[names.tensor(stats.module, names.WEIGHT)]
+                channels = e4m3.channel_abs_max(values, stats.module)
+                low = float(channels.min())
+                stats.channel_spread = float(channels.max()) / low if low > 0 else None
+
+    def record(self, module: str, values: np.ndarray) -> None:
+        for weight in self._by_point.get(module, ()):
+            self._measure(weight, module, values)
+
+    def record_expert(self, layer: int, expert: int, intermediate: np.ndarray, routed_tokens: int) -> None:
+        module = names.expert(self.prefix, layer, expert, names.DOWN)
+        for weight in self._by_point.get(module, ()):
+            self._measure(weight, module, intermediate)
+
+    def _measure(self, weight: WeightTensor, point: str, values: np.ndarray) -> None:
+        scale = self.fp8.act_scale(point)
+        if not values.size or scale is None:
+            return
+        x = _evenly_spaced_rows(values, self.rows_per_call)
+        reference = self._weights[weight.name]
+        if weight.name not in self._fp8_weights:
+            self._fp8_weights[weight.name] = self.fp8.weight(weight, reference)
+        x_fp8 = e4m3.dequantize(e4m3.quantize(x, scale, GAUDI2_FP8_MAX, f"activation {point}"), scale)
+        y = x @ reference
+        difference = x_fp8 @ self._fp8_weights[weight.name] - y
+        stats = self.linears[weight.module]
+        stats.squared_error += float(np.einsum("ij,ij", difference, difference, dtype=np.float64))
+        stats.squared_reference += float(np.einsum("ij,ij", y, y, dtype=np.float64))
+        stats.rows += x.shape[0]
+
+
+def _point_type(module: str) -> str:
+    """A module name without its layer (``self_attn.cache_k``, ``mlp.experts.*.down_proj``): one line in a plot."""
+    rest = module.split(".layers.", 1)[1].split(".", 1)[1]
+    expert = names.expert_of(module)
+    return rest.replace(f"experts.{expert[1]}.", "experts.*.") if expert else rest
+
+
+class Report:
+    """Collects a report while :func:`~hpu_fp8_loader.calibrate` or :func:`~hpu_fp8_loader.evaluate` runs
+    (pass it as ``report=``), then writes it: ``report.json``, ``index.html`` and PNG plots.
+
+    Example:
+        >>> from hpu_fp8_loader import TINY_MODELS, Report, calibrate
+        >>> report = Report()
+        >>> result = calibrate(TINY_MODELS["qwen2-bytes"], samples=4, seq_len=64, report=report)
+        >>> report.worst(1)[0]["module"]
+        'qwen2.layers.1.mlp.down_proj'
+        >>> report.write("calibration-report")
+    """
+
+    def __init__(self) -> None:
+        self.kind: str | None = None
+        self.model = ""
+        self.descriptor: ModelDescriptor | None = None
+        self.errors: LinearErrorObserver | None = None
+        self.amax: Mapping[str, float] = {}
+        self.expert_tokens: Mapping[str, int] = {}
+        self.checkpoint_amax: dict[str, float] = {}
+        self.evaluation: EvaluationResult | None = None  # set by evaluate
+
+    def _start(
+        self, kind: str, model: str | Path, descriptor: ModelDescriptor, fp8: Fp8Side, amax_observer: AmaxObserver
+    ) -> Observer:
+        if self.kind is not None:
+            raise RuntimeError("a Report collects one calibration or one evaluation; make another for the next run")
+        self.kind, self.model, self.descriptor = kind, str(model), descriptor
+        self.errors = LinearErrorObserver(descriptor, fp8)
+        self.amax, self.expert_tokens = amax_observer.amax, amax_observer.expert_tokens
+        return TeeObserver(amax_observer, self.errors)
+
+    def calibration_observer(self, model: str | Path, descriptor: ModelDescriptor, amax_observer: AmaxObserver) -> Observer:
+        """What calibrate runs instead of its amax observer: that observer, then the error observer reading its amax."""
+        return self._start("calibrate", model, descriptor, ConverterFp8(amax_observer.amax), amax_observer)
+
+    def evaluation_observer(self, model: str | Path, descriptor: ModelDescriptor, checkpoint: Checkpoint) -> Observer:
+        """What eval's reference forward runs: held-out amax and expert load, and each linear's error against the
+        checkpoint's FP8 weights and scales."""
+        from hpu_fp8_loader.quality.calibrate import AmaxObserver
+
+        self.checkpoint_amax = {
+            name.removesuffix("." + names.ACT_AMAX): float(np.asarray(checkpoint.get(name), np.float32).reshape(-1)[0])
+            for name in checkpoint.tensors
+            if name.endswith("." + names.ACT_AMAX)
+        }
+        return self._start("eval", model, descriptor, CheckpointFp8(checkpoint), AmaxObserver(descriptor.prefix))
+
+    # ------------------------------------------------------------------ the data
+
+    def worst(self, count: int | None = None) -> list[dict]:
+        """The linears measured, largest relative error first."""
+        rows = [row for row in self._linear_rows() if row["relative_error"] is not None]
+        return sorted(rows, key=lambda row: -row["relative_error"])[:count]
+
+    def _linear_rows(self) -> list[dict]:
+        if self.errors is None:
+            return []
+        return [
+            {
+                "module": s.module,
+                "layer": s.layer,
+                "role": s.role.value,
+                "expert": s.expert,
+                "relative_error": s.relative_error,
+                "rows": s.rows,
+                "channel_spread": s.channel_spread,
+                "act_amax": self.checkpoint_amax.get(s.point, self.amax.get(s.point)),
+            }
+            for s in self.errors.linears.values()
+        ]
+
+    def _layers(self) -> list[dict]:
+        d = self.descriptor
+        assert d is not None
+        shown = self.checkpoint_amax or self.amax  # eval: the amax the checkpoint is served with
+        layers: list[dict] = [{"layer": i, "amax": {}, "observed_amax": {}} for i in range(d.num_layers)]
+        for source, key in ((shown, "amax"), (self.amax if self.checkpoint_amax else {}, "observed_amax")):
+            for module, value in source.items():
+                match = names.MODULE_PATTERN.match(module)
+                if match:
+                    point = _point_type(module)
+                    per_layer = layers[int(match.group("layer"))][key]
+                    per_layer[point] = max(per_layer.get(point, 0.0), float(value))
+        for row in self._linear_rows():
+            if row["relative_error"] is not None:
+                entry = layers[row["layer"]]
+                entry["max_relative_error"] = max(entry.get("max_relative_error", 0.0), row["relative_error"])
+        return layers
+
+    def _experts(self) -> dict | None:
+        d = self.descriptor
+        assert d is not None
+        if d.moe is None:
+            return None
+        moe_layers = [i for i in range(d.num_layers) if d.is_moe_layer(i)]
+        tokens = [
+            [int(self.expert_tokens.get(names.expert_tokens_key(d.prefix, i, e), 0)) for e in range(d.moe.num_experts)]
+            for i in moe_layers
+        ]
+        dead, starved = [], []
+        for layer, counts in zip(moe_layers, tokens, strict=True):
+            mean = sum(counts) / len(counts)
+            for e, count in enumerate(counts):
+                if count == 0:
+                    dead.append([layer, e])
+                elif count < STARVED_SHARE * mean:
+                    starved.append([layer, e])
+        return {"moe_layers": moe_layers, "tokens": tokens, "dead": dead, "starved": starved, "starved_below": STARVED_SHARE}
+
+    def _evaluation(self) -> dict | None:
+        if self.evaluation is None:
+            return None
+        data = self.evaluation.to_dict()
+        kl = {row["variant"]: row["mean_kl"] for row in data["rows"]}
+        data["kv_kl_difference"] = kl["fp8"] - kl["no-kv-fp8"] if {"fp8", "no-kv-fp8"} <= set(kl) else None
+        return data
+
+    def to_dict(self) -> dict:
+        """report.json's content (README.md, "Reports", lists every key)."""
+        if self.kind is None or self.descriptor is None or self.errors is None:
+            raise RuntimeError("nothing collected: pass the Report to calibrate or evaluate first")
+        d = self.descriptor
+        return {
+            "format": REPORT_FORMAT,
+            "version": 1,
+            "kind": self.kind,
+            "tool_version": __version__,
+            "model": self.model,
+            "model_type": d.model_type,
+            "num_layers": d.num_layers,
+            "fp8_max": GAUDI2_FP8_MAX,
+            "fp8_source": self.errors.fp8.description,
+            "rows_per_call": self.errors.rows_per_call,
+            "linears": self.worst() + [row for row in self._linear_rows() if row["relative_error"] is None],
+            "layers": self._layers(),
+            "experts": self._experts(),
+            "evaluation": self._evaluation(),
+        }
+
+    def write(self, directory: str | Path, force: bool = False, sources: Iterable[str | Path] = ()) -> Path:
+        """Write report.json, the PNGs and index.html into ``directory``, atomically (built beside it, then
+        renamed); an existing non-empty ``directory`` is replaced only with ``force`` and only if it is a report."""
+        from hpu_fp8_loader.quality.report_plots import render
+
+        out = Path(directory)
+        check_report_dir(out, force, sources)
+        data = self.to_dict()
+        staging = Path(tempfile.mkdtemp(dir=out.absolute().parent, prefix=f".{out.name}.", suffix=".partial"))
+        try:
+            data["plots"] = render(data, staging)
+            (staging / REPORT_FILE).write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+            for path in staging.iterdir():
+                fsync_path(path)
+            _publish(staging, out)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return out
+
+
+def check_report_dir(directory: str | Path, force: bool, sources: Iterable[str | Path] = ()) -> None:
+    """Refuse, before any work, a report directory that must not be written: one of ``sources`` (or inside or
+    around one), a link or a file, a non-empty directory without ``force``, or with it one that holds no report."""
+    out = Path(directory)
+    check_apart(out, sources)
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise UnsafePathError(f"{out}: a link or a file; --report names a directory to write")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise OutputExistsError(f"{out}: already exists and is not empty; pass --force to replace it")
+        if not (out / REPORT_FILE).is_file():
+            raise OutputExistsError(f"{out}: holds no {REPORT_FILE}; --force replaces only a report, remove it yourself")
+    parent = out.absolute().parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise WriteFailedError(f"{out}: its directory {parent} is missing or not writable")
+
+
+def _publish(staging: Path, out: Path) -> None:
+    """Rename the finished report onto ``out``; an old one is first moved aside into a fresh hidden directory."""
+    aside = None
+    if out.exists():
+        aside = Path(tempfile.mkdtemp(dir=out.absolute().parent, prefix=f".{out.name}.replaced-"))
+        os.replace(out, aside / "old")
+    os.replace(staging, out)
+    fsync_path(out.absolute().parent)
+    if aside is not None:
+        shutil.rmtree(aside)

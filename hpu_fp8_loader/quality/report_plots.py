@@ -1,0 +1,206 @@
+"""A report's PNGs (matplotlib, Agg: no display needed) and the index.html that shows them.
+
+Kept apart from report.py because importing matplotlib takes a second: only writing a report pays it.
+Every string that comes from the model (module names, paths) is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+__all__ = ["CAPTIONS", "HTML_FILE", "PLOTS", "render"]
+
+HTML_FILE = "index.html"
+# Plot name -> file name: what report.json's "plots" lists and a model card references.
+PLOTS = {
+    "linear_error": "linear_error.png",
+    "act_amax": "act_amax.png",
+    "weight_spread": "weight_spread.png",
+    "expert_tokens": "expert_tokens.png",
+    "attention": "attention.png",
+}
+_WORST_SHOWN = 30  # bars in the linear-error chart and rows in the page's table
+_ATTENTION_POINTS = ("self_attn.q", "self_attn.cache_k", "self_attn.cache_v", "self_attn.s")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _short(module: str) -> str:
+    """``qwen2.layers.3.self_attn.qkv_proj`` -> ``L3 self_attn.qkv_proj``: a readable bar label."""
+    _, _, rest = module.partition(".layers.")
+    layer, _, inside = rest.partition(".")
+    return f"L{layer} {inside}" if rest else module
+
+
+def _linear_error(plt, data: dict, path: Path) -> None:
+    worst = [row for row in data["linears"] if row["relative_error"] is not None][:_WORST_SHOWN]
+    fig, ax = plt.subplots(figsize=(9, 0.28 * max(len(worst), 4) + 1.2))
+    ax.barh([_short(r["module"]) for r in worst][::-1], [r["relative_error"] for r in worst][::-1], color="tab:red")
+    ax.set_xlabel("relative output error ||y_fp8 - y|| / ||y||")
+    ax.set_title(f"Linears that lose most under FP8 (worst {len(worst)})")
+    ax.tick_params(axis="y", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _lines_by_point(
+    plt, layers: list[dict], key: str, points: list[str], title: str, ylabel: str, path: Path, note: str = ""
+) -> None:
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for point in points:
+        xs = [e["layer"] for e in layers if point in e[key] and e[key][point] > 0]
+        ax.plot(xs, [layers[x][key][point] for x in xs], marker="o", markersize=3, label=point)
+    ax.set_yscale("log")
+    ax.set_xlabel("layer")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title + note)
+    if points:
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _act_amax(plt, data: dict, path: Path) -> None:
+    points = sorted({p for e in data["layers"] for p in e["amax"]})
+    _lines_by_point(plt, data["layers"], "amax", points, "Activation amax per layer and point", "amax (log)", path)
+
+
+def _weight_spread(plt, data: dict, path: Path) -> None:
+    by_role: dict[str, dict[int, float]] = {}
+    for row in data["linears"]:
+        if row["channel_spread"] is not None:
+            per_layer = by_role.setdefault(row["role"], {})
+            per_layer[row["layer"]] = max(per_layer.get(row["layer"], 0.0), row["channel_spread"])
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for role, per_layer in sorted(by_role.items()):
+        layers = sorted(per_layer)
+        ax.plot(
+            layers,
+            [per_layer[x] for x in layers],
+            marker="o",
+            markersize=3,
+            label=role + (" (max over experts)" if "expert_" in role else ""),
+        )
+    ax.set_yscale("log")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("max / min per-channel weight amax (log)")
+    ax.set_title("Weight spread: how much a per-tensor scale wastes on small channels")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _expert_tokens(plt, experts: dict, path: Path) -> None:
+    import numpy as np
+
+    tokens = np.asarray(experts["tokens"], np.float64)
+    fig, ax = plt.subplots(figsize=(min(4 + 0.25 * tokens.shape[1], 16), 1.5 + 0.35 * tokens.shape[0]))
+    image = ax.imshow(tokens, aspect="auto", cmap="viridis", interpolation="nearest")
+    fig.colorbar(image, ax=ax, label="routed tokens")
+    row_of = {layer: i for i, layer in enumerate(experts["moe_layers"])}
+    starved = f"starved (< {experts['starved_below']:.0%} of the layer mean)"
+    for marks, style in (
+        (experts["dead"], {"marker": "x", "color": "red", "label": "dead (0 tokens)"}),
+        (experts["starved"], {"marker": "o", "facecolors": "none", "edgecolors": "orange", "label": starved}),
+    ):
+        if marks:
+            ax.scatter([e for _, e in marks], [row_of[layer] for layer, _ in marks], s=60, linewidths=2, **style)
+    ax.set_yticks(range(len(experts["moe_layers"])), [str(layer) for layer in experts["moe_layers"]])
+    if tokens.shape[1] <= 64:
+        ax.set_xticks(range(tokens.shape[1]))
+    ax.set_xlabel("expert")
+    ax.set_ylabel("layer")
+    ax.set_title(f"Tokens routed per expert ({len(experts['dead'])} dead, {len(experts['starved'])} starved)")
+    if experts["dead"] or experts["starved"]:
+        ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _attention(plt, data: dict, path: Path) -> None:
+    points = [p for p in _ATTENTION_POINTS if any(p in e["amax"] for e in data["layers"])]
+    evaluation = data["evaluation"]
+    note = ""
+    if evaluation and evaluation["kv_kl_difference"] is not None:
+        note = (
+            f"\nKL(fp8) - KL(no-kv-fp8) = {evaluation['kv_kl_difference']:+.4g} nats/token: what FP8 attention and KV cache cost"
+        )
+    _lines_by_point(plt, data["layers"], "amax", points, "Attention points: amax per layer", "amax (log)", path, note)
+
+
+def render(data: dict, directory: Path) -> dict[str, str]:
+    """Write the PNGs ``data`` has material for and index.html into ``directory``; returns plot name -> file."""
+    plt = _pyplot()
+    made: dict[str, str] = {}
+    for name, draw in (
+        ("linear_error", _linear_error),
+        ("act_amax", _act_amax),
+        ("weight_spread", _weight_spread),
+        ("attention", _attention),
+    ):
+        draw(plt, data, directory / PLOTS[name])
+        made[name] = PLOTS[name]
+    if data["experts"] is not None:
+        _expert_tokens(plt, data["experts"], directory / PLOTS["expert_tokens"])
+        made["expert_tokens"] = PLOTS["expert_tokens"]
+    (directory / HTML_FILE).write_text(_page(data, made), encoding="utf-8")
+    return made
+
+
+CAPTIONS = {
+    "linear_error": "Relative output error of each linear under FP8 (activation and weight), worst first.",
+    "act_amax": "Activation amax per layer, one line per point type: a sudden jump marks an outlier layer whose scale is coarse.",
+    "weight_spread": "Per linear, max / min of the per-output-channel weight amax: large values mean a per-tensor scale leaves small channels few FP8 codes.",
+    "expert_tokens": "Tokens routed to each expert (layers x experts): x marks a dead expert, o a starved one.",
+    "attention": "Query, K cache, V cache and probability amax per layer (the FP8 attention and KV cache scales).",
+}
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def _page(data: dict, plots: dict[str, str]) -> str:
+    e = html.escape
+    measured = [r for r in data["linears"] if r["relative_error"] is not None][:_WORST_SHOWN]
+    rows = "".join(
+        f"<tr><td>{i}</td><td>{e(r['module'])}</td><td>{r['relative_error']:.4g}</td>"
+        f"<td>{_number(r['channel_spread'], '.3g')}</td><td>{_number(r['act_amax'], '.4g')}</td></tr>"
+        for i, r in enumerate(measured, 1)
+    )
+    evaluation = ""
+    if data["evaluation"]:
+        evaluation = (
+            "<h2>Evaluation</h2><table><tr><th>variant</th><th>top-1 agreement</th><th>mean KL</th></tr>"
+            + "".join(
+                f"<tr><td>{e(r['variant'])}</td><td>{100 * r['top1_agreement']:.2f}%</td><td>{r['mean_kl']:.4g}</td></tr>"
+                for r in data["evaluation"]["rows"]
+            )
+            + "</table>"
+        )
+    figures = "".join(
+        f'<figure><img src="{e(file)}" alt="{e(name)}"><figcaption>{e(CAPTIONS[name])}</figcaption></figure>'
+        for name, file in plots.items()
+    )
+    return (
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>hpu-fp8 report</title>'
+        "<style>body{font-family:sans-serif;max-width:1000px;margin:auto}td,th{padding:2px 8px;text-align:left}"
+        "img{max-width:100%}</style></head><body>\n"
+        f"<h1>hpu-fp8 {e(data['kind'])} report: {e(data['model'])}</h1>\n"
+        f"<p>{e(data['model_type'])}, {data['num_layers']} layers; FP8 ±{data['fp8_max']:g}; FP8 side: {e(data['fp8_source'])}; "
+        f'up to {data["rows_per_call"]} rows per input measured. The numbers are in <a href="report.json">report.json</a>.</p>\n'
+        f"{evaluation}<h2>Linears that lose most</h2><table><tr><th>#</th><th>linear</th><th>relative error</th>"
+        f"<th>weight spread</th><th>act amax</th></tr>{rows}</table>\n{figures}\n</body></html>\n"
+    )
