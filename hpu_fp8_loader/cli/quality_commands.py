@@ -140,8 +140,8 @@ def calibrate(
 
     \b
     Examples:
-      # 64 windows of 512 tokens of the built-in text, with a report (calib-report/index.html)
-      hpu-fp8 calibrate ./ERNIE-4.5-21B-A3B-PT -o m.json --samples 64 --seq-len 512 --report calib-report
+      # 64 windows of 512 tokens of the built-in text, with a report (rep/index.html)
+      hpu-fp8 calibrate ./ERNIE-4.5-21B-A3B-PT -o m.json --samples 64 --seq-len 512 --report rep
 
     \b
       # Chat records ({"messages": [...]}) rendered by the model's own chat template
