@@ -97,7 +97,7 @@ def demo(work_dir: Path, model: str, kv_cache: KvCacheScheme, force: bool, as_js
     show_default=True,
     help="Tokens per window (at most max_position_embeddings).",
 )
-@click.option("--batch-size", default=4, type=COUNT, show_default=True, help="Windows per forward.")
+@click.option("--batch-size", default=4, type=COUNT, show_default=True, help="Windows run through a layer at a time.")
 @click.option(
     "--all-experts",
     is_flag=True,
@@ -133,6 +133,11 @@ def calibrate(
     The output files are checked before any work and written atomically; an existing one is
     replaced only with --force, and never one inside MODEL.
 
+    Layer-major: every window goes through layer L before layer L+1 is read, so each layer is read
+    once. Memory: one layer's float32 weights, --batch-size windows' activations, and the hidden
+    states of all windows (samples x seq-len x hidden x 4 bytes), kept in memory when they fit a
+    quarter of the available memory, else in a scratch file beside -o (deleted when done).
+
     \b
     Examples:
       # ERNIE MoE on the built-in text: 64 windows of 512 tokens
@@ -154,8 +159,10 @@ def calibrate(
         raise click.BadParameter(f"{fastdeploy_file} is also the -o file; name another", param_hint="--fastdeploy-format")
     with user_errors():
         check_outputs(model, dataset, [out, *([fastdeploy_file] if fastdeploy_file else [])], force)
-        with progress_bar("calibrate", quiet or as_json, unit="tok") as bar:
-            result = run_calibration(model, dataset, samples, seq_len, batch_size, all_experts, progress=bar.update)
+        with progress_bar("calibrate", quiet or as_json, unit="step") as bar:
+            result = run_calibration(
+                model, dataset, samples, seq_len, batch_size, all_experts, progress=_shown_on(bar), scratch_dir=out.parent
+            )
         write_measurements(out, result.measurements, replace=force)
         if fastdeploy_file:
             write_fastdeploy_file(fastdeploy_file, result.measurements, replace=force)
@@ -203,6 +210,12 @@ def calibrate(
     is_flag=True,
     help="Quantize unnormalised exp scores as FastDeploy's decode path does (default: prefill form).",
 )
+@click.option(
+    "--scratch-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Where the hidden states wait between layers when they do not fit in memory (a scratch file, deleted when "
+    "done; default: the system temp dir).",
+)
 @json_option(help="Print the report as JSON.")
 def eval_command(
     bf16_source: Path,
@@ -214,12 +227,18 @@ def eval_command(
     only_weights: bool,
     only_no_kv: bool,
     decode_attention: bool,
+    scratch_dir: Path | None,
     as_json: bool,
 ) -> None:
     """Compare the emulated FP8 model (Gaudi arithmetic, FastDeploy's parameters) with the BF16 model.
 
     Prints top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both perplexities. Without
     --weights-only / --no-kv-fp8 every row is shown; with them, the FP8 row and the rows asked for.
+
+    Layer-major: every window goes through layer L of the BF16 model and of every row before layer
+    L+1 is read; each layer is read (and mapped) once. Memory: one layer of each model in float32,
+    4 windows' activations and logits, and the hidden states of all windows per model, in memory
+    when they fit a quarter of the available memory, else in --scratch-dir (deleted when done).
 
     \b
     Examples:
@@ -237,13 +256,27 @@ def eval_command(
     from hpu_fp8_loader.quality.evaluate import chosen_variants, evaluate
 
     variants = chosen_variants(only_weights, only_no_kv)
-    with user_errors():
-        report = evaluate(bf16_source, fp8_checkpoint, dataset, samples, seq_len, tp, variants, decode_attention)
+    with user_errors(), progress_bar("eval", as_json, unit="step") as bar:
+        report = evaluate(
+            bf16_source, fp8_checkpoint, dataset, samples, seq_len, tp, variants, decode_attention,
+            scratch_dir, progress=_shown_on(bar),
+        )  # fmt: skip
     if as_json:
         emit_json(report.to_dict())
     else:
         print_eval(report)
     warn_each(report.warnings)
+
+
+def _shown_on(bar):
+    """A layer-major run's progress drawn on ``bar``: steps against their total, and the layer."""
+
+    def show(p) -> None:
+        bar.total = p.total
+        bar.update(p.done - bar.n)
+        bar.set_postfix_str(f"layer {p.layer + 1}/{p.layers}" if p.layer < p.layers else "logits", refresh=False)
+
+    return show
 
 
 def print_eval(report) -> None:

@@ -8,6 +8,7 @@ weights, float32 activations) and ``no-kv-fp8`` (FP8 linears, BF16 attention and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import numpy as np
 from hpu_fp8_loader.arch import ModelDescriptor
 from hpu_fp8_loader.checks.validate import open_validated
 from hpu_fp8_loader.engine.fp8 import EmulationOptions, Fp8Emulator
-from hpu_fp8_loader.engine.model import forward
+from hpu_fp8_loader.engine.layer_major import LayerModel, LayerProgress, run_layer_major
+from hpu_fp8_loader.engine.model import ReferenceModel
 from hpu_fp8_loader.engine.weights import open_weights
 from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, load_text, token_batches, tokenize
@@ -140,6 +142,8 @@ def evaluate(
     tp: int = 1,
     variants: tuple[str, ...] = tuple(VARIANTS),
     decode_attention: bool = False,
+    scratch_dir: str | Path | None = None,
+    progress: Callable[[LayerProgress], object] | None = None,
 ) -> EvaluationResult:
     """Top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both perplexities, per variant.
 
@@ -148,6 +152,12 @@ def evaluate(
     from calibration. ``fp8_checkpoint`` passes the quick validation before anything runs; its values are checked
     as the emulator maps them. Before any forward, too: the two must be the same model (:func:`check_same_model`),
     and a window must hold 2 tokens (one next-token prediction) and fit max_position_embeddings.
+
+    Layer-major (:func:`~hpu_fp8_loader.engine.layer_major.run_layer_major`): all windows go through layer L of the
+    reference and of every row before layer L+1 is read; each layer of the BF16 source is read once, and each layer
+    of ``fp8_checkpoint`` mapped once for all rows. Memory: one layer of each in float32, 4 windows' activations
+    and logits, and the hidden states of all windows per model when they fit a quarter of the memory budget (else
+    in scratch files in ``scratch_dir``). The rows are those of running the windows 4 at a time, to the bit.
 
     Args:
         bf16_source: the BF16 source checkpoint directory ``fp8_checkpoint`` was converted from.
@@ -163,6 +173,11 @@ def evaluate(
             the checkpoint already keeps attention in BF16).
         decode_attention: quantize the unnormalised exp scores as FastDeploy's decode path does (prefill form
             otherwise).
+        scratch_dir: where the hidden states of all windows (one store per model: the BF16 reference and each
+            row) wait between layers when they do not fit a quarter of the memory budget: scratch files, unlinked
+            as soon as they are mapped; default: the system temp directory.
+        progress: called after each step (4 windows through one layer, or the head, of one model) with a
+            :class:`~hpu_fp8_loader.engine.layer_major.LayerProgress`: steps done, their total, the layer.
 
     Returns:
         An :class:`~hpu_fp8_loader.EvaluationResult`: one row per variant, and a warning when FP8 attention costs
@@ -194,33 +209,36 @@ def evaluate(
     if seq_len < 2:
         raise HpuFp8Error(f"seq_len {seq_len} is too short: next-token evaluation needs at least 2 tokens per window")
     fp8 = open_validated(fp8_checkpoint)
-    reference = open_weights(bf16_source)
+    reference = open_weights(bf16_source, cache_bytes=0)  # layer-major: each layer is read once, nothing to cache
     check_same_model(bf16_source, reference.descriptor, fp8_checkpoint, fp8.descriptor)
     check_seq_len(seq_len, bf16_source, reference.checkpoint.config)
     ids, _ = tokenize(load_text(dataset, split="held-out"), Path(bf16_source), reference.descriptor.vocab_size)
-    emulators = {}
+    windows = np.concatenate(list(token_batches(ids, samples, seq_len, 4, dataset)))
+    emulator = Fp8Emulator(fp8_checkpoint, tp)  # the parameters, mapped one layer at a time, shared by every row
+    models: dict[str, LayerModel] = {str(bf16_source): ReferenceModel(reference)}
+    rows: dict[str, str] = {}  # model label -> its row
     for name in variants:
         options = VARIANTS[name]
-        options = EmulationOptions(options.weights_only, options.fp8_attention, decode_attention)
-        emulator = Fp8Emulator(fp8_checkpoint, tp, options)
-        if name == "no-kv-fp8" and not emulator.fp8_attention and emulator.qc.kv_cache_scheme.value == "none":
+        variant = emulator.with_options(EmulationOptions(options.weights_only, options.fp8_attention, decode_attention))
+        if name == "no-kv-fp8" and not variant.fp8_attention and variant.qc.kv_cache_scheme.value == "none":
             continue  # the checkpoint already keeps attention in BF16: the full row is this ablation
-        emulators[name] = emulator
-    accumulators = {name: _Accumulator() for name in emulators}
-    tokens = 0
-    for batch in token_batches(ids, samples, seq_len, 4, dataset):
-        with np.errstate(over="ignore", invalid="ignore"):  # what overflowed is refused below, by name
-            ref = forward(reference, batch)
-            _check_finite(ref, f"{bf16_source}: the BF16 model's logits")
-            for name, emulator in emulators.items():
-                try:
-                    logits = emulator.forward(batch)
-                except NonFiniteError as exc:
-                    raise NonFiniteError(f"{fp8_checkpoint}: {exc} ({name} row)") from None
-                _check_finite(logits, f"{fp8_checkpoint}: the emulated FP8 logits ({name} row)")
-                accumulators[name].add(ref, logits, batch[:, 1:])
-        tokens += batch.size
-    report = EvaluationResult(tokens, tp, str(dataset), [accumulators[name].row(name) for name in emulators])
+        label = f"{fp8_checkpoint} ({name} row)"
+        models[label], rows[label] = variant, name
+    accumulators = {name: _Accumulator() for name in rows.values()}
+    reference_logits: list[np.ndarray] = []  # the reference's logits of the chunk whose rows are being added
+
+    def add(part: slice, label: str, logits: np.ndarray) -> None:
+        if label not in rows:
+            _check_finite(logits, f"{bf16_source}: the BF16 model's logits")
+            reference_logits[:] = [logits]
+            return
+        _check_finite(logits, f"{fp8_checkpoint}: the emulated FP8 logits ({rows[label]} row)")
+        accumulators[rows[label]].add(reference_logits[0], logits, windows[part, 1:])
+
+    with np.errstate(over="ignore", invalid="ignore"):  # what overflowed is refused by name
+        run_layer_major(models, windows, 4, add, scratch_dir, progress=progress)
+    tokens = windows.size
+    report = EvaluationResult(tokens, tp, str(dataset), [accumulators[name].row(name) for name in accumulators])
     warning = attention_warning(report.rows)
     if warning:
         report.warnings.append(warning)
