@@ -21,8 +21,8 @@ from hpu_fp8_loader.fastdeploy.mapping import Parallelism
 from hpu_fp8_loader.fastdeploy.rankfiles import write_rank_file
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.quality.calibrate import calibrate
-from hpu_fp8_loader.quality.datasets import load_text
-from hpu_fp8_loader.quality.evaluate import EvalRow, attention_warning, evaluate
+from hpu_fp8_loader.quality.datasets import load_text, token_batches, tokenize
+from hpu_fp8_loader.quality.evaluate import VARIANTS, EvalRow, _Accumulator, attention_warning, evaluate
 from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 
 # Two windows of held-out text (never calibrated on), byte tokens as the tiny models use.
@@ -99,6 +99,24 @@ def test_tensor_parallel_emulation_agrees_with_tp1_within_bf16_partial_sums(trai
     np.testing.assert_allclose(exact, reference, rtol=1e-4, atol=1e-4)  # without bf16 sums, splits are exact
 
 
+@pytest.mark.slow  # three emulators per batch, each mapping every layer again: ~3 s
+@pytest.mark.parametrize(("model", "tp"), [("ernie-moe-bytes", 2), ("qwen2-bytes", 1)])
+def test_layer_major_eval_rows_equal_the_batch_major_computation_to_the_bit(trained, model, tp):
+    """What evaluate computed before it ran layer-major: the engine's and each row's forward, 4 windows at a time
+    (6 windows: a short last batch)."""
+    source, checkpoint = TINY_MODELS[model], trained(model)
+    ids, _ = tokenize(load_text("builtin", split="held-out"), source, 256)
+    reference = open_weights(source)
+    emulators = {name: Fp8Emulator(checkpoint, tp, options) for name, options in VARIANTS.items()}
+    accumulators = {name: _Accumulator() for name in VARIANTS}
+    for batch in token_batches(ids, 6, 64, 4):
+        ref = forward(reference, batch)
+        for name, emulator in emulators.items():
+            accumulators[name].add(ref, emulator.forward(batch), batch[:, 1:])
+    expected = [accumulators[name].row(name) for name in VARIANTS]
+    assert evaluate(source, checkpoint, samples=6, seq_len=64, tp=tp).rows == expected
+
+
 def test_decode_form_quantizes_unnormalised_scores(trained):
     prefill = Fp8Emulator(trained("qwen2-bytes"), 1).forward(IDS)
     decode = Fp8Emulator(trained("qwen2-bytes"), 1, EmulationOptions(decode_attention=True)).forward(IDS)
@@ -130,6 +148,21 @@ def test_the_attention_warning_recommends_the_none_scheme():
 
     assert "--kv-cache none" in attention_warning([row("fp8", 0.2), row("no-kv-fp8", 0.02)])
     assert attention_warning([row("fp8", 0.03), row("no-kv-fp8", 0.02)]) is None
+
+
+def test_eval_progress_counts_every_model_layer_and_head(trained):
+    seen = []
+    evaluate(TINY_MODELS["qwen2-bytes"], trained("qwen2-bytes"), samples=5, seq_len=32, variants=("fp8",), progress=seen.append)
+    steps = 2 * 2 * (seen[0].layers + 1)  # BF16 and fp8, 2 chunks (4 + 1 windows), every layer and the head
+    assert [p.done for p in seen] == list(range(1, steps + 1)) and {p.total for p in seen} == {steps}
+
+
+def test_cli_eval_scratch_dir_must_be_an_existing_directory(trained, tmp_path):
+    model, checkpoint = str(TINY_MODELS["qwen2-bytes"]), str(trained("qwen2-bytes"))
+    result = CliRunner().invoke(main, ["eval", model, checkpoint, "--scratch-dir", str(tmp_path / "gone")])
+    assert result.exit_code == 2 and "does not exist" in result.output
+    quick = ["--samples", "2", "--seq-len", "32", "--weights-only", "--scratch-dir", str(tmp_path)]
+    assert CliRunner().invoke(main, ["eval", model, checkpoint, *quick]).exit_code == 0
 
 
 def test_cli_eval_json_and_table(trained):
