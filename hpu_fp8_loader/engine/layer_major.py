@@ -124,8 +124,8 @@ def run_layer_major(
 ) -> None:
     """Run token ``windows`` ``[N, T]`` through every model, layer-major: each layer of each model is read once.
 
-    ``models`` are keyed by the label an error names (a NonFiniteError is re-raised as ``label: message on windows
-    a..b``). Within a layer the models run in their order, ``chunk`` windows at a time. With ``logits``, each
+    ``models`` are keyed by the label an error names (a NaN or inf is a NonFiniteError ``label: windows a..b: ...``,
+    whether a step refused it or a layer's output holds it). Within a layer the models run in their order, ``chunk`` windows at a time. With ``logits``, each
     chunk then goes through every model's head and ``logits(windows slice, label, logits)`` is called per model in
     their order, the chunks in order; without it, the heads are neither read nor run (calibration).
 
@@ -167,7 +167,7 @@ def run_layer_major(
             for label, model in models.items():
                 step = model.layer(layer)
                 for part in chunks:
-                    stores[label][part] = _run(step, label, part, np.array(stores[label][part]))
+                    stores[label][part] = _run(step, label, part, np.array(stores[label][part]), layer)
                     advance(layer)
                 del step
         if logits is None:
@@ -179,8 +179,17 @@ def run_layer_major(
                 advance(d.num_layers)
 
 
-def _run(step: Step, label: str, part: slice, x: np.ndarray) -> np.ndarray:
+def _run(step: Step, label: str, part: slice, x: np.ndarray, layer: int | None = None) -> np.ndarray:
+    """One step on one chunk; a NaN or inf, refused inside it or left in a layer's output, is one line naming the
+    model and the windows (an overflow no cast or observer saw would otherwise reach the next layer silently)."""
+    where = f"{label}: windows {part.start}..{part.stop - 1}"
     try:
-        return step(x)
+        out = step(x)
     except NonFiniteError as exc:
-        raise NonFiniteError(f"{label}: {exc} on windows {part.start}..{part.stop - 1}") from None
+        raise NonFiniteError(f"{where}: {exc}") from None
+    if layer is not None and not np.isfinite(out).all():
+        raise NonFiniteError(
+            f"{where}: the hidden states after layer {layer} are not finite (a weight is so large that the float32 "
+            "arithmetic overflows)"
+        )
+    return out
