@@ -160,7 +160,7 @@ def test_eval_progress_counts_every_model_layer_and_head(trained):
 def test_cli_eval_scratch_dir_must_be_an_existing_directory(trained, tmp_path):
     model, checkpoint = str(TINY_MODELS["qwen2-bytes"]), str(trained("qwen2-bytes"))
     result = CliRunner().invoke(main, ["eval", model, checkpoint, "--scratch-dir", str(tmp_path / "gone")])
-    assert result.exit_code == 2 and "does not exist" in result.output
+    assert result.exit_code == 1 and f"{tmp_path / 'gone'}: the scratch directory does not exist" in result.stderr
     quick = ["--samples", "2", "--seq-len", "32", "--weights-only", "--scratch-dir", str(tmp_path)]
     assert CliRunner().invoke(main, ["eval", model, checkpoint, *quick]).exit_code == 0
 

@@ -179,8 +179,9 @@ def test_an_interrupted_run_leaves_no_scratch_file(tmp_path, source_factory):
 
 def test_a_scratch_directory_that_does_not_exist_is_named(tmp_path, source_factory):
     weights = open_weights(source_factory("qwen2-tiny"))
-    with pytest.raises(WriteFailedError, match=f"{tmp_path / 'gone'}: cannot create a scratch file"):
-        run_layer_major({"m": ReferenceModel(weights)}, np.ones((3, 8), int), 2, None, tmp_path / "gone", 0)
+    for memory_bytes in (0, None):  # refused before any work, whether the scratch file would be needed or not
+        with pytest.raises(WriteFailedError, match=f"{tmp_path / 'gone'}: the scratch directory does not exist"):
+            run_layer_major({"m": ReferenceModel(weights)}, np.ones((3, 8), int), 2, None, tmp_path / "gone", memory_bytes)
 
 
 def test_calibration_progress_counts_up_to_a_known_total(source_factory):

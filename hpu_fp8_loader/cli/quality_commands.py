@@ -212,7 +212,7 @@ def calibrate(
 )
 @click.option(
     "--scratch-dir",
-    type=click.Path(path_type=Path, exists=True, file_okay=False, writable=True),
+    type=click.Path(path_type=Path, file_okay=False),
     help="Where the hidden states wait between layers when they do not fit in memory (a scratch file, deleted when "
     "done; default: the system temp dir).",
 )

@@ -1,8 +1,8 @@
 """FastDeploy's HPU FP8 forward, emulated on CPU from the parameters the FastDeploy mapping produces.
 
 One mapping, two users: this runs on exactly the arrays the plugin hands FastDeploy
-(:func:`hpu_fp8_loader.fastdeploy.mapping.map_rank`), rank by rank, so a wrong mapping shows up as
-wrong logits here. Parameters and their meanings are those of docs/fastdeploy.md sections 4-6; the
+(:func:`hpu_fp8_loader.fastdeploy.mapping.map_rank`), rank by rank and one layer at a time (never the whole
+model in float32), so a wrong mapping shows up as wrong logits here. Parameters and their meanings are those of docs/fastdeploy.md sections 4-6; the
 arithmetic follows Habana's and PaddleCustomDevice's (PCD) public code, cited per rule:
 
 - cast of a bf16 tensor with multiplier m: ``sat_fp8(bf16(x * bf16(m)))``, clamp then round to

@@ -134,6 +134,9 @@ def run_layer_major(
     (:func:`hidden_store`). Memory: one layer's weights per model kind, a chunk of hidden states and its
     activations, plus the stores when they are in memory.
     """
+    if scratch_dir is not None and not (Path(scratch_dir).is_dir() and os.access(scratch_dir, os.W_OK | os.X_OK)):
+        why = "is not a writable directory" if Path(scratch_dir).exists() else "does not exist"
+        raise WriteFailedError(f"{scratch_dir}: the scratch directory {why}")  # refused before any work, used or not
     first = next(iter(models.values()))
     d = first.descriptor
     shape = (*windows.shape, d.hidden_size)
