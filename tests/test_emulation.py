@@ -14,15 +14,15 @@ from hpu_fp8_loader.checks.validate import validate
 from hpu_fp8_loader.cli.main import main
 from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
-from hpu_fp8_loader.engine.fp8 import EmulationOptions, Fp8Emulator, quantize_by_multiplier
+from hpu_fp8_loader.engine.fp8 import EmulationOptions, Fp8Emulator, Fp8Parameters, quantize_by_multiplier
 from hpu_fp8_loader.engine.model import forward
 from hpu_fp8_loader.engine.weights import open_weights
 from hpu_fp8_loader.fastdeploy.mapping import Parallelism
 from hpu_fp8_loader.fastdeploy.rankfiles import write_rank_file
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.quality.calibrate import calibrate
-from hpu_fp8_loader.quality.datasets import builtin_text
-from hpu_fp8_loader.quality.evaluate import EvalRow, attention_warning, evaluate
+from hpu_fp8_loader.quality.datasets import builtin_text, dataset_tokens, token_batches
+from hpu_fp8_loader.quality.evaluate import VARIANTS, EvalRow, _Accumulator, attention_warning, evaluate
 from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 
 # Two windows of held-out text (never calibrated on), byte tokens as the tiny models use.
@@ -63,14 +63,21 @@ def test_weights_only_emulation_on_the_mapping_equals_the_engine_on_the_checkpoi
     np.testing.assert_allclose(emulated, direct, rtol=1e-4, atol=1e-4)
 
 
+class SwappedDescale(Fp8Parameters):
+    """o_proj's input descale given as a multiplier: the two-meanings mix-up the legacy layout invites."""
+
+    def _map(self, weights, par):
+        params = super()._map(weights, par)
+        for name in [n for n in params if n.endswith("self_attn.o_proj.act_scale_inv")]:
+            params[name] = params[name.replace("act_scale_inv", "act_scale")].copy()
+        return params
+
+
 @pytest.mark.parametrize("model", list(TINY_MODELS))
 def test_a_wrong_mapping_shows_up_as_wrong_logits(trained, model):
-    emulator = Fp8Emulator(trained(model), 1)
-    good = emulator.forward(IDS)
-    # o_proj's input descale given as a multiplier: the two-meanings mix-up the legacy layout invites
-    name = next(n for n in emulator.ranks[0] if n.endswith("self_attn.o_proj.act_scale_inv"))
-    emulator.ranks[0][name] = emulator.ranks[0][name.replace("act_scale_inv", "act_scale")].copy()
-    assert np.linalg.norm(emulator.forward(IDS) - good) / np.linalg.norm(good) > 0.05
+    good = Fp8Emulator(trained(model), 1).forward(IDS)
+    wrong = Fp8Emulator(None, 1, parameters=SwappedDescale(trained(model))).forward(IDS)
+    assert np.linalg.norm(wrong - good) / np.linalg.norm(good) > 0.05
 
 
 @pytest.mark.parametrize("model", list(TINY_MODELS))
@@ -90,6 +97,24 @@ def test_tensor_parallel_emulation_agrees_with_tp1_within_bf16_partial_sums(trai
     exact = Fp8Emulator(trained(model), tp, EmulationOptions(weights_only=True)).forward(IDS)
     reference = Fp8Emulator(trained(model), 1, EmulationOptions(weights_only=True)).forward(IDS)
     np.testing.assert_allclose(exact, reference, rtol=1e-4, atol=1e-4)  # without bf16 sums, splits are exact
+
+
+@pytest.mark.slow  # three emulators per batch, each mapping every layer again: ~3 s
+@pytest.mark.parametrize(("model", "tp"), [("ernie-moe-bytes", 2), ("qwen2-bytes", 1)])
+def test_layer_major_eval_rows_equal_the_batch_major_computation_to_the_bit(trained, model, tp):
+    """What evaluate computed before it ran layer-major: the engine's and each row's forward, 4 windows at a time
+    (6 windows: a short last batch)."""
+    source, checkpoint = TINY_MODELS[model], trained(model)
+    ids, _ = dataset_tokens(source, 256, split="held-out")
+    reference = open_weights(source)
+    emulators = {name: Fp8Emulator(checkpoint, tp, options) for name, options in VARIANTS.items()}
+    accumulators = {name: _Accumulator() for name in VARIANTS}
+    for batch in token_batches(ids, 6, 64, 4):
+        ref = forward(reference, batch)
+        for name, emulator in emulators.items():
+            accumulators[name].add(ref, emulator.forward(batch), batch[:, 1:])
+    expected = [accumulators[name].row(name) for name in VARIANTS]
+    assert evaluate(source, checkpoint, samples=6, seq_len=64, tp=tp).rows == expected
 
 
 def test_decode_form_quantizes_unnormalised_scores(trained):
@@ -123,6 +148,21 @@ def test_the_attention_warning_recommends_the_none_scheme():
 
     assert "--kv-cache none" in attention_warning([row("fp8", 0.2), row("no-kv-fp8", 0.02)])
     assert attention_warning([row("fp8", 0.03), row("no-kv-fp8", 0.02)]) is None
+
+
+def test_eval_progress_counts_every_model_layer_and_head(trained):
+    seen = []
+    evaluate(TINY_MODELS["qwen2-bytes"], trained("qwen2-bytes"), samples=5, seq_len=32, variants=("fp8",), progress=seen.append)
+    steps = 2 * 2 * (seen[0].layers + 1)  # BF16 and fp8, 2 chunks (4 + 1 windows), every layer and the head
+    assert [p.done for p in seen] == list(range(1, steps + 1)) and {p.total for p in seen} == {steps}
+
+
+def test_cli_eval_scratch_dir_must_be_an_existing_directory(trained, tmp_path):
+    model, checkpoint = str(TINY_MODELS["qwen2-bytes"]), str(trained("qwen2-bytes"))
+    result = CliRunner().invoke(main, ["eval", model, checkpoint, "--scratch-dir", str(tmp_path / "gone")])
+    assert result.exit_code == 1 and f"{tmp_path / 'gone'}: the scratch directory does not exist" in result.stderr
+    quick = ["--samples", "2", "--seq-len", "32", "--weights-only", "--scratch-dir", str(tmp_path)]
+    assert CliRunner().invoke(main, ["eval", model, checkpoint, *quick]).exit_code == 0
 
 
 def test_cli_eval_json_and_table(trained):

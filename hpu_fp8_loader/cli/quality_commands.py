@@ -94,7 +94,7 @@ def demo(work_dir: Path, model: str, kv_cache: KvCacheScheme, force: bool, as_js
     show_default=True,
     help="Tokens per window (at most max_position_embeddings).",
 )
-@click.option("--batch-size", default=4, type=COUNT, show_default=True, help="Windows per forward.")
+@click.option("--batch-size", default=4, type=COUNT, show_default=True, help="Windows run through a layer at a time.")
 @click.option(
     "--all-experts",
     is_flag=True,
@@ -138,6 +138,11 @@ def calibrate(
     The output files are checked before any work and written atomically; an existing one is
     replaced only with --force, and never one inside MODEL.
 
+    Layer-major: every window goes through layer L before layer L+1 is read, so each layer is read
+    once. Memory: one layer's float32 weights, --batch-size windows' activations, and the hidden
+    states of all windows (samples x seq-len x hidden x 4 bytes), kept in memory when they fit a
+    quarter of the available memory, else in a scratch file beside -o (deleted when done).
+
     \b
     Examples:
       # 64 windows of 512 tokens of the built-in text, with a report (rep/index.html)
@@ -164,7 +169,7 @@ def calibrate(
     with user_errors():
         check_outputs(model, dataset, [out, *([fastdeploy_file] if fastdeploy_file else [])], force)
         report = start_report(report_dir, force, [model])
-        with progress_bar("calibrate", quiet or as_json, unit="tok") as bar:
+        with progress_bar("calibrate", quiet or as_json, unit="step") as bar:
             result = run_calibration(
                 model,
                 dataset,
@@ -172,7 +177,8 @@ def calibrate(
                 seq_len,
                 batch_size,
                 all_experts,
-                progress=bar.update,
+                progress=_shown_on(bar),
+                scratch_dir=out.parent,
                 tokenizer=tokenizer,
                 text_field=text_field,
                 chat_template=chat_template,
@@ -226,6 +232,12 @@ def calibrate(
 )
 @report_option()
 @force_option(help="Replace the --report directory if it exists.")
+@click.option(
+    "--scratch-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Where the hidden states wait between layers when they do not fit in memory (a scratch file, deleted when "
+    "done; default: the system temp dir).",
+)
 @json_option(help="Print the report as JSON.")
 def eval_command(
     bf16_source: Path,
@@ -243,6 +255,7 @@ def eval_command(
     decode_attention: bool,
     report_dir: Path | None,
     force: bool,
+    scratch_dir: Path | None,
     as_json: bool,
 ) -> None:
     """Compare the emulated FP8 model (Gaudi arithmetic, FastDeploy's parameters) with the BF16 model.
@@ -250,6 +263,11 @@ def eval_command(
     Prints top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both perplexities. Without
     --weights-only / --no-kv-fp8 every row is shown; with them, the FP8 row and the rows asked for.
     Tokens come from BF16_SOURCE's own tokenizer, as for calibrate.
+
+    Layer-major: every window goes through layer L of the BF16 model and of every row before layer
+    L+1 is read; each layer is read (and mapped) once. Memory: one layer of each model in float32,
+    4 windows' activations and logits, and the hidden states of all windows per model, in memory
+    when they fit a quarter of the available memory, else in --scratch-dir (deleted when done).
 
     \b
     Examples:
@@ -273,21 +291,24 @@ def eval_command(
     variants = chosen_variants(only_weights, only_no_kv)
     with user_errors():
         collector = start_report(report_dir, force, [bf16_source, fp8_checkpoint])
-        report = evaluate(
-            bf16_source,
-            fp8_checkpoint,
-            dataset,
-            samples,
-            seq_len,
-            tp,
-            variants,
-            decode_attention,
-            tokenizer=tokenizer,
-            text_field=text_field,
-            chat_template=chat_template,
-            dataset_revision=dataset_revision,
-            report=collector,
-        )
+        with progress_bar("eval", as_json, unit="step") as bar:
+            report = evaluate(
+                bf16_source,
+                fp8_checkpoint,
+                dataset,
+                samples,
+                seq_len,
+                tp,
+                variants,
+                decode_attention,
+                scratch_dir=scratch_dir,
+                progress=_shown_on(bar),
+                tokenizer=tokenizer,
+                text_field=text_field,
+                chat_template=chat_template,
+                dataset_revision=dataset_revision,
+                report=collector,
+            )
         finish_report(collector, report_dir, force, [bf16_source, fp8_checkpoint], as_json)
     if as_json:
         emit_json(report.to_dict())
@@ -312,6 +333,17 @@ def finish_report(report, report_dir: Path | None, force: bool, sources: list[Pa
         return
     report.write(report_dir, force, sources)
     say(as_json)(f"report: {report_dir / 'index.html'}")
+
+
+def _shown_on(bar):
+    """A layer-major run's progress drawn on ``bar``: steps against their total, and the layer."""
+
+    def show(p) -> None:
+        bar.total = p.total
+        bar.update(p.done - bar.n)
+        bar.set_postfix_str(f"layer {p.layer + 1}/{p.layers}" if p.layer < p.layers else "logits", refresh=False)
+
+    return show
 
 
 def print_eval(report) -> None:

@@ -1,8 +1,8 @@
 """FastDeploy's HPU FP8 forward, emulated on CPU from the parameters the FastDeploy mapping produces.
 
 One mapping, two users: this runs on exactly the arrays the plugin hands FastDeploy
-(:func:`hpu_fp8_loader.fastdeploy.mapping.map_rank`), rank by rank, so a wrong mapping shows up as
-wrong logits here. Parameters and their meanings are those of docs/fastdeploy.md sections 4-6; the
+(:func:`hpu_fp8_loader.fastdeploy.mapping.map_rank`), rank by rank and one layer at a time (never the whole
+model in float32), so a wrong mapping shows up as wrong logits here. Parameters and their meanings are those of docs/fastdeploy.md sections 4-6; the
 arithmetic follows Habana's and PaddleCustomDevice's (PCD) public code, cited per rule:
 
 - cast of a bf16 tensor with multiplier m: ``sat_fp8(bf16(x * bf16(m)))``, clamp then round to
@@ -31,11 +31,12 @@ split of the embedding and lm_head is reassembled.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from hpu_fp8_loader.arch import ModelDescriptor, describe
+from hpu_fp8_loader.arch import ModelDescriptor, WeightTensor, describe
 from hpu_fp8_loader.engine.model import EngineConfig, rms_norm, rotary, route, silu
 from hpu_fp8_loader.fastdeploy.mapping import (
     ACT_SCALE_INV_PARAMETER,
@@ -56,7 +57,7 @@ from hpu_fp8_loader.numerics import e4m3
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import KvCacheScheme, QuantizationConfig, parse_quantization_config
 
-__all__ = ["EmulationOptions", "Fp8Emulator"]
+__all__ = ["EmulationOptions", "Fp8Emulator", "Fp8Parameters"]
 
 
 def bf16(x) -> np.ndarray:
@@ -83,30 +84,65 @@ class EmulationOptions:
     decode_attention: bool = False  # the decode form of the attention probabilities
 
 
-class Fp8Emulator:
-    """The FP8 model of every rank of one parallel layout, ready to run forwards."""
+class Fp8Parameters:
+    """The mapped parameters of every rank of one parallel layout, one layer at a time (``None``: the embedding,
+    final norm and lm_head), as float32: never the whole model at once. The last layer asked for is kept, so the
+    variants of one evaluation, run one after another on the same layer, map it once."""
 
-    def __init__(self, root, tp: int = 1, options: EmulationOptions = EmulationOptions()):
-        checkpoint = Checkpoint.open(root)
-        self.qc: QuantizationConfig = parse_quantization_config(checkpoint.config)
-        self.d: ModelDescriptor = describe(checkpoint.config)
-        self.cfg = EngineConfig.from_config(checkpoint.config, self.d, str(checkpoint.root / "config.json"))
-        self.options = options
-        self.fp8_attention = options.fp8_attention and self.qc.kv_cache_scheme is KvCacheScheme.FP8
-        # Activations between ops: bf16 as on the HPU, or float32 in the weights-only ablation.
-        self.round = (lambda x: np.asarray(x, np.float32)) if options.weights_only else bf16
-        self.ranks = [self._parameters(checkpoint, Parallelism(tp, r)) for r in range(tp)]
+    def __init__(self, root, tp: int = 1):
+        self.checkpoint = Checkpoint.open(root)
+        self.qc: QuantizationConfig = parse_quantization_config(self.checkpoint.config)
+        self.d: ModelDescriptor = describe(self.checkpoint.config)
+        self.tp = tp
+        self._by_layer: dict[int | None, list[WeightTensor]] = {}
+        for w in self.d.weights():
+            self._by_layer.setdefault(w.layer, []).append(w)
+        self._last: tuple[int | None, list[dict[str, np.ndarray]]] | None = None
 
-    def _parameters(self, checkpoint: Checkpoint, par: Parallelism) -> dict[str, np.ndarray]:
+    def layer(self, index: int | None) -> list[dict[str, np.ndarray]]:
+        """Each rank's parameters of layer ``index``, by FastDeploy name; stacked expert parameters stacked."""
+        if self._last is None or self._last[0] != index:
+            self._last = None  # drop the previous layer before mapping the next
+            weights = self._by_layer.get(index, [])
+            self._last = index, [self._map(weights, Parallelism(self.tp, r)) for r in range(self.tp)]
+        return self._last[1]
+
+    def _map(self, weights: list[WeightTensor], par: Parallelism) -> dict[str, np.ndarray]:
         params: dict[str, np.ndarray] = {}
         experts: dict[str, list[np.ndarray]] = {}  # a stacked expert parameter, one array per local expert
-        for piece in map_rank(checkpoint, self.qc, self.d, par):
+        for piece in map_rank(self.checkpoint, self.qc, self.d, par, weights=weights):
             if piece.expert is None:
                 params[piece.name] = f32(piece.array)
             else:
                 experts.setdefault(piece.name, []).append(f32(piece.array))
         params.update((name, np.stack(stack)) for name, stack in experts.items())
         return params
+
+
+class Fp8Emulator:
+    """The FP8 model of every rank of one parallel layout, in stages (a
+    :class:`~hpu_fp8_loader.engine.layer_major.LayerModel`) or as a batch-major :meth:`forward`."""
+
+    def __init__(
+        self, root, tp: int = 1, options: EmulationOptions = EmulationOptions(), parameters: Fp8Parameters | None = None
+    ):
+        self.parameters = parameters or Fp8Parameters(root, tp)
+        self.qc, self.d = self.parameters.qc, self.parameters.d
+        self.cfg = EngineConfig.from_config(
+            self.parameters.checkpoint.config, self.d, str(self.parameters.checkpoint.root / "config.json")
+        )
+        self.options = options
+        self.fp8_attention = options.fp8_attention and self.qc.kv_cache_scheme is KvCacheScheme.FP8
+        # Activations between ops: bf16 as on the HPU, or float32 in the weights-only ablation.
+        self.round = (lambda x: np.asarray(x, np.float32)) if options.weights_only else bf16
+
+    @property
+    def descriptor(self) -> ModelDescriptor:
+        return self.d
+
+    def with_options(self, options: EmulationOptions) -> Fp8Emulator:
+        """The same checkpoint and parallel layout with other options, sharing the mapped parameters."""
+        return Fp8Emulator(None, self.parameters.tp, options, self.parameters)
 
     # ------------------------------------------------------------------ ops
 
@@ -208,37 +244,61 @@ class Fp8Emulator:
         """A row-parallel all-reduce: bf16 per rank, summed (float32 when emulating weights only)."""
         return self.round(np.sum([self.round(x) for x in partials], axis=0))
 
-    def forward(self, ids: np.ndarray) -> np.ndarray:
-        """Logits ``[B, T, vocab]`` (float32) of the emulated FP8 model."""
-        d, ranks, round_ = self.d, self.ranks, self.round
-        embed_name = embedding_parameter(d.prefix)
+    def embed(self, ranks: list[dict], ids: np.ndarray) -> np.ndarray:
+        """The vocabulary-parallel embedding: each rank looks up its rows."""
+        embed_name = embedding_parameter(self.d.prefix)
         rows = ranks[0][embed_name].shape[0]
-        x = np.zeros((*ids.shape, d.hidden_size), np.float32)
-        for r, p in enumerate(ranks):  # vocabulary-parallel embedding: each rank looks up its rows
+        x = np.zeros((*ids.shape, self.d.hidden_size), np.float32)
+        for r, p in enumerate(ranks):
             local = ids - r * rows
             mine = (local >= 0) & (local < rows)
             x[mine] = p[embed_name][local[mine]]
+        return x
+
+    def logits(self, ranks: list[dict], x: np.ndarray) -> np.ndarray:
+        """The final norm, then each rank's lm_head columns (its embedding rows when tied), concatenated."""
         first = ranks[0]
-        for layer in range(d.num_layers):
-            m = names.layer_names(d.prefix, layer)
-            h = round_(rms_norm(x, first[names.tensor(m.input_norm, names.WEIGHT)], self.cfg.rms_norm_eps))
-            x = round_(x + self._reduce([self._attention(p, layer, h) for p in ranks]))
-            h = round_(rms_norm(x, first[names.tensor(m.post_attention_norm, names.WEIGHT)], self.cfg.rms_norm_eps))
-            if d.is_moe_layer(layer):
-                assert d.moe is not None  # is_moe_layer holds only when the model has an MoE config
-                flat = h.reshape(-1, h.shape[-1])
-                bias = first.get(expert_parameter(d.prefix, layer, ROUTER_BIAS_PARAMETER))
-                chosen, weights = route(
-                    flat, first[names.tensor(m.router, names.WEIGHT)], bias, d.moe.top_k, self.cfg.router_norm_min
-                )
-                weights = self.round(weights)
-                partials = [self._experts(p, layer, flat, chosen, weights) for p in ranks]
-                if d.moe.num_shared_experts:
-                    partials += [self._mlp(p, m.shared_experts, flat) for p in ranks]
-                x = round_(x + self._reduce(partials).reshape(x.shape))
-            else:
-                x = round_(x + self._reduce([self._mlp(p, m.mlp, h) for p in ranks]))
-        x = round_(rms_norm(x, first[names.tensor(names.final_norm(d.prefix), names.WEIGHT)], self.cfg.rms_norm_eps))
+        x = self.round(rms_norm(x, first[names.tensor(names.final_norm(self.d.prefix), names.WEIGHT)], self.cfg.rms_norm_eps))
         if LM_HEAD_PARAMETER in first:
             return np.concatenate([x @ p[LM_HEAD_PARAMETER] for p in ranks], axis=-1)
-        return np.concatenate([x @ p[embed_name].T for p in ranks], axis=-1)
+        return np.concatenate([x @ p[embedding_parameter(self.d.prefix)].T for p in ranks], axis=-1)
+
+    def embedding(self) -> Callable[[np.ndarray], np.ndarray]:
+        ranks = self.parameters.layer(None)
+        return lambda ids: self.embed(ranks, ids)
+
+    def head(self) -> Callable[[np.ndarray], np.ndarray]:
+        ranks = self.parameters.layer(None)
+        return lambda x: self.logits(ranks, x)
+
+    def layer(self, index: int) -> Callable[[np.ndarray], np.ndarray]:
+        """Map layer ``index`` of every rank (once, shared with the other variants); the step runs any batch on it."""
+        ranks = self.parameters.layer(index)
+        return lambda x: self._step(ranks, index, x)
+
+    def _step(self, ranks: list[dict], layer: int, x: np.ndarray) -> np.ndarray:
+        d, round_, first = self.d, self.round, ranks[0]
+        m = names.layer_names(d.prefix, layer)
+        h = round_(rms_norm(x, first[names.tensor(m.input_norm, names.WEIGHT)], self.cfg.rms_norm_eps))
+        x = round_(x + self._reduce([self._attention(p, layer, h) for p in ranks]))
+        h = round_(rms_norm(x, first[names.tensor(m.post_attention_norm, names.WEIGHT)], self.cfg.rms_norm_eps))
+        if not d.is_moe_layer(layer):
+            return round_(x + self._reduce([self._mlp(p, m.mlp, h) for p in ranks]))
+        assert d.moe is not None  # is_moe_layer holds only when the model has an MoE config
+        flat = h.reshape(-1, h.shape[-1])
+        bias = first.get(expert_parameter(d.prefix, layer, ROUTER_BIAS_PARAMETER))
+        chosen, weights = route(flat, first[names.tensor(m.router, names.WEIGHT)], bias, d.moe.top_k, self.cfg.router_norm_min)
+        weights = self.round(weights)
+        partials = [self._experts(p, layer, flat, chosen, weights) for p in ranks]
+        if d.moe.num_shared_experts:
+            partials += [self._mlp(p, m.shared_experts, flat) for p in ranks]
+        return round_(x + self._reduce(partials).reshape(x.shape))
+
+    def forward(self, ids: np.ndarray) -> np.ndarray:
+        """Logits ``[B, T, vocab]`` (float32) of the emulated FP8 model, batch-major: one batch through every layer,
+        each layer mapped again (:func:`~hpu_fp8_loader.engine.layer_major.run_layer_major` maps each once)."""
+        top = self.parameters.layer(None)
+        x = self.embed(top, ids)
+        for layer in range(self.d.num_layers):
+            x = self.layer(layer)(x)
+        return self.logits(top, x)

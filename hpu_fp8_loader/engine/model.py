@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +29,7 @@ from hpu_fp8_loader.engine.weights import EngineWeights
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error
 from hpu_fp8_loader.spec import names
 
-__all__ = ["EngineConfig", "Observer", "forward", "rms_norm", "rotary", "route", "silu"]
+__all__ = ["EngineConfig", "Observer", "ReferenceModel", "forward", "rms_norm", "rotary", "route", "silu"]
 
 
 @dataclass(frozen=True)
@@ -217,24 +218,69 @@ def _load_layer(weights: EngineWeights, layer: int) -> dict[str, np.ndarray]:
         ) from None
 
 
-def forward(
-    weights: EngineWeights, ids: np.ndarray, observer: Observer | None = None, config: EngineConfig | None = None
-) -> np.ndarray:
-    """Logits ``[B, T, vocab]`` for token ids ``[B, T]``, reading one layer's weights at a time."""
-    d = weights.descriptor
-    cfg = config or EngineConfig.from_config(weights.checkpoint.config, d, str(weights.checkpoint.root / "config.json"))
-    observer = observer or Observer()
-    top = weights.layer(None)
-    embed = top[names.tensor(names.embedding(d.prefix), names.WEIGHT)]
-    x = embed[ids]
-    for layer in range(d.num_layers):
-        w = _load_layer(weights, layer)
-        observer.enter_layer(layer, w)
+class ReferenceModel:
+    """The float32 engine in stages (a :class:`~hpu_fp8_loader.engine.layer_major.LayerModel`): what both the
+    batch-major :func:`forward` and a layer-major run (:func:`~hpu_fp8_loader.engine.layer_major.run_layer_major`)
+    run, so the two compute the same arithmetic. ``observer.enter_layer`` is called each time a layer is read."""
+
+    def __init__(self, weights: EngineWeights, config: EngineConfig | None = None, observer: Observer | None = None):
+        self.weights = weights
+        self.config = config or EngineConfig.from_config(
+            weights.checkpoint.config, weights.descriptor, str(weights.checkpoint.root / "config.json")
+        )
+        self.observer = observer or Observer()
+
+    @property
+    def descriptor(self) -> ModelDescriptor:
+        return self.weights.descriptor
+
+    def embed(self, top: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:
+        """Hidden states ``[B, T, hidden]`` of token ids ``[B, T]``, from the non-layer weights ``top``."""
+        return top[names.tensor(names.embedding(self.descriptor.prefix), names.WEIGHT)][ids]
+
+    def logits(self, top: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+        """The final norm and lm_head (the embedding when tied) on the last layer's output."""
+        d = self.descriptor
+        x = rms_norm(x, top[names.tensor(names.final_norm(d.prefix), names.WEIGHT)], self.config.rms_norm_eps)
+        if "lm_head.weight" in top:
+            return x @ top["lm_head.weight"]
+        return x @ top[names.tensor(names.embedding(d.prefix), names.WEIGHT)].T
+
+    def embedding(self) -> Callable[[np.ndarray], np.ndarray]:
+        top = self.weights.layer(None)
+        return lambda ids: self.embed(top, ids)
+
+    def head(self) -> Callable[[np.ndarray], np.ndarray]:
+        top = self.weights.layer(None)
+        return lambda x: self.logits(top, x)
+
+    def layer(self, index: int) -> Callable[[np.ndarray], np.ndarray]:
+        """Read layer ``index`` (once) and show it to the observer; the step runs any number of batches on it."""
+        w = _load_layer(self.weights, index)
+        self.observer.enter_layer(index, w)
+        return lambda x: self._step(w, index, x)
+
+    def _step(self, w: dict[str, np.ndarray], layer: int, x: np.ndarray) -> np.ndarray:
+        d, cfg, observer = self.descriptor, self.config, self.observer
         m = names.layer_names(d.prefix, layer)
         h = rms_norm(x, w[names.tensor(m.input_norm, names.WEIGHT)], cfg.rms_norm_eps)
         x = x + _attention(d, cfg, w, m, h, observer)
         h = rms_norm(x, w[names.tensor(m.post_attention_norm, names.WEIGHT)], cfg.rms_norm_eps)
-        x = x + (_moe(d, cfg, w, layer, h, observer) if d.is_moe_layer(layer) else _mlp(m.mlp, w, h, observer))
-        del w
-    x = rms_norm(x, top[names.tensor(names.final_norm(d.prefix), names.WEIGHT)], cfg.rms_norm_eps)
-    return x @ top["lm_head.weight"] if "lm_head.weight" in top else x @ embed.T
+        return x + (_moe(d, cfg, w, layer, h, observer) if d.is_moe_layer(layer) else _mlp(m.mlp, w, h, observer))
+
+
+def forward(
+    weights: EngineWeights, ids: np.ndarray, observer: Observer | None = None, config: EngineConfig | None = None
+) -> np.ndarray:
+    """Logits ``[B, T, vocab]`` for token ids ``[B, T]``, reading one layer's weights at a time.
+
+    Batch-major: one batch through every layer. Many batches read every layer again for each (unless the weights
+    are cached); :func:`~hpu_fp8_loader.engine.layer_major.run_layer_major` runs them layer-major instead, with the
+    same arithmetic (:class:`ReferenceModel`).
+    """
+    model = ReferenceModel(weights, config, observer)
+    top = weights.layer(None)
+    x = model.embed(top, ids)
+    for layer in range(weights.descriptor.num_layers):
+        x = model.layer(layer)(x)
+    return model.logits(top, x)

@@ -12,7 +12,7 @@ section 11 ("What the hook fills, parameter by parameter").
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -531,18 +531,31 @@ def _checked_scale(piece: MappedPiece) -> MappedPiece:
 
 
 def map_rank(
-    checkpoint: Checkpoint, qc: QuantizationConfig, d: ModelDescriptor, par: Parallelism, arithmetic: Arithmetic = NUMPY
+    checkpoint: Checkpoint,
+    qc: QuantizationConfig,
+    d: ModelDescriptor,
+    par: Parallelism,
+    arithmetic: Arithmetic = NUMPY,
+    weights: Iterable[WeightTensor] | None = None,
 ) -> Iterator[MappedPiece]:
     """Every parameter value of one rank, in model order; stacked MoE parameters come one expert at a time.
 
     ``arithmetic`` evaluates FastDeploy's scale formulas (numpy here; the hook passes FastDeploy's paddle).
-    Every scale is checked finite and positive on its way out.
+    Every scale is checked finite and positive on its way out. ``weights``: only the parameters made from these
+    descriptor weights, and nothing else read (default: the whole model). Given one layer's weights (every expert
+    of an MoE layer among them), the pieces are that layer's, attention scales included; given the weights of no
+    layer, the embedding, final norm and lm_head: what lets the emulation map a model one layer at a time.
     """
-    return map(_checked_scale, _pieces(checkpoint, qc, d, par, arithmetic))
+    return map(_checked_scale, _pieces(checkpoint, qc, d, par, arithmetic, weights))
 
 
 def _pieces(
-    checkpoint: Checkpoint, qc: QuantizationConfig, d: ModelDescriptor, par: Parallelism, arithmetic: Arithmetic
+    checkpoint: Checkpoint,
+    qc: QuantizationConfig,
+    d: ModelDescriptor,
+    par: Parallelism,
+    arithmetic: Arithmetic,
+    selected: Iterable[WeightTensor] | None,
 ) -> Iterator[MappedPiece]:
     """map_rank's pieces, before the scale check."""
     if qc.fp8_max != FASTDEPLOY_FP8_MAX:
@@ -555,7 +568,8 @@ def _pieces(
             f"FastDeploy's mix_quant builds every linear in FP8; modules kept in BF16 ({qc.ignore[:3]}) cannot be served"
         )
     check_parallelism(d, par)
-    weights = d.weights()  # built once: a large MoE model has tens of thousands of expert weights
+    # built once: a large MoE model has tens of thousands of expert weights
+    weights = d.weights() if selected is None else list(selected)
     experts: dict[int, dict[tuple[int, Role], WeightTensor]] = {}
     for w in weights:
         if w.expert is not None:

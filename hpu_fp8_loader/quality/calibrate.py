@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hpu_fp8_loader import __version__
-from hpu_fp8_loader.engine.model import EngineConfig, Observer, forward
+from hpu_fp8_loader.engine.layer_major import LayerProgress, run_layer_major
+from hpu_fp8_loader.engine.model import EngineConfig, Observer, ReferenceModel
 from hpu_fp8_loader.engine.weights import open_weights
 from hpu_fp8_loader.errors import NonFiniteError
 from hpu_fp8_loader.io.file_output import check_output_file, write_text_atomically
@@ -98,7 +99,8 @@ def calibrate(
     seq_len: int = 256,
     batch_size: int = 4,
     all_experts: bool = False,
-    progress: Callable[[int], object] | None = None,
+    progress: Callable[[LayerProgress], object] | None = None,
+    scratch_dir: str | Path | None = None,
     *,
     tokenizer: str = "auto",
     text_field: str = "text",
@@ -107,6 +109,12 @@ def calibrate(
     report: Report | None = None,
 ) -> CalibrationResult:
     """Run the reference engine over ``samples`` windows of ``dataset`` and record every act amax.
+
+    Layer-major: all windows go through layer L before layer L+1 is read, so each layer's weights are read and
+    converted once, whatever the number of windows; no logits are computed. Memory: one layer's float32 weights,
+    ``batch_size`` windows' activations, and the hidden states of all windows (``samples x seq_len x hidden x 4``
+    bytes) when they fit a quarter of the memory budget, else in a scratch file in ``scratch_dir``. The amax are
+    those of running the windows batch by batch, to the bit.
 
     Activation statistics without an HPU: the float32 reference engine records, at every point FastDeploy's
     measurement mode records (plus the Qwen2 MLP points it forgets), the whole-tensor max |x| over every window;
@@ -126,7 +134,11 @@ def calibrate(
         all_experts: also run every token through every routed expert, for the statistics only (never for the
             forward): no expert stays uncalibrated, at the price of wider expert ranges and about E/k times the
             expert work.
-        progress: called with the token count of each batch run.
+        progress: called after each step (``batch_size`` windows through one layer) with a
+            :class:`~hpu_fp8_loader.engine.layer_major.LayerProgress`: steps done, their total, the layer.
+        scratch_dir: where the hidden states of all windows wait between layers when they do not fit a quarter of
+            the memory budget (a scratch file, unlinked as soon as it is mapped); default: the system temp directory.
+            ``hpu-fp8 calibrate`` uses the ``-o`` file's directory.
         tokenizer: ``"auto"`` (the model's own; refused when it has none, unless a byte-level model) or ``"bytes"``.
         text_field: the JSONL key or parquet column holding each record's text.
         chat_template: render each record's ``messages`` through the model's chat template instead.
@@ -162,7 +174,7 @@ def calibrate(
         >>> write_measurements("measurements.json", calibration.measurements)
     """
     started = time.perf_counter()
-    weights = open_weights(model)
+    weights = open_weights(model, cache_bytes=0)  # layer-major: each layer is read once, nothing to cache
     d = weights.descriptor
     check_seq_len(seq_len, model, weights.checkpoint.config)
     ids, tokenizer_name = dataset_tokens(
@@ -177,31 +189,23 @@ def calibrate(
     )
     observer = AmaxObserver(d.prefix, all_experts)
     config = EngineConfig.from_config(weights.checkpoint.config, d, str(weights.checkpoint.root / "config.json"))
-    log.info(
-        "%s: %d tokens of text (%s tokens) for %d window(s) of %d; weights %s",
-        model,
-        ids.size,
-        tokenizer_name,
-        samples,
-        seq_len,
-        "cached in memory" if weights.cached else "streamed per forward",
-    )
-    tokens = 0
-    count = 0
+    log.info("%s: %d tokens of text (%s tokens) for %d window(s) of %d", model, ids.size, tokenizer_name, samples, seq_len)
     forward_observer = observer if report is None else report.calibration_observer(model, d, observer)
-    for batch in token_batches(ids, samples, seq_len, batch_size, dataset):
-        try:
-            with np.errstate(over="ignore", invalid="ignore"):  # the observer refuses what overflowed, by name
-                forward(weights, batch, forward_observer, config)
-        except NonFiniteError as exc:
-            raise NonFiniteError(
-                f"{model}: {exc} on calibration windows {count}..{count + len(batch) - 1}: a weight feeding it is "
-                "not finite or the float32 arithmetic overflows; nothing was written"
-            ) from None
-        tokens += batch.size
-        count += len(batch)
-        if progress:
-            progress(batch.size)
+    windows = np.concatenate(list(token_batches(ids, samples, seq_len, batch_size, dataset)))
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):  # the observer refuses what overflowed, by name
+            run_layer_major(
+                {str(model): ReferenceModel(weights, config, forward_observer)},
+                windows,
+                batch_size,
+                scratch_dir=scratch_dir,
+                progress=progress,
+            )
+    except NonFiniteError as exc:
+        raise NonFiniteError(
+            f"{exc}: a weight feeding it is not finite or the float32 arithmetic overflows; nothing was written"
+        ) from None
+    tokens, count = windows.size, len(windows)
     experts = d.moe.num_experts if d.moe else 0
     measurements = Measurements(
         provenance=MeasurementProvenance(

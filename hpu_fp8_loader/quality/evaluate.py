@@ -8,6 +8,7 @@ weights, float32 activations) and ``no-kv-fp8`` (FP8 linears, BF16 attention and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,7 +18,8 @@ import numpy as np
 from hpu_fp8_loader.arch import ModelDescriptor
 from hpu_fp8_loader.checks.validate import open_validated
 from hpu_fp8_loader.engine.fp8 import EmulationOptions, Fp8Emulator
-from hpu_fp8_loader.engine.model import forward
+from hpu_fp8_loader.engine.layer_major import LayerModel, LayerProgress, run_layer_major
+from hpu_fp8_loader.engine.model import ReferenceModel
 from hpu_fp8_loader.engine.weights import open_weights
 from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, dataset_tokens, token_batches
@@ -150,6 +152,8 @@ def evaluate(
     chat_template: bool = False,
     dataset_revision: str | None = None,
     report: Report | None = None,
+    scratch_dir: str | Path | None = None,
+    progress: Callable[[LayerProgress], object] | None = None,
 ) -> EvaluationResult:
     """Top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both perplexities, per variant.
 
@@ -158,6 +162,12 @@ def evaluate(
     from calibration. ``fp8_checkpoint`` passes the quick validation before anything runs; its values are checked
     as the emulator maps them. Before any forward, too: the two must be the same model (:func:`check_same_model`),
     and a window must hold 2 tokens (one next-token prediction) and fit max_position_embeddings.
+
+    Layer-major (:func:`~hpu_fp8_loader.engine.layer_major.run_layer_major`): all windows go through layer L of the
+    reference and of every row before layer L+1 is read; each layer of the BF16 source is read once, and each layer
+    of ``fp8_checkpoint`` mapped once for all rows. Memory: one layer of each in float32, 4 windows' activations
+    and logits, and the hidden states of all windows per model when they fit a quarter of the memory budget (else
+    in scratch files in ``scratch_dir``). The rows are those of running the windows 4 at a time, to the bit.
 
     Args:
         bf16_source: the BF16 source checkpoint directory ``fp8_checkpoint`` was converted from.
@@ -182,6 +192,11 @@ def evaluate(
         report: a :class:`~hpu_fp8_loader.Report` that collects, during the reference forward, each linear's output
             error against the checkpoint's FP8 weights and scales, held-out amax and expert load, and these rows;
             write it afterwards with ``report.write(DIR)``.
+        scratch_dir: where the hidden states of all windows (one store per model: the BF16 reference and each
+            row) wait between layers when they do not fit a quarter of the memory budget: scratch files, unlinked
+            as soon as they are mapped; default: the system temp directory.
+        progress: called after each step (4 windows through one layer, or the head, of one model) with a
+            :class:`~hpu_fp8_loader.engine.layer_major.LayerProgress`: steps done, their total, the layer.
 
     Returns:
         An :class:`~hpu_fp8_loader.EvaluationResult`: one row per variant, and a warning when FP8 attention costs
@@ -216,7 +231,7 @@ def evaluate(
     if seq_len < 2:
         raise HpuFp8Error(f"seq_len {seq_len} is too short: next-token evaluation needs at least 2 tokens per window")
     fp8 = open_validated(fp8_checkpoint)
-    reference = open_weights(bf16_source)
+    reference = open_weights(bf16_source, cache_bytes=0)  # layer-major: each layer is read once, nothing to cache
     check_same_model(bf16_source, reference.descriptor, fp8_checkpoint, fp8.descriptor)
     check_seq_len(seq_len, bf16_source, reference.checkpoint.config)
     ids, _ = dataset_tokens(
@@ -230,30 +245,33 @@ def evaluate(
         chat_template=chat_template,
         dataset_revision=dataset_revision,
     )
-    emulators = {}
+    windows = np.concatenate(list(token_batches(ids, samples, seq_len, 4, dataset)))
+    emulator = Fp8Emulator(fp8_checkpoint, tp)  # the parameters, mapped one layer at a time, shared by every row
+    observer = None if report is None else report.evaluation_observer(bf16_source, reference.descriptor, fp8.checkpoint)
+    models: dict[str, LayerModel] = {str(bf16_source): ReferenceModel(reference, observer=observer)}
+    rows: dict[str, str] = {}  # model label -> its row
     for name in variants:
         options = VARIANTS[name]
-        options = EmulationOptions(options.weights_only, options.fp8_attention, decode_attention)
-        emulator = Fp8Emulator(fp8_checkpoint, tp, options)
-        if name == "no-kv-fp8" and not emulator.fp8_attention and emulator.qc.kv_cache_scheme.value == "none":
+        variant = emulator.with_options(EmulationOptions(options.weights_only, options.fp8_attention, decode_attention))
+        if name == "no-kv-fp8" and not variant.fp8_attention and variant.qc.kv_cache_scheme.value == "none":
             continue  # the checkpoint already keeps attention in BF16: the full row is this ablation
-        emulators[name] = emulator
-    accumulators = {name: _Accumulator() for name in emulators}
-    observer = None if report is None else report.evaluation_observer(bf16_source, reference.descriptor, fp8.checkpoint)
-    tokens = 0
-    for batch in token_batches(ids, samples, seq_len, 4, dataset):
-        with np.errstate(over="ignore", invalid="ignore"):  # what overflowed is refused below, by name
-            ref = forward(reference, batch, observer)
-            _check_finite(ref, f"{bf16_source}: the BF16 model's logits")
-            for name, emulator in emulators.items():
-                try:
-                    logits = emulator.forward(batch)
-                except NonFiniteError as exc:
-                    raise NonFiniteError(f"{fp8_checkpoint}: {exc} ({name} row)") from None
-                _check_finite(logits, f"{fp8_checkpoint}: the emulated FP8 logits ({name} row)")
-                accumulators[name].add(ref, logits, batch[:, 1:])
-        tokens += batch.size
-    result = EvaluationResult(tokens, tp, str(dataset), [accumulators[name].row(name) for name in emulators])
+        label = f"{fp8_checkpoint} ({name} row)"
+        models[label], rows[label] = variant, name
+    accumulators = {name: _Accumulator() for name in rows.values()}
+    reference_logits: list[np.ndarray] = []  # the reference's logits of the chunk whose rows are being added
+
+    def add(part: slice, label: str, logits: np.ndarray) -> None:
+        if label not in rows:
+            _check_finite(logits, f"{bf16_source}: the BF16 model's logits")
+            reference_logits[:] = [logits]
+            return
+        _check_finite(logits, f"{fp8_checkpoint}: the emulated FP8 logits ({rows[label]} row)")
+        accumulators[rows[label]].add(reference_logits[0], logits, windows[part, 1:])
+
+    with np.errstate(over="ignore", invalid="ignore"):  # what overflowed is refused by name
+        run_layer_major(models, windows, 4, add, scratch_dir, progress=progress)
+    tokens = windows.size
+    result = EvaluationResult(tokens, tp, str(dataset), [accumulators[name].row(name) for name in accumulators])
     warning = attention_warning(result.rows)
     if warning:
         result.warnings.append(warning)

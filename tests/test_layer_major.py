@@ -1,0 +1,204 @@
+"""Layer-major runs: every window through layer L before layer L+1 is read. The same amax, expert counts and
+logits as the batch-major forward, to the bit; each layer read once whatever the number of windows; hidden states
+in a scratch file that never outlives the run; progress against a known total."""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tqdm import tqdm
+
+from hpu_fp8_loader.arch import describe
+from hpu_fp8_loader.cli.quality_commands import _shown_on
+from hpu_fp8_loader.engine.fp8 import EmulationOptions, Fp8Emulator, Fp8Parameters
+from hpu_fp8_loader.engine.layer_major import LayerProgress, run_layer_major
+from hpu_fp8_loader.engine.model import EngineConfig, ReferenceModel, forward
+from hpu_fp8_loader.engine.weights import EngineWeights, open_weights
+from hpu_fp8_loader.errors import WriteFailedError
+from hpu_fp8_loader.fastdeploy.mapping import Parallelism, map_rank
+from hpu_fp8_loader.io.checkpoint import Checkpoint
+from hpu_fp8_loader.quality.calibrate import AmaxObserver, calibrate
+from hpu_fp8_loader.quality.datasets import dataset_tokens, token_batches
+from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
+from hpu_fp8_loader.spec.config import parse_quantization_config
+
+SAMPLES, SEQ_LEN, BATCH = 6, 32, 4  # two chunks, the second short: 4 + 2 windows
+
+
+def batch_major(model, samples: int, all_experts: bool) -> AmaxObserver:
+    """What calibrate computed before it ran layer-major: ``forward`` batch by batch, one observer throughout."""
+    weights = open_weights(model)
+    observer = AmaxObserver(weights.descriptor.prefix, all_experts)
+    ids, _ = dataset_tokens(model, weights.descriptor.vocab_size)
+    for batch in token_batches(ids, samples, SEQ_LEN, BATCH):
+        forward(weights, batch, observer)
+    return observer
+
+
+CASES = [(name, False) for name in TINY_MODELS] + [("ernie-moe-tiny", True)]
+
+
+@pytest.mark.parametrize(("model", "all_experts"), CASES, ids=[f"{m}{'-all-experts' if a else ''}" for m, a in CASES])
+def test_layer_major_calibration_equals_batch_major_to_the_bit(source_factory, model, all_experts):
+    root = TINY_MODELS[model] if model in TINY_MODELS else source_factory(model)
+    expected = batch_major(root, SAMPLES, all_experts)
+    result = calibrate(root, samples=SAMPLES, seq_len=SEQ_LEN, batch_size=BATCH, all_experts=all_experts)
+    assert list(result.measurements.amax.items()) == list(expected.amax.items())  # same values, same order
+    assert result.measurements.expert_tokens == expected.expert_tokens
+    assert result.tokens == SAMPLES * SEQ_LEN
+
+
+class CountingWeights(EngineWeights):
+    """The real weights, counting how often each layer is read (never cached)."""
+
+    def __init__(self, root):
+        opened = open_weights(root)
+        super().__init__(opened.checkpoint, opened.descriptor, cache_bytes=0)
+        self.reads: Counter = Counter()
+
+    def layer(self, index):
+        self.reads[index] += 1
+        return super().layer(index)
+
+
+class EnteredLayers(AmaxObserver):
+    def __init__(self, prefix: str):
+        super().__init__(prefix)
+        self.entered: list[int] = []
+
+    def enter_layer(self, layer, weights):
+        self.entered.append(layer)
+
+
+@pytest.mark.parametrize("windows", [1, 3, 8])
+def test_each_layer_is_read_once_whatever_the_number_of_windows(source_factory, windows):
+    weights = CountingWeights(source_factory("ernie-moe-tiny"))
+    observer = EnteredLayers("ernie")
+    ids = np.arange(windows * 16).reshape(windows, 16) % 500
+    run_layer_major({"m": ReferenceModel(weights, observer=observer)}, ids, 2)
+    layers = weights.descriptor.num_layers
+    assert weights.reads == Counter({None: 1, **dict.fromkeys(range(layers), 1)})  # no head for calibration
+    assert observer.entered == list(range(layers))  # once per layer, not per chunk
+
+
+class CountingParameters(Fp8Parameters):
+    def __init__(self, root, tp: int):
+        super().__init__(root, tp)
+        self.mapped: Counter = Counter()
+
+    def _map(self, weights, par):
+        self.mapped[weights[0].layer if weights else "nothing"] += 1
+        return super()._map(weights, par)
+
+
+def test_an_evaluation_maps_each_fp8_layer_once_for_all_rows(spec_factory):
+    parameters = CountingParameters(spec_factory("ernie-moe-tiny"), 2)
+    base = Fp8Emulator(None, 2, parameters=parameters)
+    models = {name: base.with_options(EmulationOptions(weights_only=name == "w")) for name in ("fp8", "w")}
+    seen = []
+    run_layer_major(models, np.arange(5 * 16).reshape(5, 16), 2, lambda part, label, x: seen.append((part, label)))
+    layers = parameters.d.num_layers
+    # each layer once per rank for both rows; the embedding, final norm and lm_head for the embedding, then the heads
+    assert parameters.mapped == Counter({None: 2 * 2, **dict.fromkeys(range(layers), 2)})
+    assert [(p.start, p.stop, label) for p, label in seen] == [
+        (a, b, label) for a, b in ((0, 2), (2, 4), (4, 5)) for label in ("fp8", "w")
+    ]
+
+
+def test_one_layer_at_a_time_maps_exactly_the_whole_models_pieces(spec_factory):
+    checkpoint = Checkpoint.open(spec_factory("ernie-moe-tiny"))
+    qc, d, par = parse_quantization_config(checkpoint.config), describe(checkpoint.config), Parallelism(2, 1)
+    whole = [(p.name, p.expert, p.array) for p in map_rank(checkpoint, qc, d, par)]
+    by_layer = {}
+    for w in d.weights():
+        by_layer.setdefault(w.layer, []).append(w)
+    pieces = [
+        (p.name, p.expert, p.array) for layer in by_layer for p in map_rank(checkpoint, qc, d, par, weights=by_layer[layer])
+    ]
+    assert sorted(n for n, e, _ in pieces if e is None) == sorted(n for n, e, _ in whole if e is None)
+    assert len(pieces) == len(whole)
+    keyed = {(n, e): a for n, e, a in whole}
+    for name, expert, array in pieces:
+        assert array.dtype == keyed[(name, expert)].dtype and np.array_equal(array, keyed[(name, expert)], equal_nan=False)
+    top = {p.name for p in map_rank(checkpoint, qc, d, par, weights=by_layer[None])}
+    assert top == {"ernie.embed_tokens.embeddings.weight", "ernie.norm.weight", "lm_head.linear.weight"}
+
+
+def test_the_layer_major_logits_equal_the_batch_major_forward_to_the_bit(source_factory):
+    weights = open_weights(source_factory("qwen2-tiny"))
+    ids = np.arange(5 * 24).reshape(5, 24) * 7 % 500
+    got = np.zeros((5, 24, weights.descriptor.vocab_size), np.float32)
+
+    def keep(part, label, logits):
+        got[part] = logits
+
+    run_layer_major({"m": ReferenceModel(weights)}, ids, 2, keep)
+    expected = np.concatenate([forward(weights, ids[a : a + 2]) for a in range(0, 5, 2)])
+    assert np.array_equal(got, expected)
+
+
+class ScratchWatcher(AmaxObserver):
+    """Records, as layer 1 starts, which scratch files this process has mapped (from /proc/self/maps)."""
+
+    def __init__(self, prefix: str, stop_at: int | None = None):
+        super().__init__(prefix)
+        self.mapped: list[str] = []
+        self.stop_at = stop_at
+
+    def enter_layer(self, layer, weights):
+        if layer == 1:
+            self.mapped = [line for line in Path("/proc/self/maps").read_text().splitlines() if ".hpu-fp8-hidden-" in line]
+        if layer == self.stop_at:
+            raise KeyboardInterrupt
+
+
+def test_a_forced_scratch_file_gives_the_same_amax_and_leaves_nothing_behind(tmp_path, source_factory):
+    root = source_factory("ernie-moe-tiny")
+    weights = open_weights(root)
+    config = EngineConfig.from_config(weights.checkpoint.config, weights.descriptor)
+    ids = np.arange(6 * 32).reshape(6, 32) * 13 % 500
+    in_memory, scratch = AmaxObserver("ernie"), ScratchWatcher("ernie")
+    run_layer_major({"m": ReferenceModel(weights, config, in_memory)}, ids, 4)
+    run_layer_major({"m": ReferenceModel(weights, config, scratch)}, ids, 4, scratch_dir=tmp_path, memory_bytes=0)
+    assert len(scratch.mapped) == 1 and str(tmp_path) in scratch.mapped[0] and "(deleted)" in scratch.mapped[0]
+    assert list(scratch.amax.items()) == list(in_memory.amax.items()) and scratch.expert_tokens == in_memory.expert_tokens
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupted_run_leaves_no_scratch_file(tmp_path, source_factory):
+    weights = open_weights(source_factory("qwen2-tiny"))
+    observer = ScratchWatcher("qwen2", stop_at=1)
+    with pytest.raises(KeyboardInterrupt):
+        run_layer_major({"m": ReferenceModel(weights, observer=observer)}, np.ones((3, 8), int), 2, None, tmp_path, 0)
+    assert observer.mapped and list(tmp_path.iterdir()) == []
+
+
+def test_a_scratch_directory_that_does_not_exist_is_named(tmp_path, source_factory):
+    weights = open_weights(source_factory("qwen2-tiny"))
+    for memory_bytes in (0, None):  # refused before any work, whether the scratch file would be needed or not
+        with pytest.raises(WriteFailedError, match=f"{tmp_path / 'gone'}: the scratch directory does not exist"):
+            run_layer_major({"m": ReferenceModel(weights)}, np.ones((3, 8), int), 2, None, tmp_path / "gone", memory_bytes)
+
+
+def test_calibration_progress_counts_up_to_a_known_total(source_factory):
+    seen: list[LayerProgress] = []
+    calibrate(source_factory("qwen2-tiny"), samples=5, seq_len=16, batch_size=2, progress=seen.append)
+    layers = seen[0].layers
+    assert [p.done for p in seen] == list(range(1, 3 * layers + 1))  # 3 chunks through every layer
+    assert {p.total for p in seen} == {3 * layers} and [p.layer for p in seen[::3]] == list(range(layers))
+
+
+def test_the_cli_bar_shows_the_total_and_the_layer():
+    out = io.StringIO()
+    with tqdm(file=out, disable=False, unit="step") as bar:
+        show = _shown_on(bar)
+        show(LayerProgress(3, 12, 1, 4))
+        bar.refresh()
+        assert bar.total == 12 and bar.n == 3 and "3/12" in out.getvalue() and "layer 2/4" in out.getvalue()
+        show(LayerProgress(12, 12, 4, 4))
+        bar.refresh()
+        assert bar.n == 12 and "logits" in out.getvalue()
