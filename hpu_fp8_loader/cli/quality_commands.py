@@ -16,6 +16,7 @@ from hpu_fp8_loader.cli.group import (
     log,
     main,
     quiet_option,
+    revision_option,
     say,
     tp_option,
     user_errors,
@@ -81,7 +82,8 @@ def demo(work_dir: Path, model: str, kv_cache: KvCacheScheme, force: bool, as_js
 
 
 @main.command(short_help="Record activation amax with the reference engine.")
-@click.argument("model", type=click.Path(path_type=Path))
+@click.argument("model")
+@revision_option("MODEL")
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Measurement file to write (JSON).")
 @click.option(
     "--dataset",
@@ -114,7 +116,8 @@ def demo(work_dir: Path, model: str, kv_cache: KvCacheScheme, force: bool, as_js
 @quiet_option()
 @json_option()
 def calibrate(
-    model: Path,
+    model: str,
+    revision: str | None,
     out: Path,
     dataset: str,
     samples: int,
@@ -128,7 +131,9 @@ def calibrate(
 ) -> None:
     """Record activation amax at FastDeploy's measurement points with the float32 reference engine.
 
-    MODEL is a BF16 checkpoint (Paddle or torch layout) or an hpu-fp8 one. Tokens come from its
+    MODEL is a BF16 checkpoint (Paddle or torch layout) or an hpu-fp8 one: a directory, or a Hub repo id
+    ORG/NAME (its weights, configs and tokenizer files downloaded, or found in the local cache offline; a local
+    path wins). Tokens come from its
     tokenizer.json when present (and the tokenizers library), else one token per UTF-8 byte.
     The output files are checked before any work and written atomically; an existing one is
     replaced only with --force, and never one inside MODEL.
@@ -145,17 +150,23 @@ def calibrate(
     \b
       # Qwen2, also in FastDeploy's measurement text format, replacing earlier files
       hpu-fp8 calibrate ./Qwen2-7B-Instruct -o qwen2.json --fastdeploy-format qwen2.txt --force
+
+    \b
+      # A Hub model at a pinned commit (convert reads qwen2.json with --measurements)
+      hpu-fp8 calibrate Qwen/Qwen2-7B-Instruct --revision a1b2c3d -o qwen2.json
     """
     from hpu_fp8_loader.quality.calibrate import calibrate as run_calibration
     from hpu_fp8_loader.quality.calibrate import check_outputs, write_fastdeploy_file
     from hpu_fp8_loader.sources.measurements import write_measurements
+    from hpu_fp8_loader.sources.resolve import SOURCE_PATTERNS, local_or_hub
 
     if fastdeploy_file and fastdeploy_file.resolve() == out.resolve():
         raise click.BadParameter(f"{fastdeploy_file} is also the -o file; name another", param_hint="--fastdeploy-format")
     with user_errors():
-        check_outputs(model, dataset, [out, *([fastdeploy_file] if fastdeploy_file else [])], force)
+        source = local_or_hub(model, revision, SOURCE_PATTERNS)
+        check_outputs(source, dataset, [out, *([fastdeploy_file] if fastdeploy_file else [])], force)
         with progress_bar("calibrate", quiet or as_json, unit="tok") as bar:
-            result = run_calibration(model, dataset, samples, seq_len, batch_size, all_experts, progress=bar.update)
+            result = run_calibration(source, dataset, samples, seq_len, batch_size, all_experts, progress=bar.update)
         write_measurements(out, result.measurements, replace=force)
         if fastdeploy_file:
             write_fastdeploy_file(fastdeploy_file, result.measurements, replace=force)
@@ -185,8 +196,10 @@ def calibrate(
 
 
 @main.command("eval", short_help="Compare emulated Gaudi FP8 with the BF16 model.")
-@click.argument("bf16_source", type=click.Path(path_type=Path))
-@click.argument("fp8_checkpoint", type=click.Path(path_type=Path))
+@click.argument("bf16_source")
+@click.argument("fp8_checkpoint")
+@revision_option("BF16_SOURCE", "--source-revision")
+@revision_option("FP8_CHECKPOINT")
 @click.option(
     "--dataset",
     default="builtin",
@@ -205,8 +218,10 @@ def calibrate(
 )
 @json_option(help="Print the report as JSON.")
 def eval_command(
-    bf16_source: Path,
-    fp8_checkpoint: Path,
+    bf16_source: str,
+    fp8_checkpoint: str,
+    source_revision: str | None,
+    revision: str | None,
     dataset: str,
     samples: int,
     seq_len: int,
@@ -218,7 +233,9 @@ def eval_command(
 ) -> None:
     """Compare the emulated FP8 model (Gaudi arithmetic, FastDeploy's parameters) with the BF16 model.
 
-    Prints top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both perplexities. Without
+    BF16_SOURCE and FP8_CHECKPOINT are directories or Hub repo ids ORG/NAME (a local path wins; downloaded, or
+    found in the local cache offline). Prints top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both
+    perplexities. Without
     --weights-only / --no-kv-fp8 every row is shown; with them, the FP8 row and the rows asked for.
 
     \b
@@ -233,12 +250,19 @@ def eval_command(
     \b
       # Only the FP8 and weights-only rows, on 32 windows of your own text
       hpu-fp8 eval ./Qwen2-7B-Instruct ./qwen2-fp8 --weights-only --dataset eval.txt --samples 32
+
+    \b
+      # Both from the Hub: the source at a pinned commit, the checkpoint at a tag
+      hpu-fp8 eval Qwen/Qwen2-7B-Instruct you/qwen2-fp8 --source-revision a1b2c3d --revision v1
     """
     from hpu_fp8_loader.quality.evaluate import chosen_variants, evaluate
+    from hpu_fp8_loader.sources.resolve import SOURCE_PATTERNS, SPEC_PATTERNS, local_or_hub
 
     variants = chosen_variants(only_weights, only_no_kv)
     with user_errors():
-        report = evaluate(bf16_source, fp8_checkpoint, dataset, samples, seq_len, tp, variants, decode_attention)
+        source = local_or_hub(bf16_source, source_revision, SOURCE_PATTERNS)
+        checkpoint = local_or_hub(fp8_checkpoint, revision, SPEC_PATTERNS)
+        report = evaluate(source, checkpoint, dataset, samples, seq_len, tp, variants, decode_attention)
     if as_json:
         emit_json(report.to_dict())
     else:
