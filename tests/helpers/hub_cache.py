@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 
-def add_to_cache(cache: Path, repo_id: str, source: Path, commit: str = "0" * 39 + "1") -> Path:
+def add_to_cache(cache: Path, repo_id: str, source: Path, commit: str = "0" * 39 + "1", ref: str = "main") -> Path:
     repo = cache / ("models--" + repo_id.replace("/", "--"))
     snapshot = repo / "snapshots" / commit
     (repo / "blobs").mkdir(parents=True, exist_ok=True)
@@ -23,5 +23,5 @@ def add_to_cache(cache: Path, repo_id: str, source: Path, commit: str = "0" * 39
         blob.write_bytes(file.read_bytes())
         os.symlink(os.path.relpath(blob, snapshot), snapshot / file.name)
     (repo / "refs").mkdir(exist_ok=True)
-    (repo / "refs" / "main").write_text(commit)
+    (repo / "refs" / ref).write_text(commit)  # a branch or tag naming the commit, as --revision REF finds it offline
     return snapshot
