@@ -146,7 +146,9 @@ def test_fastdeploy_file_converts_to_the_same_scales_as_the_json(tmp_path, sourc
 def test_our_json_is_recognised_by_content_whatever_its_name(tmp_path, name):
     ours = synthetic_measurements(preset_config("ernie-moe-tiny"))
     write_measurements(tmp_path / name, ours)
-    assert load_measurements(tmp_path / name).measurements == ours
+    loaded = load_measurements(tmp_path / name).measurements
+    assert loaded.provenance.files == [name]  # the file it came from, for refusals and config.json's sources
+    assert loaded.model_copy(update={"provenance": ours.provenance}) == ours
 
 
 def test_every_float_text_python_writes_is_read(tmp_path):

@@ -10,6 +10,7 @@ import numpy as np
 
 from hpu_fp8_loader.checks.validate import open_validated
 from hpu_fp8_loader.numerics import scales
+from hpu_fp8_loader.sources.resolve import SPEC_PATTERNS, local_or_hub
 from hpu_fp8_loader.spec import names
 
 __all__ = ["Inspection", "RoleSummary", "inspect_checkpoint"]
@@ -32,7 +33,7 @@ class Inspection:
     """What :func:`inspect_checkpoint` found: the model's shape, its FP8 settings, and a summary per tensor role.
 
     Attributes:
-        root: the checkpoint directory.
+        root: the checkpoint directory (for a Hub repo id, its snapshot in the Hugging Face cache).
         model_type: ``"ernie4_5_moe"``, ``"ernie4_5"`` or ``"qwen2"``.
         layers: decoder layers.
         moe_layers: the indices of the MoE layers (empty for a dense model).
@@ -83,21 +84,25 @@ def _role_of_act(module: str) -> str:
     return "act_inputs"
 
 
-def inspect_checkpoint(root: str | Path) -> Inspection:
+def inspect_checkpoint(root: str | Path, revision: str | None = None) -> Inspection:
     """Summarise a checkpoint by role; reads every fp8 weight once to count saturated values.
 
     The quick validation runs first: a summary of a checkpoint validate rejects (a config.json its
     tensors do not back, a missing manifest) would describe a model that is not there.
 
     Args:
-        root: the hpu-fp8 checkpoint directory.
+        root: the hpu-fp8 checkpoint directory, or a Hub repo id (``ORG/NAME``) when no such local path exists: its
+            whole snapshot is downloaded (every fp8 weight is read), or found in the cache offline.
+        revision: the Hub branch, tag or commit when ``root`` is a repo id (``main`` by default).
 
     Returns:
         An :class:`~hpu_fp8_loader.Inspection`; ``to_dict()`` gives the JSON ``hpu-fp8 inspect --json`` prints.
 
     Raises:
         HpuFp8Error: the checkpoint fails the quick validation (the first violations are named).
-        CheckpointNotFoundError: ``root`` is not a directory.
+        CheckpointNotFoundError: ``root`` is not a directory; as a repo id: missing, gated or private on the Hub, a
+            revision that does not exist, or offline and not in the cache.
+        HubError: the Hub cannot be reached or refused the request.
         NotHpuFp8CheckpointError: not an hpu-fp8 checkpoint.
         UnsupportedFormatVersionError: the checkpoint declares another format_version.
         ConfigError: config.json is missing or invalid.
@@ -108,6 +113,7 @@ def inspect_checkpoint(root: str | Path) -> Inspection:
         >>> for role, summary in inspect_checkpoint("qwen2-fp8").roles.items():
         ...     print(role, summary.tensors, summary.bytes, summary.saturated_share)
     """
+    root = local_or_hub(root, revision, SPEC_PATTERNS)
     opened = open_validated(root)
     checkpoint, qc, descriptor = opened.checkpoint, opened.qc, opened.descriptor
     limit = scales.max_code(qc.fp8_max)

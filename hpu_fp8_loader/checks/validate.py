@@ -28,6 +28,7 @@ from hpu_fp8_loader.io.checkpoint import INDEX_FILE, Checkpoint, read_config, re
 from hpu_fp8_loader.io.manifest import check_manifest
 from hpu_fp8_loader.io.safetensors_file import SafetensorsFile, TensorInfo
 from hpu_fp8_loader.numerics import scales
+from hpu_fp8_loader.sources.resolve import SPEC_PATTERNS, local_or_hub
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import (
     KvCacheScheme,
@@ -395,7 +396,11 @@ def _check(
 
 
 def validate(
-    root: str | Path, full: bool = True, hashes: bool = False, progress: Callable[[int], object] | None = None
+    root: str | Path,
+    full: bool = True,
+    hashes: bool = False,
+    progress: Callable[[int], object] | None = None,
+    revision: str | None = None,
 ) -> ValidationReport:
     """Check ``root`` against every rule of docs/spec.md; ``full`` also scans every fp8 weight and kept tensor;
     ``hashes`` also checks every sha256.
@@ -407,17 +412,22 @@ def validate(
     than the rest of a full check.
 
     Args:
-        root: the hpu-fp8 checkpoint directory.
+        root: the hpu-fp8 checkpoint directory, or a Hub repo id (``ORG/NAME``) when no such local path exists: its
+            whole snapshot is downloaded (even the quick check reads every scale inside the shards), or found in the
+            cache offline; the report's ``root`` is then the snapshot.
         full: also check the values of every fp8 weight (no NaN code, nothing beyond ±fp8_max) and kept tensor
             (no NaN or inf).
         hashes: also check every file's sha256 against the manifest (with ``full``, in the same read).
         progress: called with the byte count of each block read by the value scan or hashing.
+        revision: the Hub branch, tag or commit when ``root`` is a repo id (``main`` by default).
 
     Returns:
         A :class:`~hpu_fp8_loader.ValidationReport`; ``report.valid`` is true when there is no violation.
 
     Raises:
-        CheckpointNotFoundError: ``root`` is not a directory.
+        CheckpointNotFoundError: ``root`` is not a directory; as a repo id: missing, gated or private on the Hub, a
+            revision that does not exist, or offline and not in the cache.
+        HubError: the Hub cannot be reached or refused the request.
         ConfigError: config.json is missing or not strict JSON, its quantization_config breaks the schema, or the
             model keys are invalid.
         NotHpuFp8CheckpointError: config.json has no hpu-fp8 quantization_config (a BF16 source, a legacy
@@ -434,7 +444,7 @@ def validate(
         >>> validate("qwen2-fp8", full=False, hashes=True).mode  # after a copy or a download
         'quick + sha256'
     """
-    return _check(root, full, hashes, progress)[0]
+    return _check(local_or_hub(root, revision, SPEC_PATTERNS), full, hashes, progress)[0]
 
 
 @dataclass(frozen=True)

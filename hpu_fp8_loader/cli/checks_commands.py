@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import click
 
-from hpu_fp8_loader.cli.group import EXIT_INVALID, EXIT_UNREADABLE, fail, json_option, main, quiet_option, user_errors, warn_each
+from hpu_fp8_loader.cli.group import (
+    EXIT_INVALID,
+    EXIT_UNREADABLE,
+    fail,
+    json_option,
+    main,
+    quiet_option,
+    revision_option,
+    user_errors,
+    warn_each,
+)
 from hpu_fp8_loader.console import emit_json, progress_bar
 from hpu_fp8_loader.errors import HpuFp8Error
 
 
 @main.command(short_help="Check a checkpoint against every rule of the spec.")
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("checkpoint")
+@revision_option("CHECKPOINT")
 @click.option(
     "--quick",
     is_flag=True,
@@ -23,12 +33,15 @@ from hpu_fp8_loader.errors import HpuFp8Error
 @click.option("--hashes", is_flag=True, help="Also compare every file's sha256 with hpu_fp8_manifest.json (reads every byte).")
 @json_option(help="Print the report as JSON.")
 @quiet_option()
-def validate(directory: Path, quick: bool, hashes: bool, as_json: bool, quiet: bool) -> None:
-    """Check DIRECTORY against every rule of the hpu-fp8 v1 spec.
+def validate(checkpoint: str, revision: str | None, quick: bool, hashes: bool, as_json: bool, quiet: bool) -> None:
+    """Check CHECKPOINT against every rule of the hpu-fp8 v1 spec.
+
+    CHECKPOINT is a directory or a Hub repo id ORG/NAME (a local path wins). A repo id is downloaded whole,
+    even for --quick (its scales live inside the shards), or found in the local cache offline.
 
     Exit status: 0 valid, 1 invalid (every violation is listed), 2 unreadable (no directory,
     config.json missing or not JSON, not an hpu-fp8 checkpoint, unknown format_version, a file
-    the system cannot read).
+    the system cannot read, a repo id the Hub or the cache cannot provide).
 
     \b
     Examples:
@@ -42,16 +55,20 @@ def validate(directory: Path, quick: bool, hashes: bool, as_json: bool, quiet: b
     \b
       # Also every file's sha256 against the manifest, the report as JSON
       hpu-fp8 validate ernie-fp8 --hashes --json
+
+    \b
+      # A tagged release on the Hub (HF_HUB_OFFLINE=1: from the local cache only)
+      hpu-fp8 validate you/ERNIE-4.5-21B-A3B-hpu-fp8 --revision v1.0
     """
     from hpu_fp8_loader.checks.validate import validate as run_validation
 
     try:
         with progress_bar("scanning weights", quiet or quick or as_json) as bar:
-            report = run_validation(directory, full=not quick, hashes=hashes, progress=bar.update)
+            report = run_validation(checkpoint, full=not quick, hashes=hashes, progress=bar.update, revision=revision)
     except (HpuFp8Error, OSError) as exc:  # OSError: permissions, I/O errors; named like user_errors() names them
-        message = str(exc) if isinstance(exc, HpuFp8Error) else f"{exc.filename or directory}: {exc.strerror or exc}"
+        message = str(exc) if isinstance(exc, HpuFp8Error) else f"{exc.filename or checkpoint}: {exc.strerror or exc}"
         if as_json:  # the report a script reads, and the one line a person reads
-            emit_json({"root": directory, "valid": False, "unreadable": message})
+            emit_json({"root": checkpoint, "valid": False, "unreadable": message})
         fail(message, EXIT_UNREADABLE)
     if as_json:
         emit_json(report.to_dict())
@@ -61,15 +78,19 @@ def validate(directory: Path, quick: bool, hashes: bool, as_json: bool, quiet: b
         for v in report.violations:
             click.echo(f"[{v.rule}] {v.where}: {v.message}")
         verdict = "valid" if report.valid else f"INVALID ({len(report.violations)} violation(s))"
-        click.echo(f"{directory}: {verdict} hpu-fp8 v1 checkpoint; {report.tensors} tensors, {report.mode} check")
+        click.echo(f"{checkpoint}: {verdict} hpu-fp8 v1 checkpoint; {report.tensors} tensors, {report.mode} check")
     sys.exit(0 if report.valid else EXIT_INVALID)
 
 
 @main.command(short_help="Summarise a checkpoint: roles, dtypes, scales.")
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("checkpoint")
+@revision_option("CHECKPOINT")
 @json_option(help="Print the summary as JSON.")
-def inspect(directory: Path, as_json: bool) -> None:
-    """Summarise DIRECTORY: layers, roles, dtypes, bytes, scale ranges, saturated share.
+def inspect(checkpoint: str, revision: str | None, as_json: bool) -> None:
+    """Summarise CHECKPOINT: layers, roles, dtypes, bytes, scale ranges, saturated share.
+
+    CHECKPOINT is a directory or a Hub repo id ORG/NAME (a local path wins). A repo id is downloaded whole
+    (every fp8 weight is read to count saturated values), or found in the local cache offline.
 
     \b
     Examples:
@@ -79,11 +100,15 @@ def inspect(directory: Path, as_json: bool) -> None:
     \b
       # The same summary as one JSON document
       hpu-fp8 inspect ernie-fp8 --json
+
+    \b
+      # A checkpoint on the Hub, at a given branch, tag or commit
+      hpu-fp8 inspect you/ERNIE-4.5-21B-A3B-hpu-fp8 --revision v1.0
     """
     from hpu_fp8_loader.checks.inspection import inspect_checkpoint
 
     with user_errors(EXIT_UNREADABLE):
-        result = inspect_checkpoint(directory)
+        result = inspect_checkpoint(checkpoint, revision)
     if as_json:
         emit_json(result.to_dict())
         return
@@ -112,7 +137,7 @@ def _print_inspection(result) -> None:
 
 @main.command(short_help="Download and check an hpu-fp8 checkpoint.")
 @click.argument("repo_id")
-@click.option("--revision", default=None, help="Branch, tag or commit.")
+@revision_option("REPO_ID")
 @json_option()
 def pull(repo_id: str, revision: str | None, as_json: bool) -> None:
     """Download (or find in the local cache) the hpu-fp8 checkpoint REPO_ID and check it.

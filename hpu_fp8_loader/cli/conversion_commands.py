@@ -19,6 +19,7 @@ from hpu_fp8_loader.cli.group import (
     measurements_option,
     parse_size,
     quiet_option,
+    revision_option,
     shard_size_option,
     target_option,
     user_errors,
@@ -33,8 +34,9 @@ from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, ScaleRo
 @click.argument("out", type=click.Path(path_type=Path))
 @measurements_option(
     required=True,
-    help="Activation amax: an hpu-fp8 measurement file (.json), or FastDeploy's model_measurement.txt, its "
-    "per-rank model_measurement_{rank}.txt set, or a directory holding them. Repeat to combine sources (max per point).",
+    help="Activation amax: an hpu-fp8 measurement file (JSON, whatever its name) or a directory of them (each file one "
+    "source, in name order), or FastDeploy's model_measurement.txt, its per-rank model_measurement_{rank}.txt set, or "
+    "a directory holding them. Repeat to combine sources (max per point).",
 )
 @target_option()
 @kv_cache_option()
@@ -48,7 +50,7 @@ from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, ScaleRo
 @dead_experts_option()
 @click.option("--workers", type=COUNT, default=DEFAULT_WORKERS, show_default=True, help="Worker processes.")
 @shard_size_option()
-@click.option("--revision", default=None, help="Revision of SRC when it is a Hub repo id.")
+@revision_option("SRC")
 @force_option()
 @quiet_option()
 @json_option()
@@ -92,13 +94,13 @@ def convert(
     """
     from hpu_fp8_loader.conversion.convert import convert as run_convert
     from hpu_fp8_loader.conversion.plan import ConvertOptions
-    from hpu_fp8_loader.sources.measurements import load_measurements
+    from hpu_fp8_loader.sources.measurements import load_measurement_sets
     from hpu_fp8_loader.sources.resolve import resolve_checkpoint
 
     options = ConvertOptions(target, kv_cache, scale_rounding, parse_size(max_shard_size), force, workers, dead_experts)
     with user_errors():
         source = resolve_checkpoint(src, revision)
-        loaded = [load_measurements(p) for p in measurement_paths]
+        loaded = [item for p in measurement_paths for item in load_measurement_sets(p)]
         for item in loaded:
             warn_each(item.warnings)
         with progress_bar("convert", quiet or as_json) as bar:
@@ -138,6 +140,7 @@ def convert(
 )
 @dead_experts_option()
 @shard_size_option()
+@revision_option("SRC")
 @force_option()
 @json_option()
 def import_command(
@@ -149,6 +152,7 @@ def import_command(
     run_calibration: bool,
     dead_experts: DeadExpertPolicy,
     max_shard_size: str,
+    revision: str | None,
     force: bool,
     as_json: bool,
 ) -> None:
@@ -173,7 +177,7 @@ def import_command(
     """
     from hpu_fp8_loader.conversion.compressed_tensors import compressed_tensors_scheme, import_compressed_tensors
     from hpu_fp8_loader.conversion.plan import ConvertOptions
-    from hpu_fp8_loader.sources.measurements import load_measurements
+    from hpu_fp8_loader.sources.measurements import load_measurement_sets
     from hpu_fp8_loader.sources.resolve import resolve_checkpoint
 
     if run_calibration and measurement_paths:
@@ -187,8 +191,8 @@ def import_command(
         workers=DEFAULT_WORKERS,
     )
     with user_errors():
-        source = resolve_checkpoint(src)
-        extra = [load_measurements(p).measurements for p in measurement_paths]
+        source = resolve_checkpoint(src, revision)
+        extra = [item.measurements for p in measurement_paths for item in load_measurement_sets(p)]
         if run_calibration:
             from hpu_fp8_loader.quality.calibrate import calibrate
 
@@ -244,10 +248,10 @@ def import_legacy(
       hpu-fp8 import-legacy ./ERNIE-4.5-21B-A3B-fp8-legacy ernie-fp8 --dead-experts sibling-max
     """
     from hpu_fp8_loader.conversion.legacy_import import import_legacy as run_import
-    from hpu_fp8_loader.sources.measurements import load_measurements
+    from hpu_fp8_loader.sources.measurements import load_measurement_sets
 
     with user_errors():
-        extra = [load_measurements(p).measurements for p in measurement_paths]
+        extra = [item.measurements for p in measurement_paths for item in load_measurement_sets(p)]
         report = run_import(src, out, extra, dead_experts, parse_size(max_shard_size), force)
     warn_each(report.warnings)
     if as_json:

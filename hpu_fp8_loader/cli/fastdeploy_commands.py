@@ -17,6 +17,7 @@ from hpu_fp8_loader.cli.group import (
     kv_cache_option,
     main,
     parse_size,
+    revision_option,
     shard_size_option,
     tp_option,
     user_errors,
@@ -27,15 +28,18 @@ from hpu_fp8_loader.spec.choices import KvCacheScheme
 
 
 @main.command(short_help="Size a deployment: bytes per rank, KV per token.")
-@click.argument("model", type=click.Path(path_type=Path))
+@click.argument("model")
+@revision_option("MODEL")
 @tp_option()
 @ep_option()
 @kv_cache_option(help="KV-cache scheme to size for.")
 @json_option(help="Print the plan as JSON.")
-def plan(model: Path, tp: int, ep: int, kv_cache: KvCacheScheme, as_json: bool) -> None:
-    """Size a deployment from MODEL's config.json (a directory or the file): bytes per rank, KV per token.
+def plan(model: str, revision: str | None, tp: int, ep: int, kv_cache: KvCacheScheme, as_json: bool) -> None:
+    """Size a deployment from MODEL's config.json (a directory, the file, or a Hub repo id ORG/NAME): bytes per rank,
+    KV per token.
 
-    When the directory also holds the weights, the config's layer and expert counts are checked against them.
+    When the directory also holds the weights, the config's layer and expert counts are checked against them. Of a
+    Hub repo id only config.json is downloaded (the weights are checked only if the local cache already holds them).
 
     \b
     Examples:
@@ -49,11 +53,15 @@ def plan(model: Path, tp: int, ep: int, kv_cache: KvCacheScheme, as_json: bool) 
     \b
       # From config.json alone, sized for a BF16 KV cache, as JSON
       hpu-fp8 plan ./Qwen2-7B-Instruct/config.json --tp 4 --kv-cache none --json
+
+    \b
+      # A model on the Hub: only its config.json is downloaded
+      hpu-fp8 plan baidu/ERNIE-4.5-21B-A3B-Paddle --tp 4
     """
     from hpu_fp8_loader.fastdeploy.plan import describe_model, plan_deployment
 
     with user_errors():
-        result = plan_deployment(describe_model(model), tp, ep, kv_cache)
+        result = plan_deployment(describe_model(model, revision), tp, ep, kv_cache)
     if as_json:
         emit_json(result.to_dict())
         return
@@ -69,7 +77,8 @@ def plan(model: Path, tp: int, ep: int, kv_cache: KvCacheScheme, as_json: bool) 
 
 
 @main.command("map", short_help="Write the parameters the hook hands one rank.")
-@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.argument("checkpoint")
+@revision_option("CHECKPOINT")
 @tp_option()
 @click.option("--rank", type=RANK, default=0, show_default=True, help="Tensor-parallel rank to map.")
 @ep_option()
@@ -83,9 +92,21 @@ def plan(model: Path, tp: int, ep: int, kv_cache: KvCacheScheme, as_json: bool) 
 @force_option()
 @json_option()
 def map_command(
-    checkpoint: Path, tp: int, rank: int, ep: int, ep_rank: int, all_ranks: bool, out: Path, force: bool, as_json: bool
+    checkpoint: str,
+    revision: str | None,
+    tp: int,
+    rank: int,
+    ep: int,
+    ep_rank: int,
+    all_ranks: bool,
+    out: Path,
+    force: bool,
+    as_json: bool,
 ) -> None:
     """Write exactly the parameters the hook hands FastDeploy on one rank (names, dtypes, values).
+
+    CHECKPOINT is a directory or a Hub repo id ORG/NAME (a local path wins; a repo id is downloaded whole, or
+    found in the local cache offline).
 
     Names are FastDeploy's parameter paths (e.g. ernie.layers.0.self_attn.qkv_proj.act_scale,
     ernie.layers.1.mlp.experts.up_gate_proj_weight); see the README for every name. With
@@ -103,23 +124,29 @@ def map_command(
     \b
       # FastDeploy's pre-sharded layout for TP 4: ernie-fp8-tp4/rank0/ ... rank3/
       hpu-fp8 map ernie-fp8 --all-ranks --tp 4 -o ernie-fp8-tp4
+
+    \b
+      # A checkpoint on the Hub, at a tagged release
+      hpu-fp8 map you/ERNIE-4.5-21B-A3B-hpu-fp8 --revision v1.0 --tp 2 --rank 0 -o rank0.safetensors
     """
     from hpu_fp8_loader.fastdeploy.mapping import Parallelism
     from hpu_fp8_loader.fastdeploy.rankfiles import write_presharded, write_rank_file
+    from hpu_fp8_loader.sources.resolve import SPEC_PATTERNS, local_or_hub
 
+    if all_ranks and (rank or ep_rank):
+        raise click.UsageError("--all-ranks writes every rank; --rank and --ep-rank select one, so give one or the other")
+    if all_ranks and ep > 1:
+        raise click.UsageError("--all-ranks writes tensor-parallel ranks; expert parallelism is not pre-sharded")
     with user_errors():
+        source = local_or_hub(checkpoint, revision, SPEC_PATTERNS)  # after the usage checks: nothing downloaded in vain
         if all_ranks:
-            if rank or ep_rank:
-                raise click.UsageError("--all-ranks writes every rank; --rank and --ep-rank select one, so give one or the other")
-            if ep > 1:
-                raise click.UsageError("--all-ranks writes tensor-parallel ranks; expert parallelism is not pre-sharded")
-            folders = write_presharded(checkpoint, out, tp, force)
+            folders = write_presharded(source, out, tp, force)
             if as_json:
                 emit_json({"out": out, "tp": tp, "rank_folders": folders})
             else:
                 click.echo(f"{out}: {len(folders)} pre-sharded rank folder(s) in the legacy layout")
             return
-        result = write_rank_file(checkpoint, out, Parallelism(tp, rank, ep, ep_rank), force)
+        result = write_rank_file(source, out, Parallelism(tp, rank, ep, ep_rank), force)
     if as_json:
         emit_json({**dataclasses.asdict(result), "tp": tp, "rank": rank, "ep": ep, "ep_rank": ep_rank})
         return
@@ -168,7 +195,7 @@ def export_legacy(src: Path, out: Path, tp: int, max_shard_size: str, force: boo
 @click.argument("checkpoint", required=False)
 @tp_option()
 @ep_option()
-@click.option("--revision", default=None, help="Revision of CHECKPOINT when it is a Hub repo id.")
+@revision_option("CHECKPOINT")
 @click.option(
     "--no-build", is_flag=True, help="Skip having FastDeploy build CHECKPOINT's model (at meta shapes, no weight memory)."
 )

@@ -149,7 +149,8 @@ measurements_option = _shared_option(
     "measurement_paths",
     multiple=True,
     type=click.Path(path_type=Path),
-    help="Activation statistics: hpu-fp8 measurement files (.json) or FastDeploy's measurement text files.",
+    help="Activation statistics: an hpu-fp8 measurement file (JSON, whatever its name) or a directory of them (one set "
+    "per file), or FastDeploy's measurement text files.",
 )
 tp_option = _shared_option("--tp", type=COUNT, default=1, show_default=True, help="Tensor-parallel size.")
 ep_option = _shared_option("--ep", type=COUNT, default=1, show_default=True, help="Expert-parallel size (MoE).")
@@ -197,6 +198,18 @@ def dataset_options(dataset_help: str) -> Callable[[FC], FC]:
         return command
 
     return decorate
+
+
+def revision_option(argument: str, flag: str = "--revision") -> Callable[[FC], FC]:
+    """``--revision`` (or ``flag``) of the positional ``argument`` when that is a Hub repo id: every command that names
+    a model or checkpoint declares it here, and hands both to ``sources.resolve.local_or_hub``."""
+    return click.option(
+        flag,
+        flag.lstrip("-").replace("-", "_"),
+        default=None,
+        metavar="REV",
+        help=f"Branch, tag or commit of {argument} when it is a Hub repo id ORG/NAME (default: main; a local path wins).",
+    )
 
 
 PIPELINE_ORDER = [

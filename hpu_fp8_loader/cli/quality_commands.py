@@ -18,6 +18,7 @@ from hpu_fp8_loader.cli.group import (
     main,
     quiet_option,
     report_option,
+    revision_option,
     say,
     tp_option,
     user_errors,
@@ -83,7 +84,8 @@ def demo(work_dir: Path, model: str, kv_cache: KvCacheScheme, force: bool, as_js
 
 
 @main.command(short_help="Record activation amax with the reference engine.")
-@click.argument("model", type=click.Path(path_type=Path))
+@click.argument("model")
+@revision_option("MODEL")
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Measurement file to write (JSON).")
 @dataset_options("builtin: Python's own documentation, offline (its last 10% is held out for eval).")
 @click.option("--samples", default=32, type=COUNT, show_default=True, help="Windows of --seq-len tokens to run.")
@@ -112,7 +114,8 @@ def demo(work_dir: Path, model: str, kv_cache: KvCacheScheme, force: bool, as_js
 @quiet_option()
 @json_option()
 def calibrate(
-    model: Path,
+    model: str,
+    revision: str | None,
     out: Path,
     dataset: str,
     text_field: str,
@@ -131,7 +134,9 @@ def calibrate(
 ) -> None:
     """Record activation amax at FastDeploy's measurement points with the float32 reference engine.
 
-    MODEL is a BF16 checkpoint (Paddle or torch layout) or an hpu-fp8 one. Tokens come from its own
+    MODEL is a BF16 checkpoint (Paddle or torch layout) or an hpu-fp8 one: a directory, or a Hub repo id
+    ORG/NAME (its weights, configs and tokenizer files downloaded, or found in the local cache offline; a
+    local path wins). Tokens come from its own
     tokenizer (tokenizer.json, else the sentencepiece tokenizer.model), one document (file or record)
     at a time, BOS as tokenizer_config.json says; byte tokens only with --tokenizer bytes or for a
     byte-level model (no tokenizer file, a vocabulary of at most 512). A model without a tokenizer is refused.
@@ -157,21 +162,23 @@ def calibrate(
       hpu-fp8 calibrate ./Qwen2-7B-Instruct -o qwen2.json --fastdeploy-format qwen2.txt --force
 
     \b
-      # The 'body' field of a Hub dataset's files at tag v1 (HF_HUB_OFFLINE=1: from the cache only)
-      hpu-fp8 calibrate ./Qwen2 -o q.json --dataset ORG/NAME --text-field body --dataset-revision v1
+      # A Hub model at a pinned commit, on a Hub dataset's 'body' field (offline: from the cache)
+      hpu-fp8 calibrate Qwen/Qwen2-7B-Instruct --revision a1b2c3d -o q.json --dataset ORG/NAME --text-field body
     """
     from hpu_fp8_loader.quality.calibrate import calibrate as run_calibration
     from hpu_fp8_loader.quality.calibrate import check_outputs, write_fastdeploy_file
     from hpu_fp8_loader.sources.measurements import write_measurements
+    from hpu_fp8_loader.sources.resolve import SOURCE_PATTERNS, local_or_hub
 
     if fastdeploy_file and fastdeploy_file.resolve() == out.resolve():
         raise click.BadParameter(f"{fastdeploy_file} is also the -o file; name another", param_hint="--fastdeploy-format")
     with user_errors():
-        check_outputs(model, dataset, [out, *([fastdeploy_file] if fastdeploy_file else [])], force)
-        report = start_report(report_dir, force, [model])
+        source = local_or_hub(model, revision, SOURCE_PATTERNS)
+        check_outputs(source, dataset, [out, *([fastdeploy_file] if fastdeploy_file else [])], force)
+        report = start_report(report_dir, force, [source])
         with progress_bar("calibrate", quiet or as_json, unit="step") as bar:
             result = run_calibration(
-                model,
+                source,
                 dataset,
                 samples,
                 seq_len,
@@ -188,7 +195,7 @@ def calibrate(
         write_measurements(out, result.measurements, replace=force)
         if fastdeploy_file:
             write_fastdeploy_file(fastdeploy_file, result.measurements, replace=force)
-        finish_report(report, report_dir, force, [model], as_json)
+        finish_report(report, report_dir, force, [source], as_json)
     if result.dead_experts:
         listing = ", ".join(f"layer {layer} expert {e}" for layer, e in result.dead_experts)
         log.warning(
@@ -217,8 +224,10 @@ def calibrate(
 
 
 @main.command("eval", short_help="Compare emulated Gaudi FP8 with the BF16 model.")
-@click.argument("bf16_source", type=click.Path(path_type=Path))
-@click.argument("fp8_checkpoint", type=click.Path(path_type=Path))
+@click.argument("bf16_source")
+@click.argument("fp8_checkpoint")
+@revision_option("BF16_SOURCE", "--source-revision")
+@revision_option("FP8_CHECKPOINT")
 @dataset_options("builtin: the held-out 10% of Python's own documentation (never the calibration text).")
 @click.option("--samples", type=COUNT, default=8, show_default=True, help="Windows of --seq-len tokens.")
 @click.option("--seq-len", type=click.IntRange(min=2), default=128, show_default=True)
@@ -240,8 +249,10 @@ def calibrate(
 )
 @json_option(help="Print the report as JSON.")
 def eval_command(
-    bf16_source: Path,
-    fp8_checkpoint: Path,
+    bf16_source: str,
+    fp8_checkpoint: str,
+    source_revision: str | None,
+    revision: str | None,
     dataset: str,
     text_field: str,
     chat_template: bool,
@@ -260,7 +271,9 @@ def eval_command(
 ) -> None:
     """Compare the emulated FP8 model (Gaudi arithmetic, FastDeploy's parameters) with the BF16 model.
 
-    Prints top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both perplexities. Without
+    BF16_SOURCE and FP8_CHECKPOINT are directories or Hub repo ids ORG/NAME (a local path wins; downloaded, or
+    found in the local cache offline). Prints top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both
+    perplexities. Without
     --weights-only / --no-kv-fp8 every row is shown; with them, the FP8 row and the rows asked for.
     Tokens come from BF16_SOURCE's own tokenizer, as for calibrate.
 
@@ -283,18 +296,21 @@ def eval_command(
       hpu-fp8 eval ./Qwen2-7B-Instruct ./qwen2-fp8 --weights-only --dataset eval.txt --samples 32
 
     \b
-      # Chat records of a directory of parquet files, rendered by the model's chat template
-      hpu-fp8 eval ./Qwen2-7B-Instruct ./qwen2-fp8 --dataset ./chats/ --chat-template
+      # Both from the Hub: the source at a pinned commit, the checkpoint at a tag
+      hpu-fp8 eval Qwen/Qwen2-7B-Instruct you/qwen2-fp8 --source-revision a1b2c3d --revision v1
     """
     from hpu_fp8_loader.quality.evaluate import chosen_variants, evaluate
+    from hpu_fp8_loader.sources.resolve import SOURCE_PATTERNS, SPEC_PATTERNS, local_or_hub
 
     variants = chosen_variants(only_weights, only_no_kv)
     with user_errors():
-        collector = start_report(report_dir, force, [bf16_source, fp8_checkpoint])
+        source = local_or_hub(bf16_source, source_revision, SOURCE_PATTERNS)
+        checkpoint = local_or_hub(fp8_checkpoint, revision, SPEC_PATTERNS)
+        collector = start_report(report_dir, force, [source, checkpoint])
         with progress_bar("eval", as_json, unit="step") as bar:
             report = evaluate(
-                bf16_source,
-                fp8_checkpoint,
+                source,
+                checkpoint,
                 dataset,
                 samples,
                 seq_len,
@@ -309,7 +325,7 @@ def eval_command(
                 dataset_revision=dataset_revision,
                 report=collector,
             )
-        finish_report(collector, report_dir, force, [bf16_source, fp8_checkpoint], as_json)
+        finish_report(collector, report_dir, force, [source, checkpoint], as_json)
     if as_json:
         emit_json(report.to_dict())
     else:

@@ -16,6 +16,7 @@ from hpu_fp8_loader.fastdeploy.mapping import Parallelism, check_parallelism, pa
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, Checkpoint, read_config
 from hpu_fp8_loader.io.jsonfile import read_json_object
 from hpu_fp8_loader.io.safetensors_file import ITEMSIZES
+from hpu_fp8_loader.sources.resolve import CONFIG_PATTERNS, local_or_hub
 from hpu_fp8_loader.spec.config import KvCacheScheme
 
 __all__ = ["DeploymentPlan", "describe_model", "parameter_group", "plan_deployment"]
@@ -127,7 +128,7 @@ def plan_deployment(d: ModelDescriptor, tp: int = 1, ep: int = 1, kv_cache: KvCa
     )
 
 
-def describe_model(model: str | Path) -> ModelDescriptor:
+def describe_model(model: str | Path, revision: str | None = None) -> ModelDescriptor:
     """The descriptor of MODEL: a directory (its config.json) or a config.json file.
 
     When the directory also holds the weights, the config's layer and expert counts are checked against
@@ -135,7 +136,10 @@ def describe_model(model: str | Path) -> ModelDescriptor:
     hpu-fp8 checkpoint of one model have the same descriptor.
 
     Args:
-        model: a checkpoint directory, or a config.json file (no weights needed).
+        model: a checkpoint directory, or a config.json file (no weights needed), or a Hub repo id (``ORG/NAME``)
+            when no such local path exists: only its config.json is downloaded (the weights are checked only when
+            the Hugging Face cache already holds them), or found in the cache offline.
+        revision: the Hub branch, tag or commit when ``model`` is a repo id (``main`` by default).
 
     Returns:
         The model's ``ModelDescriptor`` (``model_type``, ``num_layers``, ``num_heads``, ``num_kv_heads``,
@@ -145,7 +149,9 @@ def describe_model(model: str | Path) -> ModelDescriptor:
         ConfigError: the file (or the directory's config.json) is missing or not a JSON object, a model key is
             invalid or out of bounds, or the config's layer or expert counts disagree with the weights.
         UnknownArchitectureError: config.json's model_type is not supported.
-        CheckpointNotFoundError: a shard file of the directory is missing.
+        CheckpointNotFoundError: a shard file of the directory is missing; as a repo id: missing, gated or private on
+            the Hub, a revision that does not exist, or offline and not in the cache.
+        HubError: the Hub cannot be reached or refused the request.
         CheckpointIndexError: the directory's shard index is malformed or disagrees with the shards.
         SafetensorsFormatError: a shard of the directory is truncated or corrupt.
 
@@ -154,7 +160,7 @@ def describe_model(model: str | Path) -> ModelDescriptor:
         >>> descriptor = describe_model("ERNIE-4.5-21B-A3B-Paddle/config.json")
         >>> plan_deployment(descriptor, tp=2).total_bytes_per_rank
     """
-    model = Path(model)
+    model = local_or_hub(model, revision, CONFIG_PATTERNS)
     if not model.is_dir():
         return describe(read_json_object(model, ConfigError), str(model))
     has_weights = (model / INDEX_FILE).is_file() or (model / SINGLE_FILE).is_file()

@@ -29,6 +29,7 @@ from hpu_fp8_loader.io.writer import (
     prepare_output_dir,
     publish_output_dir,
 )
+from hpu_fp8_loader.sources.resolve import SPEC_PATTERNS, local_or_hub
 
 __all__ = ["RankFile", "rank_parameters", "write_presharded", "write_rank_file"]
 
@@ -40,7 +41,7 @@ class RankFile:
     bytes: int
 
 
-def rank_parameters(src: str | Path, par: Parallelism | None = None) -> Iterator[MappedPiece]:
+def rank_parameters(src: str | Path, par: Parallelism | None = None, revision: str | None = None) -> Iterator[MappedPiece]:
     """Every parameter value FastDeploy's rank ``par`` gets from the hpu-fp8 checkpoint at ``src``, as the hook sets it.
 
     The checkpoint is validated quickly first; values come in model order under FastDeploy's parameter
@@ -50,8 +51,10 @@ def rank_parameters(src: str | Path, par: Parallelism | None = None) -> Iterator
     read lazily, a rank's share at a time, and value-checked as they are read.
 
     Args:
-        src: the hpu-fp8 checkpoint directory (fp8_max 240, no modules kept in BF16: what FastDeploy serves).
+        src: the hpu-fp8 checkpoint directory (fp8_max 240, no modules kept in BF16: what FastDeploy serves), or a
+            Hub repo id (``ORG/NAME``) when no such local path exists: downloaded, or found in the cache offline.
         par: the rank: tensor- and expert-parallel size and index.
+        revision: the Hub branch, tag or commit when ``src`` is a repo id (``main`` by default).
 
     Returns:
         An iterator of :class:`~hpu_fp8_loader.MappedPiece` (``name``, ``array``, ``expert``). The checks on ``par``
@@ -63,7 +66,9 @@ def rank_parameters(src: str | Path, par: Parallelism | None = None) -> Iterator
         ConfigError: ``par`` cannot serve this model (a width it does not split evenly, fewer KV heads than ranks,
             expert parallelism for a dense model or one that does not divide the experts); raised while iterating.
         NonFiniteError: a value read holds a NaN code, a value beyond ±240 or a NaN/inf kept value (while iterating).
-        CheckpointNotFoundError: ``src`` is not a directory.
+        CheckpointNotFoundError: ``src`` is not a directory; as a repo id: missing, gated or private on the Hub, a
+            revision that does not exist, or offline and not in the cache.
+        HubError: the Hub cannot be reached or refused the request.
         NotHpuFp8CheckpointError: ``src`` is not an hpu-fp8 checkpoint.
         UnsupportedFormatVersionError: ``src`` declares another format_version.
         UnknownArchitectureError: config.json's model_type is not supported.
@@ -76,12 +81,13 @@ def rank_parameters(src: str | Path, par: Parallelism | None = None) -> Iterator
         qwen2.layers.0.input_layernorm.weight bfloat16 (128,)
         ...
     """
-    opened = open_validated(src)
+    opened = open_validated(local_or_hub(src, revision, SPEC_PATTERNS))
     return map_rank(opened.checkpoint, opened.qc, opened.descriptor, par or Parallelism())
 
 
 def write_rank_file(src: str | Path, out: str | Path, par: Parallelism, force: bool = False) -> RankFile:
-    """One rank's FastDeploy parameters as a single safetensors file, written atomically."""
+    """One rank's FastDeploy parameters as a single safetensors file, written atomically. ``src`` is a local
+    directory (the command resolves a Hub repo id first)."""
     out = Path(out)
     check_apart(out, [src])
     out.absolute().parent.mkdir(parents=True, exist_ok=True)
@@ -122,7 +128,8 @@ def _write_pieces(target: ShardFile, pieces: Iterable[MappedPiece], specs: dict[
 def write_presharded(src: str | Path, out: str | Path, tp: int, force: bool = False) -> list[Path]:
     """``out/rank{r}/`` for every tensor-parallel rank, in the legacy key layout, plus ``out/config.json``.
 
-    ``src`` is validated before the output directory is made (each rank's export checks it again, cheaply).
+    ``src`` is a local directory (the command resolves a Hub repo id first), validated before the output directory is
+    made (each rank's export checks it again, cheaply).
     """
     open_validated(src)
     staging = prepare_output_dir(out, force, [src])

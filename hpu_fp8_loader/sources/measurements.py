@@ -31,6 +31,7 @@ from hpu_fp8_loader.spec.measurements import FORMAT, MeasurementProvenance, Meas
 __all__ = [
     "LoadedMeasurements",
     "fastdeploy_rank_files",
+    "load_measurement_sets",
     "load_measurements",
     "read_fastdeploy_file",
     "read_measurements",
@@ -280,13 +281,46 @@ def _is_json(path: Path) -> bool:
         return file.read(4096).lstrip().startswith(_JSON_START)
 
 
+def _read_ours(path: Path) -> LoadedMeasurements:
+    """Our JSON file, its name recorded as the provenance's source file when it names none: convert's refusals
+    (measurements of another model) and config.json's calibration sources then say which file it was."""
+    measurements = read_measurements(path)
+    if not measurements.provenance.files:
+        provenance = measurements.provenance.model_copy(update={"files": [path.name]})
+        measurements = measurements.model_copy(update={"provenance": provenance})
+    return LoadedMeasurements(measurements)
+
+
+def _directory_files(directory: Path) -> tuple[list[Path], list[Path]]:
+    """(our JSON files, FastDeploy text files) of a directory, sorted by name; refused when it holds both or neither.
+
+    Hidden files and files that are neither (no JSON start, no ``.txt`` name) are not measurements and are passed
+    over; a mix would combine sets of unknown relation, so it is refused rather than guessed at.
+    """
+    files = sorted(p for p in directory.iterdir() if not p.name.startswith(".") and p.is_file())
+    ours = [p for p in files if _is_json(p)]
+    text = [p for p in files if p.suffix == ".txt" and p not in ours]
+    if ours and text:
+        raise MeasurementError(
+            f"{directory}: holds both hpu-fp8 JSON measurement files ({ours[0].name}, ...) and FastDeploy text files "
+            f"({text[0].name}, ...); put them in separate directories and pass --measurements for each"
+        )
+    if not ours and not text:
+        raise MeasurementError(
+            f"{directory}: no measurement files in this directory (hpu-fp8 JSON files, or FastDeploy's {_FASTDEPLOY_FILE} "
+            "or its per-rank set)"
+        )
+    return ours, text
+
+
 def load_measurements(path: str | Path) -> LoadedMeasurements:
     """Measurements from our JSON file, or from FastDeploy's text file(s) (rank files merged by max).
 
     FastDeploy's measurement mode writes ``key<TAB>float`` lines of raw amax to ``model_measurement.txt``, or one
     ``model_measurement_{rank}.txt`` per tensor-parallel rank; each rank records its own shard of the sharded
     activations, so the rank set must be complete, and the files are merged by max. A file is read as JSON when
-    its name ends in ``.json`` or its text starts with ``{`` or ``[``, whatever its name.
+    its name ends in ``.json`` or its text starts with ``{`` or ``[``, whatever its name. A directory of our JSON
+    files holds several sets: :func:`load_measurement_sets` reads it.
 
     Args:
         path: our JSON file; a FastDeploy text file (one rank file brings its siblings); or a directory holding
@@ -294,14 +328,16 @@ def load_measurements(path: str | Path) -> LoadedMeasurements:
 
     Returns:
         A ``LoadedMeasurements``: ``.measurements`` (:class:`~hpu_fp8_loader.Measurements`; for FastDeploy's
-        files, provenance kind ``fastdeploy-measurement`` and no ``model``) and ``.warnings`` (signs of a stale or
-        dummy FastDeploy file: an attention-probability amax far from 1, one value repeated in every layer).
+        files, provenance kind ``fastdeploy-measurement`` and no ``model``; for ours, the file's name among the
+        provenance's ``files`` when it names none) and ``.warnings`` (signs of a stale or dummy FastDeploy file: an
+        attention-probability amax far from 1, one value repeated in every layer).
 
     Raises:
         MeasurementError: no such file (nor rank files), a rank file missing from the set, both a plain file and
             rank files, a rank suffix that is not a plain decimal number, a file that is not UTF-8 or holds a line
             that is not ``key<TAB>float`` with a FastDeploy measurement key, a key repeated in one file, a file
-            with no lines; for JSON, everything :func:`read_measurements` refuses.
+            with no lines; a directory holding JSON files (several sets), both kinds, or neither; for JSON,
+            everything :func:`read_measurements` refuses.
 
     Example:
         >>> from hpu_fp8_loader import load_measurements
@@ -311,7 +347,12 @@ def load_measurements(path: str | Path) -> LoadedMeasurements:
     """
     path = Path(path)
     if path.is_file() and _is_json(path):
-        return LoadedMeasurements(read_measurements(path))
+        return _read_ours(path)
+    if path.is_dir() and _directory_files(path)[0]:
+        raise MeasurementError(
+            f"{path}: a directory of hpu-fp8 JSON measurement files, one set per file; name each file "
+            "(load_measurement_sets reads such a directory)"
+        )
     files = fastdeploy_rank_files(path)
     merged: dict[str, float] = {}
     for file in files:
@@ -326,3 +367,34 @@ def load_measurements(path: str | Path) -> LoadedMeasurements:
         files=[f.name for f in files],
     )
     return LoadedMeasurements(Measurements(provenance=provenance, model=None, amax=merged), _fastdeploy_warnings(merged, label))
+
+
+def load_measurement_sets(path: str | Path) -> list[LoadedMeasurements]:
+    """Every measurement set one ``--measurements PATH`` names: a directory of our JSON files gives one set per file,
+    in sorted name order (as if each were passed with its own ``--measurements``); anything else one set.
+
+    Why separate sets rather than one merged: each keeps its own provenance, so config.json records which file each
+    act_amax came from, exactly as when the files are named one by one.
+
+    Args:
+        path: what :func:`load_measurements` reads, or a directory of hpu-fp8 JSON measurement files (``calibrate -o``
+            outputs); hidden files and files of neither kind are passed over.
+
+    Returns:
+        One :class:`LoadedMeasurements` per set, to merge by max (``convert(..., [s.measurements for s in sets])``).
+
+    Raises:
+        MeasurementError: a directory holding both JSON and FastDeploy text files, or neither (named); everything
+            :func:`load_measurements` refuses, naming the file.
+
+    Example:
+        >>> from hpu_fp8_loader.sources.measurements import load_measurement_sets
+        >>> [s.measurements.provenance.files for s in load_measurement_sets("measurements/")]
+        [['attention.json'], ['mlp.json']]
+    """
+    path = Path(path)
+    if path.is_dir():
+        ours, _ = _directory_files(path)
+        if ours:
+            return [_read_ours(file) for file in ours]
+    return [load_measurements(path)]

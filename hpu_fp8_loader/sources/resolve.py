@@ -7,6 +7,7 @@ Everything goes through huggingface_hub, so its offline mode (``HF_HUB_OFFLINE=1
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
@@ -16,6 +17,7 @@ from hpu_fp8_loader.console import hub_bars_follow_ours
 from hpu_fp8_loader.errors import CheckpointNotFoundError, HpuFp8Error, HubError, one_line
 
 __all__ = [
+    "CONFIG_PATTERNS",
     "SOURCE_PATTERNS",
     "SPEC_PATTERNS",
     "check_repo_id",
@@ -23,14 +25,20 @@ __all__ = [
     "download_snapshot",
     "hub_error",
     "hub_failures",
+    "is_repo_id",
+    "local_or_hub",
     "resolve_checkpoint",
 ]
+
+log = logging.getLogger(__name__)
 
 # What a conversion needs from a source repository: weights, index, configs and tokenizer files.
 SOURCE_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken"]
 # What an hpu-fp8 checkpoint is made of (docs/spec.md section 1): shards, index, config, manifest,
 # tokenizer and generation files, and the report plots push uploads beside them (every file the manifest lists).
 SPEC_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.md", "*.png"]
+# What sizing a deployment needs from a repository: its config.json, not the weights.
+CONFIG_PATTERNS = ["config.json"]
 _REPO_ID_RULE = "ORG/NAME of ASCII letters, digits, '-', '_' and '.', at most 96 characters each, without '--' or '..'"
 # git check-ref-format: characters no ref name holds (besides control characters), and sequences none contains.
 _REF_CHARACTERS = " ~^:?*[\\"
@@ -70,8 +78,24 @@ def _check_endpoint(repo_id: str) -> None:
         )
 
 
+def is_repo_id(text: str, namespace: bool = True) -> bool:
+    """Whether ``text`` is a Hub repo id by huggingface_hub's own rules (and ``ORG/NAME`` when ``namespace``).
+
+    The spelling alone: no request is made and HF_ENDPOINT is not looked at, so a caller can tell a local
+    path from a repo id before deciding whether the Hub is involved at all.
+    """
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        return False
+    return text.isascii() and (text.count("/") == 1 or not namespace)
+
+
 def check_repo_id(text: str, what: str = "repo id", namespace: bool = True) -> str:
-    """``text`` if it is a Hub repo id by huggingface_hub's own rules (and ``ORG/NAME`` when ``namespace``).
+    """``text`` if it is a Hub repo id (:func:`is_repo_id`), else refused naming ``what``.
 
     Checked before anything is downloaded or converted, so ``org/..`` or ``a/b/c`` fails at once by
     name instead of deep inside the client, or after hours of work. Canonical ids without an
@@ -79,15 +103,7 @@ def check_repo_id(text: str, what: str = "repo id", namespace: bool = True) -> s
     of the Hub passes here first, so HF_ENDPOINT is checked here too.
     """
     _check_endpoint(text)
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    try:
-        validate_repo_id(text)
-        valid = text.isascii() and (text.count("/") == 1 or not namespace)
-    except HFValidationError:
-        valid = False
-    if not valid:
+    if not is_repo_id(text, namespace):
         raise HpuFp8Error(f"{what} {text!r} is not a Hugging Face repo id: {_REPO_ID_RULE}")
     return text
 
@@ -226,3 +242,19 @@ def download_snapshot(
         ) from None
     except hub_failures() as exc:
         raise hub_error(repo_id, exc, "downloading") from None
+
+
+def local_or_hub(location: str | Path, revision: str | None = None, allow_patterns: list[str] | None = None) -> Path:
+    """``location`` itself when it exists here or cannot be a Hub repo id, else the repository resolved by
+    :func:`resolve_checkpoint` (downloading only ``allow_patterns``; offline, from the cache).
+
+    What every command and library function naming a model or checkpoint calls first. A local path always wins
+    over a repo id of the same spelling (``revision`` is then ignored, with a warning); a missing path that is
+    no repo id (``./ckpt``, ``ckpt``) is handed back as it is, so that the caller's own error names it.
+    """
+    path = Path(location)
+    if path.exists() or not is_repo_id(str(location)):
+        if revision is not None and path.exists():
+            log.warning(f"{location}: a local path, so revision {revision!r} (for Hub repo ids) is ignored")
+        return path
+    return resolve_checkpoint(str(location), revision, allow_patterns)

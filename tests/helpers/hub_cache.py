@@ -12,8 +12,10 @@ import os
 from pathlib import Path
 
 
-def add_to_cache(cache: Path, repo_id: str, source: Path, commit: str = "0" * 39 + "1", repo_type: str = "model") -> Path:
-    """``source``'s files as ``repo_id``'s snapshot at ``commit`` (refs/main), a model or a dataset repository."""
+def add_to_cache(
+    cache: Path, repo_id: str, source: Path, commit: str = "0" * 39 + "1", ref: str = "main", repo_type: str = "model"
+) -> Path:
+    """``source``'s files as ``repo_id``'s snapshot at ``commit`` (named by ``refs/<ref>``), a model or a dataset repository."""
     repo = cache / (f"{repo_type}s--" + repo_id.replace("/", "--"))
     snapshot = repo / "snapshots" / commit
     (repo / "blobs").mkdir(parents=True, exist_ok=True)
@@ -24,5 +26,5 @@ def add_to_cache(cache: Path, repo_id: str, source: Path, commit: str = "0" * 39
         blob.write_bytes(file.read_bytes())
         os.symlink(os.path.relpath(blob, snapshot), snapshot / file.name)
     (repo / "refs").mkdir(exist_ok=True)
-    (repo / "refs" / "main").write_text(commit)
+    (repo / "refs" / ref).write_text(commit)  # a branch or tag naming the commit, as --revision REF finds it offline
     return snapshot

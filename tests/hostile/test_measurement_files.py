@@ -192,7 +192,8 @@ RANK_SETS = {
     "missing-rank": (["_0", "_2"], "", "rank(s) [1]"),
     "huge-rank": (["_0", "_99999"], "", "and 99990 more"),
     "single-beside-ranks": (["", "_0", "_1"], "model_measurement.txt", "both model_measurement.txt"),
-    "rank-file-holding-json": (["_0", "_1"], "", "model_measurement_1.txt:1:"),
+    # recognised by content as ours, beside FastDeploy's text: a directory of both kinds, named
+    "rank-file-holding-json": (["_0", "_1"], "", "JSON measurement files (model_measurement_1.txt"),
 }
 
 
