@@ -38,7 +38,7 @@ from memory import Measured, run_measured
 
 from hpu_fp8_loader.arch import describe
 from hpu_fp8_loader.arch.base import Role
-from hpu_fp8_loader.quality.datasets import load_text
+from hpu_fp8_loader.quality.datasets import builtin_text
 from hpu_fp8_loader.sources.synth import preset_config
 
 # ERNIE-4.5-21B-A3B's config.json values (the public release) that differ from the tiny preset.
@@ -140,7 +140,7 @@ def train_tokenizer(source: Path) -> None:
     import sentencepiece
 
     text_file = source / "train.txt"
-    text_file.write_text(load_text("builtin"))
+    text_file.write_text(builtin_text())
     sentencepiece.SentencePieceTrainer.train(
         input=str(text_file),
         model_prefix=str(source / "tokenizer"),

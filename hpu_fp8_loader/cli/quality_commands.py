@@ -162,8 +162,8 @@ def calibrate(
       hpu-fp8 calibrate ./Qwen2-7B-Instruct -o qwen2.json --fastdeploy-format qwen2.txt --force
 
     \b
-      # A Hub model at a pinned commit, on a Hub dataset's 'body' field (offline: from the cache)
-      hpu-fp8 calibrate Qwen/Qwen2-7B-Instruct --revision a1b2c3d -o q.json --dataset ORG/NAME --text-field body
+      # A Hub model at a pinned commit, on the x field of a Hub dataset
+      hpu-fp8 calibrate Qwen/Qwen2-7B --revision a1b2c3d -o q.json --dataset ORG/DATA --text-field x
     """
     from hpu_fp8_loader.quality.calibrate import calibrate as run_calibration
     from hpu_fp8_loader.quality.calibrate import check_outputs, write_fastdeploy_file
