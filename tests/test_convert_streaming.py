@@ -17,7 +17,7 @@ import pytest
 from hpu_fp8_loader.checks.validate import validate
 from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
-from hpu_fp8_loader.sources.measurements import write_measurements
+from hpu_fp8_loader.sources.measurements import load_measurements, write_measurements
 from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 
 pytestmark = pytest.mark.slow  # worker pools, kill -9 and resume: the inner loop leaves them to CI
@@ -96,8 +96,14 @@ def medium(tmp_path_factory):
     config = preset_config("ernie-moe-tiny", MEDIUM)
     synthesize(root / "src", config, "torch", seed=5, max_shard_bytes=2_000_000)
     write_measurements(root / "m.json", synthetic_measurements(config))
-    convert(root / "src", root / "reference", [synthetic_measurements(config)], ConvertOptions(max_shard_bytes=500_000))
+    convert(root / "src", root / "reference", [_from_file(root)], ConvertOptions(max_shard_bytes=500_000))
     return root
+
+
+def _from_file(medium: Path):
+    """The measurements as `convert --measurements m.json` reads them (their provenance names the file), so a
+    resume in Python is the same conversion as the command it resumes."""
+    return load_measurements(medium / "m.json").measurements
 
 
 def _start_conversion(medium: Path, out: Path) -> subprocess.Popen:
@@ -144,7 +150,7 @@ def test_kill_9_then_resume_reuses_finished_shards_and_gives_the_same_bytes(tmp_
     result = convert(
         medium / "src",
         out,
-        [synthetic_measurements(preset_config("ernie-moe-tiny", MEDIUM))],
+        [_from_file(medium)],
         ConvertOptions(max_shard_bytes=500_000),
     )
     assert result.reused_shards >= killed_after
@@ -164,7 +170,7 @@ def test_a_damaged_finished_shard_is_converted_again(tmp_path, medium):
     result = convert(
         medium / "src",
         out,
-        [synthetic_measurements(preset_config("ernie-moe-tiny", MEDIUM))],
+        [_from_file(medium)],
         ConvertOptions(max_shard_bytes=500_000),
     )
     assert result.reused_shards == len(done) - 1

@@ -181,9 +181,10 @@ def test_push_to_a_revision_commits_there_and_leaves_main_alone(tmp_path, hub):
 def test_create_pr_opens_a_pull_request_and_verifies_its_revision(tmp_path, hub):
     assert run(push_args(tmp_path, "--skip-eval"), hub, tmp_path).returncode == 0
     main_before = files_at(hub, "acme/qwen2-bytes-hpu-fp8", "main")
-    hub.corrupt_on_commit = "hpu_fp8_manifest.json"  # only the pull request's revision holds the altered file
+    # Only the pull request's revision holds the altered file: a small one, stored as a git blob (not LFS).
+    hub.corrupt_on_commit = "generation_config.json"
     corrupted = run(push_args(tmp_path, "--skip-eval", "--create-pr", "--commit-message", "again"), hub, tmp_path)
-    assert corrupted.returncode == 1 and "hpu_fp8_manifest.json: git blob id on the Hub differs" in corrupted.stderr
+    assert corrupted.returncode == 1 and "generation_config.json: git blob id on the Hub differs" in corrupted.stderr
     result = run(push_args(tmp_path, "--skip-eval", "--create-pr", "--commit-message", "fp8 weights"), hub, tmp_path)
     assert result.returncode == 0, result.stderr
     assert "pull request opened and verified" in result.stdout and "/acme/qwen2-bytes-hpu-fp8/discussions/2" in result.stdout
