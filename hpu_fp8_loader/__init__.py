@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "hpu_fp8_loader.sources.tiny_models": ("TINY_MODELS",),
     "hpu_fp8_loader.sources.synth": ("preset_config", "synthesize"),
-    "hpu_fp8_loader.sources.measurements": ("load_measurements", "read_measurements", "write_measurements"),
+    "hpu_fp8_loader.sources.measurements": ("load_measurement_sets", "load_measurements", "read_measurements", "write_measurements"),
     "hpu_fp8_loader.spec.measurements": ("Measurements",),
     "hpu_fp8_loader.spec.config": ("KvCacheScheme", "QuantizationConfig", "Target"),
     "hpu_fp8_loader.quality.calibrate": ("CalibrationResult", "calibrate"),
@@ -119,6 +119,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; the same names __getatt
     from hpu_fp8_loader.quality.evaluate import EvaluationResult as EvaluationResult
     from hpu_fp8_loader.quality.evaluate import evaluate as evaluate
     from hpu_fp8_loader.quality.report import Report as Report
+    from hpu_fp8_loader.sources.measurements import load_measurement_sets as load_measurement_sets
     from hpu_fp8_loader.sources.measurements import load_measurements as load_measurements
     from hpu_fp8_loader.sources.measurements import read_measurements as read_measurements
     from hpu_fp8_loader.sources.measurements import write_measurements as write_measurements

@@ -140,6 +140,7 @@ def test_accuracy_of_the_trained_models(trained, model):
 def test_none_kv_scheme_has_no_separate_attention_ablation(trained):
     report = evaluate(TINY_MODELS["qwen2-bytes"], trained("qwen2-bytes", "none"), samples=4, seq_len=64)
     assert [r.variant for r in report.rows] == ["fp8", "weights-only"]
+    assert report.tokenizer == "bytes"  # a byte-level model, and the result says so
 
 
 def test_the_attention_warning_recommends_the_none_scheme():

@@ -17,6 +17,8 @@ from huggingface_hub import ModelCard, ModelCardData
 from hpu_fp8_loader.hub.cards import render_card
 from hpu_fp8_loader.hub.publish import git_blob_id
 from hpu_fp8_loader.quality.evaluate import evaluate
+from hpu_fp8_loader.sources.measurements import read_measurements, write_measurements
+from hpu_fp8_loader.sources.synth import synthetic_measurements
 from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 
 pytestmark = pytest.mark.slow  # subprocesses against the Hub double: the inner loop leaves them to CI
@@ -382,3 +384,19 @@ def test_a_dry_run_card_shows_the_report_plots_it_stages(tmp_path):
     skipped = run(push_args(tmp_path, "--dry-run", "--skip-eval"), None, tmp_path)
     assert skipped.returncode == 0, skipped.stderr
     assert not list(checkpoint.glob("report-eval-*")) and list(checkpoint.glob("report-calibrate-*"))
+
+
+@pytest.mark.slow  # a dry-run push: convert and validate in a subprocess
+def test_push_takes_a_directory_of_measurement_files_as_convert_does(tmp_path):
+    """--measurements DIR of calibrate -o outputs: each file is a set, added to the repository in name order."""
+    config = json.loads((Path(QWEN) / "config.json").read_text())
+    folder = tmp_path / "measurements"
+    folder.mkdir()
+    for name, seed in (("b.json", 1), ("a.json", 2)):
+        write_measurements(folder / name, synthetic_measurements(config, seed=seed))
+    args = ["push", QWEN, "--repo-id", "a/b", "--base-model", "a/c", "--license", "mit", "--measurements", str(folder)]
+    result = run([*args, "--skip-eval", "--dry-run", "--work-dir", str(tmp_path / "work")], None, tmp_path)
+    assert result.returncode == 0, result.stderr
+    staged = tmp_path / "work" / "checkpoint"
+    assert read_measurements(staged / "hpu_fp8_measurements-1.json").provenance.files == ["a.json"]
+    assert read_measurements(staged / "hpu_fp8_measurements-2.json").provenance.files == ["b.json"]

@@ -363,7 +363,7 @@ def _shown_on(bar):
 
 
 def print_eval(report) -> None:
-    click.echo(f"{report.tokens:,} held-out tokens ({report.dataset}), TP {report.tp}")
+    click.echo(f"{report.tokens:,} held-out tokens ({report.dataset}, tokenizer: {report.tokenizer}), TP {report.tp}")
     click.echo(f"{'variant':<14}{'top-1 agree':>12}{'mean KL':>10}{'logit RMSE':>12}{'ppl bf16':>10}{'ppl fp8':>10}{'ppl +%':>8}")
     for r in report.rows:
         click.echo(

@@ -37,7 +37,7 @@ from hpu_fp8_loader.io.writer import check_apart
 from hpu_fp8_loader.quality.calibrate import calibrate
 from hpu_fp8_loader.quality.evaluate import EvaluationResult, evaluate
 from hpu_fp8_loader.quality.report import REPORT_FILE, Report
-from hpu_fp8_loader.sources.measurements import load_measurements
+from hpu_fp8_loader.sources.measurements import load_measurement_sets
 from hpu_fp8_loader.sources.resolve import (
     SOURCE_PATTERNS,
     check_repo_id,
@@ -284,7 +284,7 @@ def _checked_options(options: PushOptions) -> list[Measurements]:
         raise HpuFp8Error("--measurements and --calibrate both given: pass one source of activation statistics")
     if not (options.calibrate or options.measurements):
         raise HpuFp8Error("no activation statistics: pass --measurements FILE or --calibrate")
-    return [_publishable(load_measurements(p).measurements) for p in options.measurements]
+    return [_publishable(s.measurements) for p in options.measurements for s in load_measurement_sets(p)]
 
 
 def _add_files(checkpoint: Path, files: dict[str, bytes]) -> list[CardFile]:

@@ -80,6 +80,8 @@ class EvaluationResult:
             token, nats), ``relative_logit_rmse``, ``perplexity_bf16``, ``perplexity_fp8`` and
             ``perplexity_increase`` (``perplexity_fp8 / perplexity_bf16 - 1``).
         warnings: such as FP8 attention costing far more than FP8 linears (convert again with ``kv_cache="none"``).
+        tokenizer: which tokenizer made the tokens (the BF16 source's own, such as ``"tokenizer.json"``, or
+            ``"bytes"``), as :class:`~hpu_fp8_loader.CalibrationResult` names it.
 
     Example:
         >>> from hpu_fp8_loader import TINY_MODELS, evaluate
@@ -96,6 +98,7 @@ class EvaluationResult:
     dataset: str
     rows: list[EvalRow] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    tokenizer: str = ""
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -234,7 +237,7 @@ def evaluate(
     reference = open_weights(bf16_source, cache_bytes=0)  # layer-major: each layer is read once, nothing to cache
     check_same_model(bf16_source, reference.descriptor, fp8_checkpoint, fp8.descriptor)
     check_seq_len(seq_len, bf16_source, reference.checkpoint.config)
-    ids, _ = dataset_tokens(
+    ids, tokenizer_name = dataset_tokens(
         bf16_source,
         reference.descriptor.vocab_size,
         dataset,
@@ -271,7 +274,8 @@ def evaluate(
     with np.errstate(over="ignore", invalid="ignore"):  # what overflowed is refused by name
         run_layer_major(models, windows, 4, add, scratch_dir, progress=progress)
     tokens = windows.size
-    result = EvaluationResult(tokens, tp, str(dataset), [accumulators[name].row(name) for name in accumulators])
+    table = [accumulators[name].row(name) for name in accumulators]
+    result = EvaluationResult(tokens, tp, str(dataset), table, tokenizer=tokenizer_name)
     warning = attention_warning(result.rows)
     if warning:
         result.warnings.append(warning)

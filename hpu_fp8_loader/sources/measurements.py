@@ -388,7 +388,7 @@ def load_measurement_sets(path: str | Path) -> list[LoadedMeasurements]:
             :func:`load_measurements` refuses, naming the file.
 
     Example:
-        >>> from hpu_fp8_loader.sources.measurements import load_measurement_sets
+        >>> from hpu_fp8_loader import load_measurement_sets
         >>> [s.measurements.provenance.files for s in load_measurement_sets("measurements/")]
         [['attention.json'], ['mlp.json']]
     """
