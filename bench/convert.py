@@ -54,13 +54,15 @@ from pathlib import Path
 import ml_dtypes  # noqa: F401  registers 'bfloat16' with numpy, which safetensors' numpy API needs for BF16
 from safetensors import safe_open
 from safetensors.numpy import save_file
-src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+src, dst, keep = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:] != ["--drop-each"]
 dst.mkdir(parents=True, exist_ok=True)
 for shard in sorted(src.glob("*.safetensors")):
     with safe_open(shard, framework="numpy") as f:
         tensors = {name: f.get_tensor(name) for name in f.keys()}
     save_file(tensors, dst / shard.name)
     del tensors
+    if not keep:  # timed, not kept: the disk then needs room for one copied shard only
+        (dst / shard.name).unlink()
 """
 
 RAW_READ = """

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from convert import COPY
 from memory import Measured, run_measured
 
 from hpu_fp8_loader.arch import describe
@@ -41,46 +42,15 @@ from hpu_fp8_loader.arch.base import Role
 from hpu_fp8_loader.quality.datasets import builtin_text
 from hpu_fp8_loader.sources.synth import preset_config
 
-# ERNIE-4.5-21B-A3B's config.json values (the public release) that differ from the tiny preset.
-ERNIE_21B = {
-    "hidden_size": 2560,
-    "intermediate_size": 12288,
-    "moe_intermediate_size": 1536,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 20,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "moe_num_experts": 64,
-    "moe_num_shared_experts": 2,
-    "moe_k": 6,
-    "moe_layer_start_index": 1,
-    "moe_layer_end_index": 27,
-    "moe_layer_interval": 1,
-    "vocab_size": 103424,
-    "tie_word_embeddings": True,
-    "rope_theta": 500000.0,
-    "rms_norm_eps": 1e-5,
-    "max_position_embeddings": 131072,
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers import real_configs
+
+# ERNIE-4.5-21B-A3B's published config.json values (tests/helpers/real_configs.py), and the arithmetic settings the
+# engine reads, as that config.json sets them.
+ERNIE_21B = {**real_configs.ERNIE_21B, "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072}
 SHARD = 2 * 10**9  # bytes per source shard: the copy baseline's disk headroom
 HEADROOM = 3 * 10**9  # for measurements, scratch and the filesystem itself
 TOKENIZER_VOCAB = 8000
-
-COPY = """
-import sys
-from pathlib import Path
-import ml_dtypes  # noqa: F401  registers 'bfloat16' with numpy, which safetensors' numpy API needs for BF16
-from safetensors import safe_open
-from safetensors.numpy import save_file
-src, dst = Path(sys.argv[1]), Path(sys.argv[2])
-dst.mkdir(parents=True, exist_ok=True)
-for shard in sorted(src.glob("*.safetensors")):
-    with safe_open(shard, framework="numpy") as f:
-        tensors = {name: f.get_tensor(name) for name in f.keys()}
-    save_file(tensors, dst / shard.name)
-    del tensors
-    (dst / shard.name).unlink()  # timed, not kept: the disk holds the source and one copied shard
-"""
 
 
 def config_for(layers: int) -> dict:
@@ -231,7 +201,7 @@ def main() -> None:
             "-q",
         ],
     )
-    copy = step(results, "copy baseline", [py, "-c", COPY, str(src), str(args.work / "copy")])
+    copy = step(results, "copy baseline", [py, "-c", COPY, str(src), str(args.work / "copy"), "--drop-each"])
     shutil.rmtree(args.work / "copy", ignore_errors=True)
     convert = step(results, "convert", [cli, "convert", str(src), str(out), "--measurements", str(measurements), "-q"])
     step(results, "validate", [cli, "validate", "-q", str(out)])
