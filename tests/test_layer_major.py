@@ -53,16 +53,17 @@ def test_layer_major_calibration_equals_batch_major_to_the_bit(source_factory, m
 
 
 class CountingWeights(EngineWeights):
-    """The real weights, counting how often each layer is read (never cached)."""
+    """The real weights, counting how often each layer is read from the checkpoint, read-ahead included (never
+    cached)."""
 
     def __init__(self, root):
         opened = open_weights(root)
         super().__init__(opened.checkpoint, opened.descriptor, cache_bytes=0)
         self.reads: Counter = Counter()
 
-    def layer(self, index):
+    def _read(self, index):
         self.reads[index] += 1
-        return super().layer(index)
+        return super()._read(index)
 
 
 class EnteredLayers(AmaxObserver):
@@ -77,6 +78,7 @@ class EnteredLayers(AmaxObserver):
 @pytest.mark.parametrize("windows", [1, 3, 8])
 def test_each_layer_is_read_once_whatever_the_number_of_windows(source_factory, windows):
     weights = CountingWeights(source_factory("ernie-moe-tiny"))
+    assert weights.reads_ahead  # a tiny model: layer L + 1 is read while layer L runs, and still only once
     observer = EnteredLayers("ernie")
     ids = np.arange(windows * 16).reshape(windows, 16) % 500
     run_layer_major({"m": ReferenceModel(weights, observer=observer)}, ids, 2)
@@ -202,3 +204,32 @@ def test_the_cli_bar_shows_the_total_and_the_layer():
         show(LayerProgress(12, 12, 4, 4))
         bar.refresh()
         assert bar.n == 12 and "logits" in out.getvalue()
+
+
+def test_read_ahead_hands_over_the_plain_reads_to_the_bit_and_drops_what_is_not_asked_for(source_factory):
+    """Layer L + 1 is read on the second thread as soon as layer L is asked for; what it hands over is what a
+    plain read gives; a read-ahead that is not asked for next (another layer) is waited for and dropped."""
+    root = source_factory("ernie-moe-tiny")
+    ahead, plain = CountingWeights(root), CountingWeights(root)
+    plain.reads_ahead = False
+    for layer in range(ahead.descriptor.num_layers):
+        mine, theirs = ahead.layer(layer), plain.layer(layer)
+        assert mine.keys() == theirs.keys()
+        assert all(np.array_equal(mine[name], theirs[name]) for name in mine)
+        if layer + 1 < ahead.descriptor.num_layers:
+            assert ahead.reads[layer + 1] == 1 or ahead._ahead is not None  # under way, or already done
+    assert ahead.reads == Counter(dict.fromkeys(range(ahead.descriptor.num_layers), 1))  # nothing after the last
+    ahead.layer(0)  # not read ahead: read again, and layer 1 read ahead ...
+    ahead.layer(2)  # ... which is not asked for: waited for and dropped, layer 2 read plainly
+    assert ahead.reads == Counter({0: 2, 1: 2, 2: 2})
+
+
+def test_there_is_no_read_ahead_when_two_layers_do_not_fit(source_factory, monkeypatch):
+    import hpu_fp8_loader.engine.weights as weights_module
+
+    root = source_factory("ernie-moe-tiny")
+    largest = max(sum(4 * np.prod(w.shape) for w in CountingWeights(root)._by_layer[layer]) for layer in range(3))
+    monkeypatch.setattr(weights_module, "memory_budget", lambda: 4 * largest - 1)
+    assert not CountingWeights(root).reads_ahead
+    monkeypatch.setattr(weights_module, "memory_budget", lambda: 4 * largest)
+    assert CountingWeights(root).reads_ahead

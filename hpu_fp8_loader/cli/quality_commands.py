@@ -144,7 +144,8 @@ def calibrate(
     replaced only with --force, and never one inside MODEL.
 
     Layer-major: every window goes through layer L before layer L+1 is read, so each layer is read
-    once. Memory: one layer's float32 weights, --batch-size windows' activations, and the hidden
+    once (the next one read while this one runs). Memory: one layer's float32 weights (two when
+    they fit half the available memory), --batch-size windows' activations, and the hidden
     states of all windows (samples x seq-len x hidden x 4 bytes), kept in memory when they fit a
     quarter of the available memory, else in a scratch file beside -o (deleted when done).
 
@@ -278,7 +279,8 @@ def eval_command(
     Tokens come from BF16_SOURCE's own tokenizer, as for calibrate.
 
     Layer-major: every window goes through layer L of the BF16 model and of every row before layer
-    L+1 is read; each layer is read (and mapped) once. Memory: one layer of each model in float32,
+    L+1 is read; each layer is read (and mapped) once. Memory: one layer of each model in float32
+    (the BF16 model's next one read ahead when two fit half the available memory),
     4 windows' activations and logits, and the hidden states of all windows per model, in memory
     when they fit a quarter of the available memory, else in --scratch-dir (deleted when done).
 

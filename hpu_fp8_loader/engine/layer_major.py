@@ -8,7 +8,7 @@ with its disk space reserved up front (a full disk is one line now, not a SIGBUS
 layer ``chunk`` at a time, with the very arithmetic of the batch-major forward on a batch of that size, so the
 results are the same to the bit.
 
-Memory: one layer's weights per model kind, one chunk of hidden states and its activations, and the hidden-state
+Memory: one layer's weights per model kind (a second one being read ahead, when they fit: EngineWeights), one chunk of hidden states and its activations, and the hidden-state
 stores when they are in memory (``windows x seq_len x hidden x 4`` bytes per model).
 """
 

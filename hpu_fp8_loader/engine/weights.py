@@ -7,6 +7,8 @@ it is asked for, and what is returned is the caller's to drop: a model larger th
 
 from __future__ import annotations
 
+import math
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +31,11 @@ class EngineWeights:
     When the whole model in float32 fits in ``cache_bytes`` (default: a quarter of what this
     process may still use, :func:`memory_budget`), layers are kept once converted, so repeated forwards (calibration batches) read and
     convert every weight once; otherwise every forward streams the layers again.
+
+    Streamed, layer ``L + 1`` is read and converted on a second thread while layer ``L`` computes (read-ahead),
+    when two layers in float32 fit half of what this process may still use: the disk's wait and the conversion,
+    a third of a calibration of a model larger than RAM, then overlap the arithmetic. The arrays are those of a
+    plain read, bit for bit; only the order of the work changes.
     """
 
     def __init__(self, checkpoint: Checkpoint, descriptor: ModelDescriptor, cache_bytes: int | None = None):
@@ -41,6 +48,10 @@ class EngineWeights:
         self._by_layer: dict[int | None, list[WeightTensor]] = {}
         for w in descriptor.weights():
             self._by_layer.setdefault(w.layer, []).append(w)
+        largest = max(sum(4 * math.prod(w.shape) for w in weights) for weights in self._by_layer.values())
+        self.reads_ahead = self._cache is None and 2 * largest <= memory_budget() // 2
+        self._ahead: tuple[int, Future[dict[str, np.ndarray]]] | None = None
+        self._reader: ThreadPoolExecutor | None = None
 
     @property
     def cached(self) -> bool:
@@ -56,13 +67,29 @@ class EngineWeights:
         return fuse_columns(arrays, [p.transpose for p in parts])
 
     def layer(self, index: int | None) -> dict[str, np.ndarray]:
-        """Every weight of one layer (``None``: embeddings, final norm, lm_head), keyed by spec name."""
+        """Every weight of one layer (``None``: embeddings, final norm, lm_head), keyed by spec name.
+
+        With read-ahead, asking for decoder layer ``L`` also starts reading ``L + 1`` (what a forward asks for
+        next); asking for anything else first waits for, and drops, a read-ahead it did not use."""
         if self._cache is not None and index in self._cache:
             return self._cache[index]
-        weights = {w.name: self.get(w) for w in self._by_layer.get(index, [])}
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == index:
+            weights = ahead[1].result()
+        else:
+            if ahead is not None:
+                ahead[1].result()  # never two readers of one file at once
+            weights = self._read(index)
         if self._cache is not None:
             self._cache[index] = weights
+        elif self.reads_ahead and index is not None and index + 1 < self.descriptor.num_layers:
+            if self._reader is None:
+                self._reader = ThreadPoolExecutor(1, thread_name_prefix="hpu-fp8-read-ahead")
+            self._ahead = index + 1, self._reader.submit(self._read, index + 1)
         return weights
+
+    def _read(self, index: int | None) -> dict[str, np.ndarray]:
+        return {w.name: self.get(w) for w in self._by_layer.get(index, [])}
 
 
 def open_weights(path: str | Path, cache_bytes: int | None = None) -> EngineWeights:

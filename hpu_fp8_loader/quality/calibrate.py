@@ -111,7 +111,8 @@ def calibrate(
     """Run the reference engine over ``samples`` windows of ``dataset`` and record every act amax.
 
     Layer-major: all windows go through layer L before layer L+1 is read, so each layer's weights are read and
-    converted once, whatever the number of windows; no logits are computed. Memory: one layer's float32 weights,
+    converted once, whatever the number of windows; no logits are computed. Memory: one layer's float32 weights (two
+    while the next is read ahead, when two fit half the memory budget),
     ``batch_size`` windows' activations, and the hidden states of all windows (``samples x seq_len x hidden x 4``
     bytes) when they fit a quarter of the memory budget, else in a scratch file in ``scratch_dir``. The amax are
     those of running the windows batch by batch, to the bit.
