@@ -22,6 +22,7 @@ writes rank 0's file. Nothing here is run by CI.
 
     python bench/full_size.py --work /path/with/70GB/free [--layers N] [--samples 16] [--json]
     python bench/full_size.py --synth-only; python bench/full_size.py --reuse-source   # the source made beforehand
+    python bench/full_size.py --reuse-source --calibrate-only                          # calibrate's goals alone
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="also print every figure as one JSON document")
     parser.add_argument("--reuse-source", action="store_true", help="keep a source an earlier run of this script made")
     parser.add_argument("--synth-only", action="store_true", help="make the source (and its tokenizer), then stop")
+    parser.add_argument("--calibrate-only", action="store_true", help="stop after calibrate, keeping the source")
     args = parser.parse_args()
     src, out, results = args.work / "src", args.work / "fp8", {}
     marker = src / "bench-source.json"  # written once the source and its tokenizer are complete
@@ -201,36 +203,35 @@ def main() -> None:
             "-q",
         ],
     )
-    copy = step(results, "copy baseline", [py, "-c", COPY, str(src), str(args.work / "copy"), "--drop-each"])
-    shutil.rmtree(args.work / "copy", ignore_errors=True)
-    convert = step(results, "convert", [cli, "convert", str(src), str(out), "--measurements", str(measurements), "-q"])
-    step(results, "validate", [cli, "validate", "-q", str(out)])
-    step(
-        results,
-        "eval",
-        [cli, "eval", str(src), str(out), "--samples", str(args.eval_samples), "--seq-len", str(args.seq_len), "--json"],
-    )
-    shutil.rmtree(src)  # map's rank file needs the room (--reuse-source cannot reuse it after a whole run)
-    step(results, "map", [cli, "map", str(out), "--tp", "2", "--rank", "0", "-o", str(args.work / "rank0.safetensors")])
-
     tokens = args.samples * args.seq_len
     bound = tokens * per_token / (rate * 1e9)
     ratios = {
         "calibrate_read_over_model": calibrate.bytes_read / size,
         "calibrate_throughput_over_flop_bound": bound / calibrate.seconds,
-        "convert_over_copy": convert.seconds / copy.seconds,
     }
-    print(f"\nnumpy float32 matmul: {rate:.1f} GFLOP/s; {per_token / 1e9:.2f} GFLOP per token -> FLOP bound {bound:.0f} s")
+    print(f"numpy float32 matmul: {rate:.1f} GFLOP/s; {per_token / 1e9:.2f} GFLOP per token -> FLOP bound {bound:.0f} s")
     print(f"calibrate read {calibrate.bytes_read / 1e9:.1f} GB of a {size / 1e9:.1f} GB model:")
     print(f"  -> {ratios['calibrate_read_over_model']:.2f}x the model's bytes (goal <= 1.1)")
     print(f"calibrate {tokens} tokens in {calibrate.seconds:.0f} s, {tokens / calibrate.seconds:.1f} tokens/s:")
-    print(f"  -> {ratios['calibrate_throughput_over_flop_bound']:.2f}x the FLOP bound (goal >= 0.5)")
-    print(f"convert {convert.seconds:.0f} s, copy {copy.seconds:.0f} s:")
-    print(f"  -> {ratios['convert_over_copy']:.2f}x the copy (goal <= 1.0)")
+    print(f"  -> {ratios['calibrate_throughput_over_flop_bound']:.2f}x the FLOP bound (goal >= 0.5)", flush=True)
+    if not args.calibrate_only:
+        copy = step(results, "copy baseline", [py, "-c", COPY, str(src), str(args.work / "copy"), "--drop-each"])
+        shutil.rmtree(args.work / "copy", ignore_errors=True)
+        convert = step(results, "convert", [cli, "convert", str(src), str(out), "--measurements", str(measurements), "-q"])
+        step(results, "validate", [cli, "validate", "-q", str(out)])
+        evaluation = [cli, "eval", str(src), str(out), "--samples", str(args.eval_samples), "--seq-len", str(args.seq_len)]
+        step(results, "eval", [*evaluation, "--json"])
+        shutil.rmtree(src)  # map's rank file needs the room (--reuse-source cannot reuse it after a whole run)
+        rank_file = str(args.work / "rank0.safetensors")
+        step(results, "map", [cli, "map", str(out), "--tp", "2", "--rank", "0", "-o", rank_file])
+        ratios["convert_over_copy"] = convert.seconds / copy.seconds
+        print(f"convert {convert.seconds:.0f} s, copy {copy.seconds:.0f} s:")
+        print(f"  -> {ratios['convert_over_copy']:.2f}x the copy (goal <= 1.0)")
     if args.json:
         figures = {name: vars(m) for name, m in results.items()}
         print(json.dumps({"layers": layers, "model_bytes": size, "gflops": rate, "steps": figures, "ratios": ratios}))
-    shutil.rmtree(args.work, ignore_errors=True)
+    if not args.calibrate_only:
+        shutil.rmtree(args.work, ignore_errors=True)
 
 
 if __name__ == "__main__":
