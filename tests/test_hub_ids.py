@@ -55,17 +55,10 @@ def test_validate_resolves_a_repo_id_and_its_revision(hub):
     assert main_report["tensors"] != v1_report["tensors"]  # qwen2 and the ERNIE MoE
 
 
-def test_inspect_resolves_a_repo_id_and_its_revision(hub):
-    at_main = run("inspect", "acme/fp8", "--json")
-    at_v1 = run("inspect", "acme/fp8", "--json", "--revision", "v1")
-    assert at_main.exit_code == 0 and at_v1.exit_code == 0, at_main.output + at_v1.output
-    assert json.loads(at_main.stdout)["model_type"] == "qwen2"
-    assert json.loads(at_v1.stdout)["model_type"] == "ernie4_5_moe"
-
-
-def test_plan_resolves_a_repo_id_and_its_revision(hub):
-    at_main = run("plan", "acme/src", "--json")
-    at_v1 = run("plan", "acme/src", "--json", "--revision", "v1")
+@pytest.mark.parametrize(("command", "repo_id"), [("inspect", "acme/fp8"), ("plan", "acme/src")])
+def test_inspect_and_plan_resolve_a_repo_id_and_its_revision(hub, command, repo_id):
+    at_main = run(command, repo_id, "--json")
+    at_v1 = run(command, repo_id, "--json", "--revision", "v1")
     assert at_main.exit_code == 0 and at_v1.exit_code == 0, at_main.output + at_v1.output
     assert json.loads(at_main.stdout)["model_type"] == "qwen2"
     assert json.loads(at_v1.stdout)["model_type"] == "ernie4_5_moe"
