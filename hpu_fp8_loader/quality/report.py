@@ -39,7 +39,7 @@ from hpu_fp8_loader.arch import ModelDescriptor, Role, WeightTensor
 from hpu_fp8_loader.engine.model import Observer
 from hpu_fp8_loader.errors import OutputExistsError, UnsafePathError, WriteFailedError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
-from hpu_fp8_loader.io.writer import check_apart, fsync_path
+from hpu_fp8_loader.io.writer import check_apart, publish_output_dir
 from hpu_fp8_loader.numerics import e4m3, scales
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX
@@ -387,13 +387,10 @@ class Report:
         try:
             data["plots"] = render(data, staging)
             (staging / REPORT_FILE).write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-            for path in staging.iterdir():
-                fsync_path(path)
-            _publish(staging, out)
+            return publish_output_dir(staging, out)  # what publishes a checkpoint: synced, then renamed over OUT
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        return out
 
 
 def check_report_dir(directory: str | Path, force: bool, sources: Iterable[str | Path] = ()) -> None:
@@ -411,15 +408,3 @@ def check_report_dir(directory: str | Path, force: bool, sources: Iterable[str |
     parent = out.absolute().parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise WriteFailedError(f"{out}: its directory {parent} is missing or not writable")
-
-
-def _publish(staging: Path, out: Path) -> None:
-    """Rename the finished report onto ``out``; an old one is first moved aside into a fresh hidden directory."""
-    aside = None
-    if out.exists():
-        aside = Path(tempfile.mkdtemp(dir=out.absolute().parent, prefix=f".{out.name}.replaced-"))
-        os.replace(out, aside / "old")
-    os.replace(staging, out)
-    fsync_path(out.absolute().parent)
-    if aside is not None:
-        shutil.rmtree(aside)
