@@ -94,9 +94,7 @@ class Fp8Parameters:
         self.qc: QuantizationConfig = parse_quantization_config(self.checkpoint.config)
         self.d: ModelDescriptor = describe(self.checkpoint.config)
         self.tp = tp
-        self._by_layer: dict[int | None, list[WeightTensor]] = {}
-        for w in self.d.weights():
-            self._by_layer.setdefault(w.layer, []).append(w)
+        self._by_layer = self.d.weights_by_layer()
         self._last: tuple[int | None, list[dict[str, np.ndarray]]] | None = None
 
     def layer(self, index: int | None) -> list[dict[str, np.ndarray]]:

@@ -105,14 +105,6 @@ def hidden_store(shape: tuple[int, ...], in_memory: bool, scratch_dir: str | Pat
     yield store  # the space is freed when the last view of the map is gone
 
 
-def _layer_bytes(d: ModelDescriptor) -> int:
-    """float32 bytes of the model's largest layer."""
-    sizes: dict[int | None, int] = {}
-    for w in d.weights():
-        sizes[w.layer] = sizes.get(w.layer, 0) + 4 * math.prod(w.shape)
-    return max(sizes.values())
-
-
 def run_layer_major(
     models: Mapping[str, LayerModel],
     windows: np.ndarray,
@@ -142,7 +134,7 @@ def run_layer_major(
     shape = (*windows.shape, d.hidden_size)
     stores_bytes = len(models) * math.prod(shape) * 4
     budget = memory_budget() if memory_bytes is None else memory_bytes
-    in_memory = stores_bytes <= (budget - _layer_bytes(d)) // 4
+    in_memory = stores_bytes <= (budget - 4 * d.largest_layer_parameters()) // 4  # after one float32 layer
     log.info(
         "hidden states of %d window(s): %.1f MiB %s",
         len(windows),

@@ -7,7 +7,6 @@ it is asked for, and what is returned is the caller's to drop: a model larger th
 
 from __future__ import annotations
 
-import math
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -45,11 +44,8 @@ class EngineWeights:
         self._cache: dict[int | None, dict[str, np.ndarray]] | None = {} if 4 * descriptor.parameter_count() <= budget else None
         self.is_spec = is_hpu_fp8(checkpoint.config)
         self.layout = Layout.PADDLE if self.is_spec else detect_layout(checkpoint, descriptor)
-        self._by_layer: dict[int | None, list[WeightTensor]] = {}
-        for w in descriptor.weights():
-            self._by_layer.setdefault(w.layer, []).append(w)
-        largest = max(sum(4 * math.prod(w.shape) for w in weights) for weights in self._by_layer.values())
-        self.reads_ahead = self._cache is None and 2 * largest <= memory_budget() // 2
+        self._by_layer = descriptor.weights_by_layer()
+        self.reads_ahead = self._cache is None and 2 * 4 * descriptor.largest_layer_parameters() <= memory_budget() // 2
         self._ahead: tuple[int, Future[dict[str, np.ndarray]]] | None = None
         self._reader: ThreadPoolExecutor | None = None
 
