@@ -26,7 +26,7 @@ from hpu_fp8_loader.engine.model import EngineConfig, Observer, ReferenceModel
 from hpu_fp8_loader.engine.weights import open_weights
 from hpu_fp8_loader.errors import NonFiniteError
 from hpu_fp8_loader.io.file_output import check_output_file, write_text_atomically
-from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, dataset_tokens, token_batches
+from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, dataset_tokens, token_windows
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import AmaxSourceKind
 from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements, ModelIdentity
@@ -192,7 +192,7 @@ def calibrate(
     config = EngineConfig.from_config(weights.checkpoint.config, d, str(weights.checkpoint.root / "config.json"))
     log.info("%s: %d tokens of text (%s tokens) for %d window(s) of %d", model, ids.size, tokenizer_name, samples, seq_len)
     forward_observer = observer if report is None else report.calibration_observer(model, d, observer)
-    windows = np.concatenate(list(token_batches(ids, samples, seq_len, batch_size, dataset)))
+    windows = token_windows(ids, samples, seq_len, batch_size, dataset)
     try:
         with np.errstate(over="ignore", invalid="ignore"):  # the observer refuses what overflowed, by name
             run_layer_major(

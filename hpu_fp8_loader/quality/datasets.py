@@ -13,7 +13,7 @@ A dataset is one of:
 With a chat template, each record's ``messages`` (a list of ``{"role", "content"}`` objects) is rendered through
 the model's template (:meth:`~hpu_fp8_loader.quality.tokenizer.ModelTokenizer.chat_renderer`) instead. Each
 document is tokenized on its own (BOS per document where the model expects one) and the ids are concatenated
-into the stream :func:`token_batches` cuts into windows; documents are read only until the stream is long enough.
+into the stream :func:`token_windows` cuts into windows; documents are read only until the stream is long enough.
 
 Everything read here is read strictly, because a dataset that is read leniently does not fail, it calibrates
 on something else: a dataset must be a regular file (a FIFO would block the run forever, /dev/zero fill the
@@ -35,7 +35,16 @@ from hpu_fp8_loader.io.jsonfile import JsonFormatError, parse_json, read_regular
 from hpu_fp8_loader.quality.tokenizer import load_tokenizer
 from hpu_fp8_loader.sources.resolve import check_repo_id, check_revision, download_snapshot
 
-__all__ = ["BUILTIN", "DATASET_SUFFIXES", "builtin_text", "check_seq_len", "dataset_tokens", "load_documents", "token_batches"]
+__all__ = [
+    "BUILTIN",
+    "DATASET_SUFFIXES",
+    "builtin_text",
+    "check_seq_len",
+    "dataset_tokens",
+    "load_documents",
+    "token_batches",
+    "token_windows",
+]
 
 BUILTIN = "builtin"
 DATASET_SUFFIXES = (".txt", ".jsonl", ".parquet")
@@ -257,14 +266,22 @@ def check_seq_len(seq_len: int, model: str | Path, config: dict) -> None:
         raise HpuFp8Error(f"{model}: seq_len {seq_len} is beyond the model's max_position_embeddings {limit}")
 
 
-def token_batches(ids: np.ndarray, samples: int, seq_len: int, batch_size: int, dataset: str | Path = "the dataset"):
-    """Up to ``samples`` consecutive windows of ``seq_len`` tokens, ``batch_size`` at a time."""
+def token_windows(
+    ids: np.ndarray, samples: int, seq_len: int, batch_size: int = 1, dataset: str | Path = "the dataset"
+) -> np.ndarray:
+    """Up to ``samples`` consecutive windows of ``seq_len`` tokens, ``[windows, seq_len]``: what a layer-major run
+    takes whole. ``batch_size``, the windows a forward runs at a time, is checked with the other counts."""
     for name, value in (("samples", samples), ("seq_len", seq_len), ("batch_size", batch_size)):
         if value < 1:
             raise HpuFp8Error(f"{name} is {value}; it must be at least 1")
     available = len(ids) // seq_len
     if available == 0:
         raise HpuFp8Error(f"{dataset}: {len(ids)} tokens, fewer than one window of seq_len {seq_len}; use a smaller --seq-len")
-    windows = ids[: min(samples, available) * seq_len].reshape(-1, seq_len)
+    return ids[: min(samples, available) * seq_len].reshape(-1, seq_len)
+
+
+def token_batches(ids: np.ndarray, samples: int, seq_len: int, batch_size: int, dataset: str | Path = "the dataset"):
+    """The windows of :func:`token_windows`, ``batch_size`` at a time: what a batch-major forward takes."""
+    windows = token_windows(ids, samples, seq_len, batch_size, dataset)
     for start in range(0, len(windows), batch_size):
         yield windows[start : start + batch_size]

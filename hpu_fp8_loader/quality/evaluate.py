@@ -22,7 +22,7 @@ from hpu_fp8_loader.engine.layer_major import LayerModel, LayerProgress, run_lay
 from hpu_fp8_loader.engine.model import ReferenceModel
 from hpu_fp8_loader.engine.weights import open_weights
 from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
-from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, dataset_tokens, token_batches
+from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, dataset_tokens, token_windows
 
 if TYPE_CHECKING:
     from hpu_fp8_loader.quality.report import Report
@@ -248,7 +248,7 @@ def evaluate(
         chat_template=chat_template,
         dataset_revision=dataset_revision,
     )
-    windows = np.concatenate(list(token_batches(ids, samples, seq_len, 4, dataset)))
+    windows = token_windows(ids, samples, seq_len, dataset=dataset)
     emulator = Fp8Emulator(fp8_checkpoint, tp)  # the parameters, mapped one layer at a time, shared by every row
     observer = None if report is None else report.evaluation_observer(bf16_source, reference.descriptor, fp8.checkpoint)
     models: dict[str, LayerModel] = {str(bf16_source): ReferenceModel(reference, observer=observer)}
