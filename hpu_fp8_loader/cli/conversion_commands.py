@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -27,6 +28,9 @@ from hpu_fp8_loader.cli.group import (
 )
 from hpu_fp8_loader.console import emit_json, progress_bar
 from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, ScaleRounding, Target
+
+if TYPE_CHECKING:
+    from hpu_fp8_loader.spec.measurements import Measurements
 
 
 @main.command(short_help="Convert a BF16 checkpoint to hpu-fp8 v1.")
@@ -94,15 +98,12 @@ def convert(
     """
     from hpu_fp8_loader.conversion.convert import convert as run_convert
     from hpu_fp8_loader.conversion.plan import ConvertOptions
-    from hpu_fp8_loader.sources.measurements import load_measurement_sets
     from hpu_fp8_loader.sources.resolve import resolve_checkpoint
 
     options = ConvertOptions(target, kv_cache, scale_rounding, parse_size(max_shard_size), force, workers, dead_experts)
     with user_errors():
         source = resolve_checkpoint(src, revision)
-        loaded = [item for p in measurement_paths for item in load_measurement_sets(p)]
-        for item in loaded:
-            warn_each(item.warnings)
+        measurements = _measurement_sets(measurement_paths)
         with progress_bar("convert", quiet or as_json) as bar:
 
             def show(p) -> None:
@@ -110,7 +111,7 @@ def convert(
                 bar.update(p.bytes_done - bar.n)
                 bar.set_postfix_str(f"{p.tensors_done}/{p.tensors_total} tensors", refresh=False)
 
-            result = run_convert(source, out, [item.measurements for item in loaded], options, progress=show)
+            result = run_convert(source, out, measurements, options, progress=show)
     if as_json:
         emit_json({**dataclasses.asdict(result), "ratio": result.ratio, "target": target, "kv_cache": kv_cache})
         return
@@ -177,7 +178,6 @@ def import_command(
     """
     from hpu_fp8_loader.conversion.compressed_tensors import compressed_tensors_scheme, import_compressed_tensors
     from hpu_fp8_loader.conversion.plan import ConvertOptions
-    from hpu_fp8_loader.sources.measurements import load_measurement_sets
     from hpu_fp8_loader.sources.resolve import resolve_checkpoint
 
     if run_calibration and measurement_paths:
@@ -192,7 +192,7 @@ def import_command(
     )
     with user_errors():
         source = resolve_checkpoint(src, revision)
-        extra = [item.measurements for p in measurement_paths for item in load_measurement_sets(p)]
+        extra = _measurement_sets(measurement_paths)
         if run_calibration:
             from hpu_fp8_loader.quality.calibrate import calibrate
 
@@ -248,10 +248,9 @@ def import_legacy(
       hpu-fp8 import-legacy ./ERNIE-4.5-21B-A3B-fp8-legacy ernie-fp8 --dead-experts sibling-max
     """
     from hpu_fp8_loader.conversion.legacy_import import import_legacy as run_import
-    from hpu_fp8_loader.sources.measurements import load_measurement_sets
 
     with user_errors():
-        extra = [item.measurements for p in measurement_paths for item in load_measurement_sets(p)]
+        extra = _measurement_sets(measurement_paths)
         report = run_import(src, out, extra, dead_experts, parse_size(max_shard_size), force)
     warn_each(report.warnings)
     if as_json:
@@ -300,3 +299,14 @@ def retarget(src: Path, out: Path, target: Target, max_shard_size: str, force: b
         emit_json(report)
         return
     click.echo(report.message)
+
+
+def _measurement_sets(paths: tuple[Path, ...]) -> list[Measurements]:
+    """Every measurement set the --measurements paths name (a directory of JSON files: one per file, in name
+    order), each sign of a stale or dummy FastDeploy file shown as a warning."""
+    from hpu_fp8_loader.sources.measurements import load_measurement_sets
+
+    loaded = [item for path in paths for item in load_measurement_sets(path)]
+    for item in loaded:
+        warn_each(item.warnings)
+    return [item.measurements for item in loaded]
