@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 
 PRESETS = ("ernie-moe-tiny", "ernie-dense-tiny", "qwen2-tiny")
+
+# Property-based tests (hypothesis): few examples in the inner loop (-m "not slow"), many in the whole suite that
+# CI runs. A test's own @settings(max_examples=...) wins; HPU_FP8_HYPOTHESIS names a profile to force one.
+settings.register_profile("inner-loop", max_examples=15, deadline=None)
+settings.register_profile("whole-suite", max_examples=150, deadline=None)
+
+
+def pytest_configure(config) -> None:
+    inner_loop = "not slow" in (config.getoption("markexpr") or "")
+    settings.load_profile(os.environ.get("HPU_FP8_HYPOTHESIS") or ("inner-loop" if inner_loop else "whole-suite"))
 
 
 @pytest.fixture(scope="session")
