@@ -85,7 +85,9 @@ def test_a_directory_is_its_dataset_files_sorted_by_path_each_in_order(tmp_path)
 def test_a_directory_without_dataset_files_is_refused_naming_it(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "notes.md").write_text("words")
-    with pytest.raises(DatasetError, match=r"empty: a directory without \.txt, \.jsonl or \.parquet files"):
+    with pytest.raises(
+        DatasetError, match=r"empty: a directory without dataset files \(\.txt, \.jsonl, \.json, \.csv, \.parquet\)"
+    ):
         list(load_documents(tmp_path / "empty"))
 
 

@@ -146,13 +146,13 @@ def test_a_hostile_dataset_file_is_refused_naming_file_and_line(work, command, c
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
 def test_a_dataset_that_is_not_a_regular_file_is_refused_without_blocking(work, no_hang, command, kind):
-    dataset = {"fifo": work / "fifo.txt", "directory": work / "dir.txt", "device": Path("/dev/null")}[
-        kind
-    ]  # /dev/zero would fill the memory
+    dataset = {"fifo": work / "fifo.txt", "directory": work / "dir.txt", "device": work / "null.txt"}[kind]
     if kind == "fifo":
         os.mkfifo(dataset)
     elif kind == "directory":
         dataset.mkdir()
+    else:  # a link to a device, with a dataset suffix (/dev/zero would fill the memory)
+        dataset.symlink_to("/dev/null")
     assert_refused(
         run(command, work, "--dataset", dataset), str(dataset), "directory" if kind == "directory" else "not a regular file"
     )
