@@ -41,6 +41,7 @@ DATASET_SUFFIXES = (".txt", ".jsonl", ".json", ".csv", ".parquet")
 CHAT_SUFFIXES = (".jsonl", ".json", ".parquet")
 _CHUNK = 1 << 20  # bytes read at a time; about the size of a .txt piece
 _ROWS = 1024  # parquet rows per batch
+_LEADING_SPACE = 16 << 20  # characters of whitespace a .txt may start with (held until its first text)
 _BOM = "\ufeff"
 _JSON_SPACE = " \t\r\n"
 _SPACE = re.compile(f"[{_JSON_SPACE}]*")
@@ -72,7 +73,7 @@ def file_documents(path: Path, field: str, render: Render | None) -> Iterator[st
             return
         text = _Utf8Text(path, file)
         if suffix == ".txt":
-            yield from _text_pieces(text)
+            yield from _text_pieces(path, text)
         elif suffix == ".csv":
             yield from _csv_texts(path, text, field)
         else:
@@ -148,23 +149,26 @@ class _Utf8Text:
             yield number, "".join(partial)
 
 
-def _text_pieces(text: _Utf8Text) -> Iterator[str]:
-    """A .txt file's one document, whole when it fits one read, else in pieces of about :data:`_CHUNK` bytes, each
-    ending at a line end (else at a space, else anywhere): the first a ``str``, the rest :class:`Continued`.
-    Leading blank pieces are dropped."""
+def _text_pieces(path: Path, text: _Utf8Text) -> Iterator[str]:
+    """A .txt file's one document, whole when it fits one read, else in pieces of about :data:`_CHUNK` bytes: the
+    first a ``str`` that holds the first non-blank character, the rest :class:`Continued`, each ending at a line
+    end after it (else at a space, else anywhere). Whitespace before the first text is kept, up to
+    :data:`_LEADING_SPACE` characters: a file that is megabytes of nothing but whitespace is refused, not held."""
     rest, started = "", False
     block = text.read()
     while block:
         following = text.read()
         piece = rest + block
-        cut = (piece.rfind("\n") + 1 or piece.rfind(" ") + 1 or len(piece)) if following else len(piece)
+        if not started and following and not piece.strip():
+            if len(piece) > _LEADING_SPACE:
+                raise DatasetError(f"{path}: more than {_LEADING_SPACE} characters of whitespace before any text")
+            rest, block = piece, following
+            continue
+        first = 0 if started else len(piece) - len(piece.lstrip())  # the first piece ends after its first text
+        cut = (piece.rfind("\n", first) + 1 or piece.rfind(" ", first) + 1 or len(piece)) if following else len(piece)
         piece, rest = piece[:cut], piece[cut:]
-        if started:
-            yield Continued(piece)
-        elif piece.strip():
-            started = True
-            yield piece
-        block = following
+        yield Continued(piece) if started else piece
+        started, block = True, following
 
 
 def _jsonl_records(path: Path, text: _Utf8Text, first: int) -> Iterator[tuple[str, object]]:
@@ -327,7 +331,7 @@ def _parquet_documents(path: Path, file: BinaryIO, field: str, render: Render | 
     column = "messages" if render is not None else field
     failures = (pa.ArrowException, ValueError, OSError)
     try:
-        parquet = pq.ParquetFile(file)
+        parquet = pq.ParquetFile(file, pre_buffer=False)  # pre-buffered, iter_batches reads every row group first
         schema = parquet.schema_arrow
     except failures as exc:
         raise DatasetError(f"{path}: not a parquet file pyarrow can read ({one_line(exc)})") from None
