@@ -57,6 +57,15 @@ def test_a_parquet_column_that_is_not_text_is_refused_naming_file_and_column(tmp
         list(load_documents(path))
 
 
+def test_a_parquet_string_that_is_not_utf8_is_refused_naming_its_row(tmp_path):
+    """Parquet does not check a string's UTF-8, and pyarrow's to_pylist raised UnicodeDecodeError (found by the
+    property-based tests in tests/hostile/test_dataset_properties.py)."""
+    latin1 = pa.array([b"fine", b"caf\xe9"], pa.binary()).view(pa.string())
+    path = write_parquet(tmp_path / "d.parquet", {"text": latin1})
+    with pytest.raises(DatasetError, match=r"d\.parquet row 1: not UTF-8 text \(0xe9 at byte 3 of the value\)"):
+        list(load_documents(path))
+
+
 def test_a_file_that_is_no_parquet_is_named(tmp_path):
     (tmp_path / "d.parquet").write_bytes(b"PAR1 but not really")
     with pytest.raises(DatasetError, match=r"d\.parquet: not a parquet file pyarrow can read"):

@@ -348,7 +348,7 @@ def _parquet_documents(path: Path, file: BinaryIO, field: str, render: Render | 
             raise DatasetError(f"{path} row {row}: pyarrow cannot read on ({one_line(exc)})") from None
         if batch is None:
             return
-        for value in batch.column(0).to_pylist():  # dictionary-encoded strings come out decoded
+        for value in _python_values(batch.column(0), path, row):
             where = f"{path} row {row}"
             if render is not None:
                 yield render(_messages(value, where), where)
@@ -357,6 +357,23 @@ def _parquet_documents(path: Path, file: BinaryIO, field: str, render: Render | 
             else:
                 yield value
             row += 1
+
+
+def _python_values(values, path: Path, first_row: int) -> list:
+    """A batch's column as Python values (dictionary-encoded strings come out decoded); a string that is not UTF-8
+    (parquet does not check it, pyarrow only when asked for the value) is refused naming its row."""
+    try:
+        return values.to_pylist()
+    except UnicodeDecodeError:
+        for index in range(len(values)):
+            try:
+                values[index].as_py()
+            except UnicodeDecodeError as exc:
+                raise DatasetError(
+                    f"{path} row {first_row + index}: not UTF-8 text (0x{exc.object[exc.start]:02x} at byte {exc.start} "
+                    "of the value)"
+                ) from None
+        raise RuntimeError(f"{path}: pyarrow failed to decode a batch it decodes row by row") from None
 
 
 def _holds_strings(kind) -> bool:
