@@ -93,9 +93,9 @@ def test_a_parquet_column_of_strings_in_any_arrow_encoding_is_read(tmp_path, kin
     assert list(load_documents(path)) == ["one", "two", "one"]
 
 
-def test_parquet_chat_records_render_as_the_same_records_in_jsonl(tmp_path):
-    """--chat-template over a parquet `messages` column (list<struct<role, content>>) gives the tokens the same
-    records give from JSONL."""
+def test_parquet_and_json_chat_records_render_as_the_same_records_in_jsonl(tmp_path):
+    """--chat-template over a parquet `messages` column (list<struct<role, content>>) or a .json array gives the
+    tokens the same records give from JSONL."""
     model = tmp_path / "model"
     model.mkdir()
     (model / "chat_template.jinja").write_text("{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}")
@@ -105,9 +105,11 @@ def test_parquet_chat_records_render_as_the_same_records_in_jsonl(tmp_path):
     ]
     write_parquet(tmp_path / "chats.parquet", {"messages": chats, "text": ["not this", "nor this"]})
     (tmp_path / "chats.jsonl").write_text("".join(json.dumps({"messages": chat}) + "\n" for chat in chats))
+    (tmp_path / "chats.json").write_text(json.dumps([{"messages": chat} for chat in chats], indent=2))
     from_parquet = dataset_tokens(model, 512, tmp_path / "chats.parquet", chat_template=True)
     from_jsonl = dataset_tokens(model, 512, tmp_path / "chats.jsonl", chat_template=True)
-    assert from_parquet.ids.tobytes() == from_jsonl.ids.tobytes()
+    from_json = dataset_tokens(model, 512, tmp_path / "chats.json", chat_template=True)
+    assert from_parquet.ids.tobytes() == from_jsonl.ids.tobytes() == from_json.ids.tobytes()
     assert bytes(from_parquet.ids.tolist()) == b"[user]Hello there[assistant]Hi.[user]Again"
     write_parquet(tmp_path / "bad.parquet", {"messages": [chats[0], [{"role": "user"}]]})
     with pytest.raises(DatasetError, match=r"bad\.parquet row 1: messages\[0\] is not an object with 'role' and 'content'"):
