@@ -105,7 +105,7 @@ def test_layer_major_eval_rows_equal_the_batch_major_computation_to_the_bit(trai
     """What evaluate computed before it ran layer-major: the engine's and each row's forward, 4 windows at a time
     (6 windows: a short last batch)."""
     source, checkpoint = TINY_MODELS[model], trained(model)
-    ids, _ = dataset_tokens(source, 256, split="held-out")
+    ids = dataset_tokens(source, 256, split="held-out").ids
     reference = open_weights(source)
     emulators = {name: Fp8Emulator(checkpoint, tp, options) for name, options in VARIANTS.items()}
     accumulators = {name: _Accumulator() for name in VARIANTS}

@@ -33,7 +33,7 @@ def batch_major(model, samples: int, all_experts: bool) -> AmaxObserver:
     """What calibrate computed before it ran layer-major: ``forward`` batch by batch, one observer throughout."""
     weights = open_weights(model)
     observer = AmaxObserver(weights.descriptor.prefix, all_experts)
-    ids, _ = dataset_tokens(model, weights.descriptor.vocab_size)
+    ids = dataset_tokens(model, weights.descriptor.vocab_size).ids
     for batch in token_batches(ids, samples, SEQ_LEN, BATCH):
         forward(weights, batch, observer)
     return observer

@@ -200,7 +200,7 @@ def test_chat_records_are_rendered_by_the_models_template_with_its_own_special_t
     config = {"add_bos_token": True, "bos_token": "<s>", "eos_token": "</s>", "chat_template": TEMPLATE}
     folder = model_dir(tmp_path, config, tokenizer_model=sentencepiece_file)
     (tmp_path / "chats.jsonl").write_text("".join(json.dumps(c) + "\n" for c in CHATS))
-    ids, name = dataset_tokens(folder, 300, tmp_path / "chats.jsonl", chat_template=True)
+    ids, name, _ = dataset_tokens(folder, 300, tmp_path / "chats.jsonl", chat_template=True)
     processor = sentencepiece.SentencePieceProcessor(model_file=str(sentencepiece_file))
     expected = [1, *processor.encode("user: Hello there"), 2, 1, *processor.encode("assistant: Hi."), 2]
     assert name == "tokenizer.model (sentencepiece)" and ids.tolist() == expected  # the template's BOS only, no second

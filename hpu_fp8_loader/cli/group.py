@@ -162,8 +162,11 @@ dead_experts_option = _enum_option(
 )
 
 DATASET_FORMS = (
-    "FILE.txt, FILE.jsonl (one record a line), FILE.parquet, a DIR of such files (sorted, recursively), or a Hub "
-    "dataset ORG/NAME (through the Hugging Face cache; HF_HUB_OFFLINE=1 reads the cache only). A local path wins."
+    "FILE.txt, FILE.jsonl (one record a line), FILE.json (an array of records, or JSON Lines), FILE.csv (a header "
+    "row, then one record a row), FILE.parquet; other suffixes are refused. Or a DIR of such files (sorted, "
+    "recursively; hidden and .md files passed over, any other file refused), or a Hub dataset ORG/NAME (through "
+    "the Hugging Face cache; HF_HUB_OFFLINE=1 reads the cache only). A local path wins. Read only as far as the "
+    "windows need."
 )
 
 
@@ -173,14 +176,21 @@ def dataset_options(dataset_help: str) -> Callable[[FC], FC]:
     options = [
         click.option("--dataset", default="builtin", show_default=True, help=f"{dataset_help} {DATASET_FORMS}"),
         click.option(
-            "--text-field", default="text", show_default=True, help="The JSONL key or parquet column of each record's text."
+            "--text-field",
+            default="text",
+            show_default=True,
+            help="The JSON key (.jsonl, .json), CSV column or parquet column of each record's text.",
         ),
         click.option(
             "--chat-template",
             is_flag=True,
-            help="Render each record's 'messages' (a list of {role, content}) through the model's chat template instead.",
+            help="Render each record's 'messages' (a list of {role, content}; .jsonl, .json or .parquet) through the "
+            "model's chat template instead.",
         ),
-        click.option("--dataset-revision", help="Branch, tag or commit of a Hub dataset."),
+        click.option(
+            "--dataset-revision",
+            help="Branch, tag or commit of a Hub dataset (calibrate records the commit it read in the measurements).",
+        ),
         click.option(
             "--tokenizer",
             type=click.Choice(TOKENIZER_CHOICES),

@@ -15,10 +15,11 @@ import stat
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from hpu_fp8_loader.errors import HpuFp8Error
 
-__all__ = ["JsonFormatError", "parse_json", "printable", "read_json_object", "read_regular_file"]
+__all__ = ["JsonFormatError", "open_regular_file", "parse_json", "printable", "read_json_object", "read_regular_file"]
 
 # A \uD800-\uDFFF escape: only then can json.loads return a string holding a lone surrogate.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -78,13 +79,27 @@ def printable(name: str) -> bool:
     return _CONTROL.search(name) is None
 
 
-def read_regular_file(path: Path) -> bytes:
-    """The bytes of ``path``, refusing anything but a regular file: a FIFO would block and a device never end."""
+def open_regular_file(path: Path) -> BinaryIO:
+    """``path`` open for reading, refusing anything but a regular file: a FIFO would block and a device never end.
+
+    The check is made on the open descriptor (O_NONBLOCK, so that opening a FIFO does not wait for a writer),
+    never on the name, which another process could swap between a check and the open."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with open(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise JsonFormatError("not a regular file")
-        return f.read()
+    try:
+        file = open(fd, "rb")  # noqa: SIM115 -- handed to the caller, who closes it
+    except BaseException:
+        os.close(fd)  # open() leaves a descriptor it was given open when it fails (a directory)
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        file.close()
+        raise JsonFormatError("not a regular file")
+    return file
+
+
+def read_regular_file(path: Path) -> bytes:
+    """The bytes of ``path``, refusing anything but a regular file (see :func:`open_regular_file`)."""
+    with open_regular_file(path) as file:
+        return file.read()
 
 
 def read_json_object(

@@ -127,8 +127,10 @@ def calibrate(
         model: a local checkpoint directory: a BF16 source (either layout) or an hpu-fp8 checkpoint.
         dataset: ``"builtin"`` (the first 90% of Python's own documentation; the rest is held out for
             :func:`~hpu_fp8_loader.evaluate`), a UTF-8 ``.txt`` file, a ``.jsonl`` file of ``{"text": ...}`` lines, a
-            ``.parquet`` file with a ``text`` column, a directory of such files, or a Hub dataset repo id ``ORG/NAME``
-            (from the Hugging Face cache; a local path that exists wins).
+            ``.json`` array of such records, a ``.csv`` or ``.parquet`` file with a ``text`` column, a directory of
+            such files, or a Hub dataset repo id ``ORG/NAME`` (from the Hugging Face cache; a local path that exists
+            wins; the snapshot's commit goes into the measurements' ``provenance.dataset_revision``). Read only
+            until ``samples * seq_len`` tokens are made.
         samples: how many windows to run (fewer when the text holds fewer).
         seq_len: tokens per window; at most the model's ``max_position_embeddings``.
         batch_size: windows per forward.
@@ -141,7 +143,7 @@ def calibrate(
             the memory budget (a scratch file, unlinked as soon as it is mapped); default: the system temp directory.
             ``hpu-fp8 calibrate`` uses the ``-o`` file's directory.
         tokenizer: ``"auto"`` (the model's own; refused when it has none, unless a byte-level model) or ``"bytes"``.
-        text_field: the JSONL key or parquet column holding each record's text.
+        text_field: the JSON key, CSV column or parquet column holding each record's text.
         chat_template: render each record's ``messages`` through the model's chat template instead.
         dataset_revision: the branch, tag or commit of a Hub ``dataset``.
         report: a :class:`~hpu_fp8_loader.Report` that collects, during the same forwards, each linear's FP8
@@ -178,7 +180,7 @@ def calibrate(
     weights = open_weights(model, cache_bytes=0)  # layer-major: each layer is read once, nothing to cache
     d = weights.descriptor
     check_seq_len(seq_len, model, weights.checkpoint.config)
-    ids, tokenizer_name = dataset_tokens(
+    ids, tokenizer_name, dataset_commit = dataset_tokens(
         model,
         d.vocab_size,
         dataset,
@@ -219,6 +221,7 @@ def calibrate(
             tool="hpu-fp8 calibrate" + (" --all-experts" if all_experts else ""),
             tool_version=__version__,
             tokenizer=tokenizer_name,
+            dataset_revision=dataset_commit,
         ),
         model=ModelIdentity(model_type=d.model_type, num_hidden_layers=d.num_layers, moe_num_experts=experts),
         amax=observer.amax,

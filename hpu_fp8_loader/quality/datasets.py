@@ -4,20 +4,26 @@ A dataset is one of:
 
 - ``builtin``: CPython's own documentation (``pydoc_data.topics``, ~465k characters, always installed, offline):
   the first 90% calibrates, the last 10% is held out for evaluation and never calibrates;
-- a ``.txt`` file (one document), a ``.jsonl`` file (one document per line: a JSON string, or an object's
-  ``text_field`` string) or a ``.parquet`` file (one document per row of the ``text_field`` string column);
-- a directory: every .txt, .jsonl and .parquet file under it, sorted by path, each file's records in order;
-- a Hub dataset repo id ``ORG/NAME`` (optionally at a revision): its .txt, .jsonl and .parquet files, through
-  huggingface_hub's cache, so ``HF_HUB_OFFLINE=1`` reads the cache only. A local path that exists wins.
+- a file: ``.txt`` (one document), ``.jsonl`` (one record per line), ``.json`` (an array of records, or JSON
+  Lines), ``.csv`` (one record per row under a header row) or ``.parquet`` (one record per row); a record's text
+  is its ``text_field`` string (a JSON record may also be a plain string). Any other suffix is refused by name:
+  read as text, a ``.bin`` or ``.json.gz`` would calibrate on its syntax or bytes and succeed;
+- a directory: every dataset file under it, sorted by path, each file's records in order. Hidden files and
+  folders (``.git``, ``.cache``) and ``.md`` files (a README or dataset card) are passed over; any other file is
+  refused by name, because calibrating on part of a directory without saying so is the silent kind of wrong;
+- a Hub dataset repo id ``ORG/NAME`` (optionally at a revision): its files of those suffixes (only they are
+  downloaded), through huggingface_hub's cache, so ``HF_HUB_OFFLINE=1`` reads the cache only. A local path that
+  exists wins. The snapshot's commit is what :func:`dataset_tokens` reports, for the measurement's provenance.
 
 With a chat template, each record's ``messages`` (a list of ``{"role", "content"}`` objects) is rendered through
 the model's template (:meth:`~hpu_fp8_loader.quality.tokenizer.ModelTokenizer.chat_renderer`) instead. Each
 document is tokenized on its own (BOS per document where the model expects one) and the ids are concatenated
-into the stream :func:`token_windows` cuts into windows; documents are read only until the stream is long enough.
+into the stream :func:`token_windows` cuts into windows; files are read (:mod:`~hpu_fp8_loader.quality.dataset_files`)
+only until the stream is long enough, never whole.
 
 Everything read here is read strictly, because a dataset that is read leniently does not fail, it calibrates
 on something else: a dataset must be a regular file (a FIFO would block the run forever, /dev/zero fill the
-memory), UTF-8 (a BOM is dropped: it is not text), and a JSONL line must be strict JSON
+memory), UTF-8 (a BOM is dropped: it is not text), a JSON record strict JSON
 (:func:`~hpu_fp8_loader.io.jsonfile.parse_json`: no lone surrogate, duplicate key or NaN); a parquet column must
 hold strings, none of them null.
 """
@@ -25,19 +31,22 @@ hold strings, none of them null.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
-from hpu_fp8_loader.errors import DatasetError, HpuFp8Error, HubError, one_line
-from hpu_fp8_loader.io.jsonfile import JsonFormatError, parse_json, read_regular_file
-from hpu_fp8_loader.quality.tokenizer import load_tokenizer
+from hpu_fp8_loader.errors import DatasetError, HpuFp8Error, HubError
+from hpu_fp8_loader.quality.dataset_files import CHAT_SUFFIXES, DATASET_SUFFIXES, Render, file_documents
+from hpu_fp8_loader.quality.tokenizer import Continued, load_tokenizer
 from hpu_fp8_loader.sources.resolve import check_repo_id, check_revision, download_snapshot
 
 __all__ = [
     "BUILTIN",
     "DATASET_SUFFIXES",
+    "DatasetTokens",
     "builtin_text",
     "check_seq_len",
     "dataset_tokens",
@@ -47,12 +56,20 @@ __all__ = [
 ]
 
 BUILTIN = "builtin"
-DATASET_SUFFIXES = (".txt", ".jsonl", ".parquet")
-_FORMS = "'builtin', a .txt, .jsonl or .parquet file, a directory of them, or a Hub dataset ORG/NAME"
+_SUFFIX_LIST = ", ".join(DATASET_SUFFIXES)
+_FORMS = f"'builtin', a {_SUFFIX_LIST} file, a directory of them, or a Hub dataset ORG/NAME"
+_PASSED_OVER = (".md",)  # in a directory: a README or dataset card, never data
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 _HELD_OUT = 0.1
-_BOM = "\ufeff"
-# What a JSONL record's value is, in JSON's words (never Python's: a user wrote JSON, not None or list).
-_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "true/false", int: "a number", float: "a number"}
+
+
+class DatasetTokens(NamedTuple):
+    """What :func:`dataset_tokens` made: the token ids, the tokenizer's name, and the commit of a Hub dataset's
+    snapshot (None for anything else)."""
+
+    ids: np.ndarray
+    tokenizer: str
+    commit: str | None
 
 
 def builtin_text(split: str = "calibration") -> str:
@@ -76,15 +93,16 @@ def dataset_tokens(
     text_field: str = "text",
     chat_template: bool = False,
     dataset_revision: str | None = None,
-) -> tuple[np.ndarray, str]:
-    """(token ids, the tokenizer's name): ``dataset``'s documents through the model's tokenizer, until ``limit`` ids.
+) -> DatasetTokens:
+    """``dataset``'s documents through the model's tokenizer, until ``limit`` ids (the dataset is read no further).
 
     The tokenizer (and the chat template, with ``chat_template``) is checked before any dataset is read.
     """
     model_tokenizer = load_tokenizer(model_dir, vocab_size, tokenizer)
     render = model_tokenizer.chat_renderer() if chat_template else None
-    documents = load_documents(dataset, split, text_field, dataset_revision, render)
-    return model_tokenizer.tokens(documents, limit, chat=chat_template), model_tokenizer.name
+    files, commit = _dataset_files(dataset, dataset_revision, render)
+    documents = _documents(dataset, files, split, text_field, render)
+    return DatasetTokens(model_tokenizer.tokens(documents, limit, chat=chat_template), model_tokenizer.name, commit)
 
 
 def load_documents(
@@ -92,51 +110,54 @@ def load_documents(
     split: str = "calibration",
     text_field: str = "text",
     revision: str | None = None,
-    render: Callable[[list, str], str] | None = None,
+    render: Render | None = None,
 ) -> Iterator[str]:
     """The documents of ``dataset`` (see the module's docstring for its forms), read as they are asked for.
 
     ``split`` picks the built-in text's part; ``render(messages, where)`` turns each record's ``messages`` into
-    text (the chat template). Blank documents are skipped; a dataset with no text at all is refused.
+    text (the chat template). A long .txt comes in pieces, each after the first a
+    :class:`~hpu_fp8_loader.quality.tokenizer.Continued`. Blank documents are skipped; a dataset with no text at
+    all is refused.
     """
+    files, _ = _dataset_files(dataset, revision, render)
+    return _documents(dataset, files, split, text_field, render)
+
+
+def _documents(dataset: str | Path, files: list[Path] | None, split: str, field: str, render: Render | None) -> Iterator[str]:
+    """The non-blank documents of ``files`` (of the built-in text when None); refused when there is none. A
+    :class:`Continued` piece is part of a document already begun, whitespace and all."""
     found = False
-    for document in _records(dataset, split, text_field, revision, render):
-        if document.strip():
+    documents = [builtin_text(split)] if files is None else (d for path in files for d in file_documents(path, field, render))
+    for document in documents:
+        if isinstance(document, Continued) or document.strip():
             found = True
             yield document
     if not found:
         raise DatasetError(f"{dataset}: no text in the dataset (empty, or only whitespace)")
 
 
-def _records(dataset: str | Path, split: str, field: str, revision: str | None, render) -> Iterator[str]:
+def _dataset_files(dataset: str | Path, revision: str | None, render: Render | None) -> tuple[list[Path] | None, str | None]:
+    """(the files to read in order, the commit of a Hub dataset's snapshot): ``None`` files for the built-in text.
+
+    Every refusal that needs no file's contents (a form, a suffix, a revision) comes here, before any is read.
+    """
     if str(dataset) == BUILTIN:
         if render is not None:
-            raise DatasetError("builtin: plain text without 'messages'; --chat-template needs .jsonl or .parquet chat records")
+            raise DatasetError(
+                f"builtin: plain text without 'messages'; --chat-template needs {', '.join(CHAT_SUFFIXES)} chat records"
+            )
         if revision is not None:
             raise DatasetError(f"builtin: --dataset-revision {revision!r} is for a Hub dataset")
-        yield builtin_text(split)
-        return
-    for path in _dataset_files(dataset, revision):
-        suffix = path.suffix.lower()
-        if suffix == ".parquet":
-            yield from _parquet_records(path, field, render)
-            continue
-        text = _decode(path, _read_dataset(path))
-        if suffix == ".jsonl":
-            yield from _jsonl_records(path, text, field, render)
-        elif render is not None:
-            raise DatasetError(f"{path}: plain text without 'messages'; --chat-template needs .jsonl or .parquet chat records")
-        else:
-            yield text
-
-
-def _dataset_files(dataset: str | Path, revision: str | None) -> list[Path]:
-    """The files of a local file or directory (which wins when it exists), or of a Hub dataset's snapshot."""
+        return None, None
     path = Path(dataset)
     if os.path.lexists(path):
         if revision is not None:
             raise DatasetError(f"{path}: --dataset-revision {revision!r} is for a Hub dataset, and this is a local path")
-        return _directory_files(path, str(path)) if path.is_dir() else [path]
+        if path.is_dir():
+            return _directory_files(path, str(path), hub=False), None
+        if path.suffix.lower() not in DATASET_SUFFIXES:
+            raise DatasetError(f"{path}: {_suffix(path)} is no dataset file this tool reads; use {_FORMS}")
+        return [path], None
     text = str(dataset)
     try:
         check_repo_id(text, "dataset")
@@ -150,112 +171,34 @@ def _dataset_files(dataset: str | Path, revision: str | None) -> list[Path]:
         check_revision(revision, "--dataset-revision")
     patterns = [f"*{suffix}" for suffix in DATASET_SUFFIXES]
     snapshot = download_snapshot(text, revision, patterns, "dataset", DatasetError, "a local file or directory")
-    return _directory_files(snapshot, f"Hub dataset {text}")
+    commit = snapshot.name if _COMMIT.fullmatch(snapshot.name) else None  # huggingface_hub's snapshots/<commit>
+    return _directory_files(snapshot, f"Hub dataset {text}", hub=True), commit
 
 
-def _directory_files(root: Path, name: str) -> list[Path]:
-    """Every dataset file under ``root`` (hidden ones aside), sorted by path; refused when there is none."""
-    files = [
-        p
-        for p in root.rglob("*")
-        if p.suffix.lower() in DATASET_SUFFIXES
-        and not p.is_dir()
-        and not any(part.startswith(".") for part in p.relative_to(root).parts)
-    ]
-    if not files:
-        raise DatasetError(f"{name}: a directory without .txt, .jsonl or .parquet files")
-    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
-
-
-def _read_dataset(path: Path) -> bytes:
-    """The bytes of a dataset file, refusing before reading anything that is not a regular file."""
-    try:
-        return read_regular_file(path)
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: no such dataset file (use {_FORMS})") from None
-    except JsonFormatError as exc:  # a FIFO or a device (a directory is an OSError below)
-        raise DatasetError(
-            f"{path}: {exc}; a dataset must be a regular file or a directory (a FIFO or device may never end)"
-        ) from None
-    except OSError as exc:
-        raise DatasetError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-
-
-def _decode(path: Path, data: bytes) -> str:
-    """UTF-8 text without its BOM, or an error naming the line and byte (UTF-16 or Latin-1 would tokenize as noise)."""
-    try:
-        return data.decode("utf-8").removeprefix(_BOM)
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise DatasetError(
-            f"{path}:{line}: not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x}; UTF-16 or Latin-1?)"
-        ) from None
-
-
-def _jsonl_records(path: Path, text: str, field: str, render) -> Iterator[str]:
-    """The text of each non-blank JSONL line: a JSON string, an object's ``field`` string, or (``render``) its
-    rendered ``messages``.
-
-    Lines end at ``\\n`` only: ``str.splitlines`` would also split at U+2028 and other characters a JSON
-    string may hold, and break a valid line in two.
-    """
-    for number, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
+def _directory_files(root: Path, name: str, hub: bool) -> list[Path]:
+    """Every dataset file under ``root``, sorted by path, refused when there is none; hidden files and folders
+    and ``.md`` files are passed over. Any other file is refused by name in a local directory; a Hub snapshot's
+    other files were not asked for (only dataset suffixes are downloaded) and are passed over too."""
+    files = []
+    for path in sorted(root.rglob("*"), key=lambda p: p.relative_to(root).as_posix()):
+        suffix = path.suffix.lower()
+        if path.is_dir() or any(part.startswith(".") for part in path.relative_to(root).parts):
             continue
-        where = f"{path}:{number}"
-        try:
-            record = parse_json(line)
-        except JsonFormatError as exc:
-            raise DatasetError(f"{where}: {exc}") from None
-        if render is not None:
-            yield render(_messages(record.get("messages") if isinstance(record, dict) else None, where), where)
-            continue
-        if isinstance(record, dict) and field not in record:
-            raise DatasetError(f"{where}: the JSON object has no {field!r} key")
-        value = record.get(field) if isinstance(record, dict) else record
-        if not isinstance(value, str):
-            what = f"its {field!r} is" if isinstance(record, dict) else "the line is"
+        if suffix in DATASET_SUFFIXES:
+            files.append(path)
+        elif not hub and suffix not in _PASSED_OVER:
             raise DatasetError(
-                f"{where}: {what} {_JSON_TYPES.get(type(value), 'null')}; expected a JSON object with a {field!r} string "
-                "(or a JSON string)"
+                f"{path}: {_suffix(path)} in the dataset directory {name} is no dataset file this tool reads "
+                f"({_SUFFIX_LIST}; .md and hidden files are passed over); move it out of the directory, or pass one dataset file"
             )
-        yield value
+    if not files:
+        raise DatasetError(f"{name}: a directory without dataset files ({_SUFFIX_LIST})")
+    return files
 
 
-def _parquet_records(path: Path, field: str, render) -> Iterator[str]:
-    """Each row's ``field`` string (or, with ``render``, its rendered ``messages``) of a parquet file."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    column = "messages" if render is not None else field
-    try:
-        parquet = pq.ParquetFile(pa.BufferReader(_read_dataset(path)))
-        names = parquet.schema_arrow.names
-        values = parquet.read(columns=[column]).column(column) if column in names else None
-    except (pa.ArrowException, ValueError, OSError) as exc:
-        raise DatasetError(f"{path}: not a parquet file pyarrow can read ({one_line(exc)})") from None
-    if values is None:
-        raise DatasetError(f"{path}: no column {column!r} (columns: {', '.join(names) or 'none'})")
-    if render is None and not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
-        raise DatasetError(f"{path}: column {column!r} holds {values.type}, not strings")
-    for row, value in enumerate(values.to_pylist()):
-        where = f"{path} row {row}"
-        if render is not None:
-            yield render(_messages(value, where), where)
-        elif value is None:
-            raise DatasetError(f"{where}: {column!r} is null, not a string")
-        else:
-            yield value
-
-
-def _messages(value: object, where: str) -> list:
-    """A record's ``messages`` if it is a list of objects with ``role`` and ``content`` strings, else refused."""
-    if not isinstance(value, list) or not value:
-        raise DatasetError(f"{where}: no 'messages' list of {{role, content}} objects, which --chat-template renders")
-    for number, message in enumerate(value):
-        if not isinstance(message, dict) or not all(isinstance(message.get(key), str) for key in ("role", "content")):
-            raise DatasetError(f"{where}: messages[{number}] is not an object with 'role' and 'content' strings")
-    return value
+def _suffix(path: Path) -> str:
+    """How a message names a file's kind: ``a .bin file``, ``a file without a suffix``."""
+    return f"a {path.suffix} file" if path.suffix else "a file without a suffix"
 
 
 def check_seq_len(seq_len: int, model: str | Path, config: dict) -> None:

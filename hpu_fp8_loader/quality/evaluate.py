@@ -176,8 +176,9 @@ def evaluate(
         bf16_source: the BF16 source checkpoint directory ``fp8_checkpoint`` was converted from.
         fp8_checkpoint: the hpu-fp8 checkpoint directory (fp8_max 240: what FastDeploy serves).
         dataset: ``"builtin"`` (the held-out last 10% of the built-in text, never calibrated on), a UTF-8 ``.txt``
-            file, a ``.jsonl`` file of ``{"text": ...}`` lines, a ``.parquet`` file with a ``text`` column, a directory
-            of such files, or a Hub dataset repo id ``ORG/NAME`` (from the Hugging Face cache; a local path wins).
+            file, a ``.jsonl`` file of ``{"text": ...}`` lines, a ``.json`` array of such records, a ``.csv`` or
+            ``.parquet`` file with a ``text`` column, a directory of such files, or a Hub dataset repo id ``ORG/NAME``
+            (from the Hugging Face cache; a local path wins).
         samples: how many windows to run (fewer when the text holds fewer).
         seq_len: tokens per window: at least 2, at most the model's ``max_position_embeddings``.
         tp: the tensor parallelism to emulate: every rank's share runs, and row-parallel outputs are reduced as
@@ -189,7 +190,7 @@ def evaluate(
             otherwise).
         tokenizer: ``"auto"`` (the BF16 source's own tokenizer; refused when it has none, unless a byte-level
             model) or ``"bytes"``.
-        text_field: the JSONL key or parquet column holding each record's text.
+        text_field: the JSON key, CSV column or parquet column holding each record's text.
         chat_template: render each record's ``messages`` through the source's chat template instead.
         dataset_revision: the branch, tag or commit of a Hub ``dataset``.
         report: a :class:`~hpu_fp8_loader.Report` that collects, during the reference forward, each linear's output
@@ -237,7 +238,7 @@ def evaluate(
     reference = open_weights(bf16_source, cache_bytes=0)  # layer-major: each layer is read once, nothing to cache
     check_same_model(bf16_source, reference.descriptor, fp8_checkpoint, fp8.descriptor)
     check_seq_len(seq_len, bf16_source, reference.checkpoint.config)
-    ids, tokenizer_name = dataset_tokens(
+    ids, tokenizer_name, _ = dataset_tokens(
         bf16_source,
         reference.descriptor.vocab_size,
         dataset,

@@ -29,7 +29,7 @@ import numpy as np
 from hpu_fp8_loader.errors import TokenizerError, one_line
 from hpu_fp8_loader.io.jsonfile import JsonFormatError, read_json_object, read_regular_file
 
-__all__ = ["BYTE_VOCAB_LIMIT", "TOKENIZER_CHOICES", "ModelTokenizer", "load_tokenizer"]
+__all__ = ["BYTE_VOCAB_LIMIT", "TOKENIZER_CHOICES", "Continued", "ModelTokenizer", "load_tokenizer"]
 
 TOKENIZER_CHOICES = ("auto", "bytes")
 # The largest vocabulary that byte tokens serve when a model has no tokenizer file: the project's byte-level
@@ -37,6 +37,13 @@ TOKENIZER_CHOICES = ("auto", "bytes")
 BYTE_VOCAB_LIMIT = 512
 _BYTES = 256
 _JSON, _SENTENCEPIECE, _CONFIG, _TEMPLATE = "tokenizer.json", "tokenizer.model", "tokenizer_config.json", "chat_template.jinja"
+
+
+class Continued(str):
+    """A piece of text that continues the document before it (a long .txt file is read in pieces, so that it is
+    never held whole): encoded without the BOS or special tokens a document starts with."""
+
+    __slots__ = ()
 
 
 @dataclass(frozen=True)
@@ -87,7 +94,8 @@ class ModelTokenizer:
         return ids
 
     def tokens(self, documents: Iterable[str], limit: int | None = None, chat: bool = False) -> np.ndarray:
-        """Each document encoded in turn and concatenated, until ``limit`` tokens (all without a limit).
+        """Each document encoded in turn and concatenated, until ``limit`` tokens (all without a limit); a
+        :class:`Continued` piece goes on with the document before it, without a BOS of its own.
 
         Every id is checked below the model's vocab_size here, for calibrate and eval alike: a tokenizer that
         does not belong to the model gives ids its embedding does not have, which would end in numpy's
@@ -95,7 +103,7 @@ class ModelTokenizer:
         """
         parts, count = [], 0
         for document in documents:
-            ids = np.asarray(self.encode(document, chat), np.int64)
+            ids = np.asarray(self.encode(document, chat or isinstance(document, Continued)), np.int64)
             parts.append(ids)
             count += ids.size
             if limit is not None and count >= limit:

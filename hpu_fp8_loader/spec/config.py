@@ -142,6 +142,7 @@ class Provenance(_Strict):
     tool_version: str | None = None
     files: list[str] = Field(default_factory=list)
     tokenizer: str | None = None  # what made the tokens: "tokenizer.json", "tokenizer.model (sentencepiece)", "bytes"
+    dataset_revision: str | None = None  # the commit of a Hub dataset's snapshot the tokens were read from
 
 
 class CalibrationSource(Provenance):

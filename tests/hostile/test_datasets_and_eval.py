@@ -130,6 +130,18 @@ DATASETS = {
     "empty-jsonl": ("d.jsonl", b"\n\n", ["d.jsonl", "no text"]),
     "blank-texts-jsonl": ("d.jsonl", b'{"text": ""}\n{"text": " "}\n', ["d.jsonl", "no text"]),
     "shorter-than-a-window": ("d.txt", b"too short", ["d.txt", "9 tokens", "seq_len 16"]),
+    # Read as text before (issue 28): exit 0, calibrated on the bytes or the JSON syntax.
+    "binary": ("d.bin", bytes(range(256)) * 4, ["d.bin", "a .bin file", ".txt, .jsonl, .json, .csv, .parquet"]),
+    "gzipped": ("d.jsonl.gz", b"\x1f\x8b\x08\x00" + b"\x00" * 100, ["d.jsonl.gz", "a .gz file"]),
+    "json-record-without-text": ("d.json", b'[\n  {"text": "fine"},\n  {"body": "x"}\n]', ["d.json:3", "'text'"]),
+    "json-trailing-comma": ("d.json", b'[{"text": "fine"},\n]', ["d.json:2", "not valid JSON"]),
+    "json-unclosed": ("d.json", b'[{"text": "fine words"}', ["d.json:1", "ends without ']'"]),
+    "json-lone-surrogate": ("d.json", b'["fine", "\\udc00"]', ["d.json:1", "surrogate"]),
+    "csv-no-column": ("d.csv", b"body\nwords\n", ["d.csv:1", "no column 'text'", "body"]),
+    "csv-unbalanced-quote": ("d.csv", b'text\n"never closed\nmore words\n', ["d.csv:3", "not CSV"]),
+    "csv-ragged-row": ("d.csv", b"text,n\nwords,1\nmore\n", ["d.csv:3", "1 fields"]),
+    "csv-not-utf8": ("d.csv", b"text\nwords\ncaf\xe9\n", ["d.csv:3", "not UTF-8"]),
+    "whitespace-json": ("d.json", b" \n\t\n", ["d.json", "no text"]),
 }
 
 
@@ -146,16 +158,26 @@ def test_a_hostile_dataset_file_is_refused_naming_file_and_line(work, command, c
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
 def test_a_dataset_that_is_not_a_regular_file_is_refused_without_blocking(work, no_hang, command, kind):
-    dataset = {"fifo": work / "fifo.txt", "directory": work / "dir.txt", "device": Path("/dev/null")}[
-        kind
-    ]  # /dev/zero would fill the memory
+    dataset = {"fifo": work / "fifo.txt", "directory": work / "dir.txt", "device": work / "null.txt"}[kind]
     if kind == "fifo":
         os.mkfifo(dataset)
     elif kind == "directory":
         dataset.mkdir()
+    else:  # a link to a device, with a dataset suffix (/dev/zero would fill the memory)
+        dataset.symlink_to("/dev/null")
     assert_refused(
         run(command, work, "--dataset", dataset), str(dataset), "directory" if kind == "directory" else "not a regular file"
     )
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_dataset_directory_with_a_file_of_another_kind_is_refused_naming_the_file(work, command):
+    (work / "corpus").mkdir()
+    (work / "corpus" / "a.txt").write_text("calibration text " * 20)
+    (work / "corpus" / "b.bin").write_bytes(bytes(range(256)))
+    before = tree_digest(work)
+    assert_refused(run(command, work, "--dataset", work / "corpus"), "b.bin", "a .bin file", "dataset directory")
+    assert tree_digest(work) == before
 
 
 def test_a_missing_dataset_is_named(work):
