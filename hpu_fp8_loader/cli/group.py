@@ -16,15 +16,18 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
 from hpu_fp8_loader import __version__
-from hpu_fp8_loader.console import LEVELS, LOGGER, configure
+from hpu_fp8_loader.console import LEVELS, LOGGER, Progress, configure
 from hpu_fp8_loader.errors import HpuFp8Error
 from hpu_fp8_loader.quality.tokenizer import BYTE_VOCAB_LIMIT, TOKENIZER_CHOICES
 from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, Target
+
+if TYPE_CHECKING:
+    from hpu_fp8_loader.engine.layer_major import LayerProgress
 
 log = logging.getLogger(LOGGER)
 FC = TypeVar("FC", bound=Callable[..., Any])  # a command function, as click's decorators type it
@@ -53,6 +56,16 @@ def user_errors(code: int = EXIT_INVALID):
 def say(as_json: bool):
     """Where a long command's step lines go: stdout, or stderr when stdout holds the JSON result."""
     return (lambda line: click.echo(line, err=True)) if as_json else click.echo
+
+
+def layer_steps(progress: Progress) -> Callable[[LayerProgress], None]:
+    """A layer-major run's reports (calibrate, eval) passed on to ``progress``: steps against their total, each
+    layer (or the head's logits) a stage, so that a log gets a line as a layer begins."""
+
+    def show(p: LayerProgress) -> None:
+        progress.show(p.done, p.total, f"layer {p.layer + 1} of {p.layers}" if p.layer < p.layers else "logits")
+
+    return show
 
 
 def warn_each(warnings) -> None:

@@ -14,6 +14,7 @@ from hpu_fp8_loader.cli.group import (
     force_option,
     json_option,
     kv_cache_option,
+    layer_steps,
     log,
     main,
     quiet_option,
@@ -24,7 +25,7 @@ from hpu_fp8_loader.cli.group import (
     user_errors,
     warn_each,
 )
-from hpu_fp8_loader.console import emit_json, progress_bar
+from hpu_fp8_loader.console import Progress, emit_json
 from hpu_fp8_loader.spec.choices import KvCacheScheme
 
 
@@ -177,7 +178,7 @@ def calibrate(
         source = local_or_hub(model, revision, SOURCE_PATTERNS)
         check_outputs(source, dataset, [out, *([fastdeploy_file] if fastdeploy_file else [])], force)
         report = start_report(report_dir, force, [source])
-        with progress_bar("calibrate", quiet or as_json, unit="step") as bar:
+        with Progress("calibrate", quiet=quiet, bar=not as_json, unit="step") as progress:
             result = run_calibration(
                 source,
                 dataset,
@@ -185,7 +186,7 @@ def calibrate(
                 seq_len,
                 batch_size,
                 all_experts,
-                progress=_shown_on(bar),
+                progress=layer_steps(progress),
                 scratch_dir=out.parent,
                 tokenizer=tokenizer,
                 text_field=text_field,
@@ -309,7 +310,7 @@ def eval_command(
         source = local_or_hub(bf16_source, source_revision, SOURCE_PATTERNS)
         checkpoint = local_or_hub(fp8_checkpoint, revision, SPEC_PATTERNS)
         collector = start_report(report_dir, force, [source, checkpoint])
-        with progress_bar("eval", as_json, unit="step") as bar:
+        with Progress("eval", bar=not as_json, unit="step") as progress:
             report = evaluate(
                 source,
                 checkpoint,
@@ -320,7 +321,7 @@ def eval_command(
                 variants,
                 decode_attention,
                 scratch_dir=scratch_dir,
-                progress=_shown_on(bar),
+                progress=layer_steps(progress),
                 tokenizer=tokenizer,
                 text_field=text_field,
                 chat_template=chat_template,
@@ -351,17 +352,6 @@ def finish_report(report, report_dir: Path | None, force: bool, sources: list[Pa
         return
     report.write(report_dir, force, sources)
     say(as_json)(f"report: {report_dir / 'index.html'}")
-
-
-def _shown_on(bar):
-    """A layer-major run's progress drawn on ``bar``: steps against their total, and the layer."""
-
-    def show(p) -> None:
-        bar.total = p.total
-        bar.update(p.done - bar.n)
-        bar.set_postfix_str(f"layer {p.layer + 1}/{p.layers}" if p.layer < p.layers else "logits", refresh=False)
-
-    return show
 
 
 def print_eval(report) -> None:
