@@ -133,7 +133,7 @@ COUNT = click.IntRange(min=1)
 DEFAULT_WORKERS = min(2, os.cpu_count() or 1)
 RANK = click.IntRange(min=0)
 force_option = _shared_option("--force", is_flag=True, help="Replace OUT if it exists.")
-quiet_option = _shared_option("-q", "--quiet", is_flag=True, help="No progress bar.")
+quiet_option = _shared_option("-q", "--quiet", is_flag=True, help="No progress bar or progress lines.")
 report_option = _shared_option(
     "--report",
     "report_dir",
@@ -266,7 +266,9 @@ class _Commands(click.Group):
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="hpu-fp8")
 @click.option("-v", "--verbose", count=True, help="More on stderr: -v the steps of long work, -vv debug detail.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bars and no step messages; warnings and errors still show.")
+@click.option(
+    "-q", "--quiet", is_flag=True, help="No progress bars or lines and no step messages; warnings and errors still show."
+)
 @click.option(
     "--log-level",
     type=click.Choice(list(LEVELS), case_sensitive=False),
@@ -282,7 +284,9 @@ def main(ctx: click.Context, verbose: int, quiet: bool, log_level: str | None) -
 
     stdout holds each command's result (with --json, one JSON document); warnings, errors and progress
     go to stderr. Progress bars are drawn only on a terminal, and never with TQDM_DISABLE or
-    HF_HUB_DISABLE_PROGRESS_BARS set.
+    HF_HUB_DISABLE_PROGRESS_BARS set. When stderr is not a terminal (a log file), long work writes
+    "hpu-fp8: progress:" lines instead: as a layer begins, at most one per 10 s and at least one per 30 s,
+    with the step, elapsed time and an estimate of the time left (-q or --log-level error: none).
     """
     for stream in (sys.stdout, sys.stderr):  # a path of bytes that are no UTF-8 prints as \x escapes, not a traceback
         if hasattr(stream, "reconfigure"):
