@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from itertools import pairwise
 
 import pytest
 from click.testing import CliRunner
@@ -150,9 +151,11 @@ def test_calibrate_writes_layer_lines_to_a_log(tmp_path, fake_clock):
     *during, last = lines
     assert last[1].startswith(f"done, {4 * layers} steps in ") and len(during) == layers - 1  # layers of 16 s
     for _, body in during:
-        assert re.match(rf"layer \d+ of {layers}, step \d+ of {4 * layers} \(\d+%\), {DURATION} elapsed, about {DURATION} left$", body)
+        assert re.match(
+            rf"layer \d+ of {layers}, step \d+ of {4 * layers} \(\d+%\), {DURATION} elapsed, about {DURATION} left$", body
+        )
     elapsed = [seconds(ELAPSED.search(body)) for _, body in during]
-    assert all(b - a >= LINE_AT_MOST_EVERY_S for a, b in zip(elapsed, elapsed[1:], strict=False))
+    assert all(b - a >= LINE_AT_MOST_EVERY_S for a, b in pairwise(elapsed))
     quiet = invoke("-q", *args[:3], tmp_path / "q.json", *args[4:])
     assert quiet.exit_code == 0 and "progress" not in quiet.stderr
     # TQDM_DISABLE turns bars off (there are none off a terminal anyway); the lines are log output and stay
