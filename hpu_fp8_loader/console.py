@@ -155,8 +155,8 @@ class Progress:
             total=total,
             desc=desc,
             unit=unit,
-            unit_scale=True,
-            unit_divisor=1024 if unit == "B" else 1000,
+            unit_scale=unit == "B",  # KiB/MiB/GiB for bytes; steps as whole numbers ("3/12", not "3.00/12.0")
+            unit_divisor=1024,
             disable=not (bar and bars_enabled(quiet)),
             file=sys.stderr,
             leave=False,

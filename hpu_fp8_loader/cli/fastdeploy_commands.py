@@ -29,7 +29,7 @@ from hpu_fp8_loader.console import emit_json
 from hpu_fp8_loader.spec.choices import KvCacheScheme, Target
 
 
-@main.command(short_help="Size a deployment: bytes per rank, KV per token, KV tokens on a Gaudi.")
+@main.command(short_help="Size a deployment: bytes per rank, KV cache on a Gaudi.")
 @click.argument("model")
 @revision_option("MODEL")
 @tp_option()
