@@ -7,6 +7,13 @@
 - Progress bars appear only where a person watches: never when stderr is not a terminal (a log file,
   a pipe, CI: no carriage-return debris), nor under ``-q`` or ``--json``, ``TQDM_DISABLE`` or
   ``HF_HUB_DISABLE_PROGRESS_BARS`` (any value but empty, ``0``, ``false``, ``no``, ``off``).
+- Where no bar can be drawn (stderr is not a terminal), long work writes plain progress lines instead,
+  ``hpu-fp8: progress: ...``, so that a log of an 18-minute eval shows where it is. They are log output, not
+  bars: ``-q`` and ``--log-level error`` silence them, ``TQDM_DISABLE`` and ``--json`` do not (they still
+  only turn bars off; the lines go to stderr, never into ``--json``'s stdout). Rate (:class:`Progress`): a line
+  when a stage (a layer) begins, but at most one per :data:`LINE_AT_MOST_EVERY_S`, and at least one per
+  :data:`LINE_AT_LEAST_EVERY_S` while work goes on; none during the first :data:`LINE_AT_MOST_EVERY_S`, so a
+  short job writes nothing; a closing line when a job that wrote lines completes.
 """
 
 from __future__ import annotations
@@ -17,13 +24,28 @@ import json
 import logging
 import os
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from time import monotonic
+from types import TracebackType
 
 import click
 import numpy as np
 from tqdm import tqdm
 
-__all__ = ["LEVELS", "LOGGER", "bars_enabled", "configure", "emit_json", "hub_bars_follow_ours", "progress_bar"]
+__all__ = [
+    "LEVELS",
+    "LINE_AT_LEAST_EVERY_S",
+    "LINE_AT_MOST_EVERY_S",
+    "LOGGER",
+    "Progress",
+    "bars_enabled",
+    "configure",
+    "emit_json",
+    "hub_bars_follow_ours",
+    "lines_enabled",
+]
 
 LOGGER = "hpu_fp8_loader"
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
@@ -78,18 +100,130 @@ def hub_bars_follow_ours() -> None:
         disable_progress_bars()
 
 
-def progress_bar(desc: str, quiet: bool = False, total: int | None = None, unit: str = "B") -> tqdm:
-    """A tqdm bar on stderr that draws only when :func:`bars_enabled`; bytes are shown in KiB/MiB/GiB."""
-    return tqdm(
-        total=total,
-        desc=desc,
-        unit=unit,
-        unit_scale=True,
-        unit_divisor=1024 if unit == "B" else 1000,
-        disable=not bars_enabled(quiet),
-        file=sys.stderr,
-        leave=False,
-    )
+def lines_enabled(quiet: bool = False) -> bool:
+    """Whether progress lines are written now: stderr is no terminal (where bars cannot be drawn), neither ``-q``
+    nor ``quiet``, and the package's log level lets warnings through (``--log-level error`` silences them)."""
+    if quiet or _state["quiet"] or logging.getLogger(LOGGER).getEffectiveLevel() > logging.WARNING:
+        return False
+    return not sys.stderr.isatty()
+
+
+LINE_AT_MOST_EVERY_S = 10.0
+LINE_AT_LEAST_EVERY_S = 30.0
+
+
+def _duration(seconds: float) -> str:
+    """``45s``, ``2m05s``, ``1h02m``: short enough for a log line, exact to the second below an hour."""
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def _bytes(count: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count:.0f} B"
+
+
+class Progress:
+    """One long job's progress, shown where it is read: a tqdm bar on a terminal, plain lines in a log.
+
+    Every command with long work makes one (``with Progress("eval", unit="step") as progress:``) and reports
+    to it: ``update(n)`` adds ``n`` done, ``show(done, total, stage, detail)`` says where the job is. A
+    ``stage`` (``"layer 3 of 28"``) names a boundary worth a line of its own; ``detail`` (``"120/2000
+    tensors"``) only rides along. The rate rules are in the module docstring. ``clock`` (seconds; default
+    :func:`time.monotonic`) is read when the job starts and once per report while lines are on, so a test
+    can drive it.
+    """
+
+    def __init__(
+        self,
+        desc: str,
+        *,
+        quiet: bool = False,
+        bar: bool = True,
+        total: int | None = None,
+        unit: str = "B",
+        clock: Callable[[], float] | None = None,
+    ):
+        self.desc, self.unit, self.total, self.done = desc, unit, total, 0
+        self._bar = tqdm(
+            total=total,
+            desc=desc,
+            unit=unit,
+            unit_scale=unit == "B",  # KiB/MiB/GiB for bytes; steps as whole numbers ("3/12", not "3.00/12.0")
+            unit_divisor=1024,
+            disable=not (bar and bars_enabled(quiet)),
+            file=sys.stderr,
+            leave=False,
+        )
+        self._lines = lines_enabled(quiet)
+        self._clock = clock or monotonic
+        self._lock = threading.Lock()  # validate's scan reports from a thread pool
+        self._start = self._last_line = self._clock() if self._lines else 0.0
+        self._stage: str | None = None
+        self._wrote = False
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None) -> None:
+        self.close(completed=kind is None)
+
+    def update(self, n: int) -> None:
+        """``n`` more done (bytes written or scanned, steps run)."""
+        with self._lock:
+            self._show(self.done + n, self.total, None, None)
+
+    def show(self, done: int, total: int | None = None, stage: str | None = None, detail: str | None = None) -> None:
+        """Where the job is: ``done`` of ``total`` (``None``: not known), in ``stage``, with a ``detail``."""
+        with self._lock:
+            self._show(done, total, stage, detail)
+
+    def _show(self, done: int, total: int | None, stage: str | None, detail: str | None) -> None:
+        self._bar.total = total
+        self._bar.update(done - self._bar.n)
+        postfix = ", ".join(part for part in (stage, detail) if part)
+        if postfix:
+            self._bar.set_postfix_str(postfix, refresh=False)
+        self.done, self.total = done, total
+        if not self._lines:
+            return
+        now = self._clock()
+        since_last = now - self._last_line
+        new_stage = stage is not None and stage != self._stage
+        self._stage = stage if stage is not None else self._stage
+        if since_last >= LINE_AT_LEAST_EVERY_S or (new_stage and since_last >= LINE_AT_MOST_EVERY_S):
+            self._write(self._where(stage, detail, now))
+            self._last_line = now
+
+    def close(self, completed: bool = True) -> None:
+        """Close the bar; after a job that wrote lines, one more saying it is done (not when it failed)."""
+        self._bar.close()
+        if self._lines and self._wrote and completed:
+            amount = _bytes(self.done) if self.unit == "B" else f"{self.done:,} {self.unit}{'' if self.done == 1 else 's'}"
+            self._write(f"done, {amount} in {_duration(self._clock() - self._start)}")
+        self._lines = False
+
+    def _where(self, stage: str | None, detail: str | None, now: float) -> str:
+        elapsed = now - self._start
+        bytes_ = self.unit == "B"
+        share = _bytes(self.done) if bytes_ else f"{self.unit} {self.done:,}"
+        if self.total:
+            share += f" of {_bytes(self.total) if bytes_ else f'{self.total:,}'} ({100 * self.done / self.total:.0f}%)"
+        parts = [part for part in (stage, share, detail) if part]
+        parts.append(f"{_duration(elapsed)} elapsed")
+        if self.total and 0 < self.done < self.total:
+            parts.append(f"about {_duration(elapsed * (self.total - self.done) / self.done)} left")
+        return ", ".join(parts)
+
+    def _write(self, text: str) -> None:
+        click.echo(f"hpu-fp8: progress: {self.desc}: {text}", err=True)
+        self._wrote = True
 
 
 def _plain(value: object) -> object:

@@ -5,15 +5,16 @@ in a scratch file that never outlives the run; progress against a known total.""
 from __future__ import annotations
 
 import io
+import sys
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tqdm import tqdm
 
+from hpu_fp8_loader import console
 from hpu_fp8_loader.arch import describe
-from hpu_fp8_loader.cli.quality_commands import _shown_on
+from hpu_fp8_loader.cli.group import layer_steps
 from hpu_fp8_loader.engine.fp8 import EmulationOptions, Fp8Emulator, Fp8Parameters
 from hpu_fp8_loader.engine.layer_major import LayerProgress, run_layer_major
 from hpu_fp8_loader.engine.model import EngineConfig, ReferenceModel, forward
@@ -194,16 +195,18 @@ def test_calibration_progress_counts_up_to_a_known_total(source_factory):
     assert {p.total for p in seen} == {3 * layers} and [p.layer for p in seen[::3]] == list(range(layers))
 
 
-def test_the_cli_bar_shows_the_total_and_the_layer():
+def test_the_cli_bar_shows_the_total_and_the_layer(monkeypatch):
     out = io.StringIO()
-    with tqdm(file=out, disable=False, unit="step") as bar:
-        show = _shown_on(bar)
+    monkeypatch.setattr(sys, "stderr", out)  # where the bar draws
+    monkeypatch.setattr(console, "bars_enabled", lambda quiet=False: True)  # as on a terminal
+    with console.Progress("eval", unit="step") as progress:
+        show = layer_steps(progress)
         show(LayerProgress(3, 12, 1, 4))
-        bar.refresh()
-        assert bar.total == 12 and bar.n == 3 and "3/12" in out.getvalue() and "layer 2/4" in out.getvalue()
+        progress._bar.refresh()
+        assert progress.total == 12 and progress.done == 3 and "3/12" in out.getvalue() and "layer 2 of 4" in out.getvalue()
         show(LayerProgress(12, 12, 4, 4))
-        bar.refresh()
-        assert bar.n == 12 and "logits" in out.getvalue()
+        progress._bar.refresh()
+        assert progress.done == 12 and "logits" in out.getvalue()
 
 
 def test_read_ahead_hands_over_the_plain_reads_to_the_bit_and_drops_what_is_not_asked_for(source_factory):

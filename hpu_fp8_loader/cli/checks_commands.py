@@ -17,7 +17,7 @@ from hpu_fp8_loader.cli.group import (
     user_errors,
     warn_each,
 )
-from hpu_fp8_loader.console import emit_json, progress_bar
+from hpu_fp8_loader.console import Progress, emit_json
 from hpu_fp8_loader.errors import HpuFp8Error
 
 
@@ -63,8 +63,8 @@ def validate(checkpoint: str, revision: str | None, quick: bool, hashes: bool, a
     from hpu_fp8_loader.checks.validate import validate as run_validation
 
     try:
-        with progress_bar("scanning weights", quiet or quick or as_json) as bar:
-            report = run_validation(checkpoint, full=not quick, hashes=hashes, progress=bar.update, revision=revision)
+        with Progress("scanning weights", quiet=quiet or quick, bar=not as_json) as progress:
+            report = run_validation(checkpoint, full=not quick, hashes=hashes, progress=progress.update, revision=revision)
     except (HpuFp8Error, OSError) as exc:  # OSError: permissions, I/O errors; named like user_errors() names them
         message = str(exc) if isinstance(exc, HpuFp8Error) else f"{exc.filename or checkpoint}: {exc.strerror or exc}"
         if as_json:  # the report a script reads, and the one line a person reads

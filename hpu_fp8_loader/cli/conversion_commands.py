@@ -16,6 +16,7 @@ from hpu_fp8_loader.cli.group import (
     force_option,
     json_option,
     kv_cache_option,
+    layer_steps,
     main,
     measurements_option,
     parse_size,
@@ -26,7 +27,7 @@ from hpu_fp8_loader.cli.group import (
     user_errors,
     warn_each,
 )
-from hpu_fp8_loader.console import emit_json, progress_bar
+from hpu_fp8_loader.console import Progress, emit_json
 from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, ScaleRounding, Target
 
 if TYPE_CHECKING:
@@ -104,12 +105,10 @@ def convert(
     with user_errors():
         source = resolve_checkpoint(src, revision)
         measurements = _measurement_sets(measurement_paths)
-        with progress_bar("convert", quiet or as_json) as bar:
+        with Progress("convert", quiet=quiet, bar=not as_json) as progress:
 
             def show(p) -> None:
-                bar.total = p.bytes_total
-                bar.update(p.bytes_done - bar.n)
-                bar.set_postfix_str(f"{p.tensors_done}/{p.tensors_total} tensors", refresh=False)
+                progress.show(p.bytes_done, p.bytes_total, detail=f"{p.tensors_done}/{p.tensors_total} tensors")
 
             result = run_convert(source, out, measurements, options, progress=show)
     if as_json:
@@ -197,7 +196,8 @@ def import_command(
             from hpu_fp8_loader.quality.calibrate import calibrate
 
             compressed_tensors_scheme(source)  # a scheme that does not import is refused before the calibration runs
-            extra.append(calibrate(source).measurements)
+            with Progress("calibrate", bar=not as_json, unit="step") as progress:
+                extra.append(calibrate(source, progress=layer_steps(progress)).measurements)
         result = import_compressed_tensors(source, out, options, extra)
     warn_each(result.warnings)
     if as_json:

@@ -11,7 +11,9 @@ import click
 from hpu_fp8_loader.cli.group import (
     EXIT_INVALID,
     RANK,
+    EnumChoice,
     ep_option,
+    fail,
     force_option,
     json_option,
     kv_cache_option,
@@ -24,22 +26,55 @@ from hpu_fp8_loader.cli.group import (
     warn_each,
 )
 from hpu_fp8_loader.console import emit_json
-from hpu_fp8_loader.spec.choices import KvCacheScheme
+from hpu_fp8_loader.spec.choices import KvCacheScheme, Target
 
 
-@main.command(short_help="Size a deployment: bytes per rank, KV per token.")
+@main.command(short_help="Size a deployment: bytes per rank, KV cache on a Gaudi.")
 @click.argument("model")
 @revision_option("MODEL")
 @tp_option()
 @ep_option()
 @kv_cache_option(help="KV-cache scheme to size for.")
+@click.option(
+    "--device",
+    type=EnumChoice(Target),
+    default=None,
+    help="Also size the KV cache on this Gaudi as FastDeploy's HPU worker does, and suggest --max-model-len and "
+    "--max-num-seqs that fit.",
+)
+@click.option(
+    "--max-model-len",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --device: the --max-model-len to serve (default: the model's max_position_embeddings, shortened to "
+    "what one sequence's KV blocks fit); --max-num-seqs is suggested for it.",
+)
 @json_option(help="Print the plan as JSON.")
-def plan(model: str, revision: str | None, tp: int, ep: int, kv_cache: KvCacheScheme, as_json: bool) -> None:
+def plan(
+    model: str,
+    revision: str | None,
+    tp: int,
+    ep: int,
+    kv_cache: KvCacheScheme,
+    device: Target | None,
+    max_model_len: int | None,
+    as_json: bool,
+) -> None:
     """Size a deployment from MODEL's config.json (a directory, the file, or a Hub repo id ORG/NAME): bytes per rank,
-    KV per token.
+    KV per token, and with --device the KV-cache tokens a rank gets on a Gaudi.
 
     When the directory also holds the weights, the config's layer and expert counts are checked against them. Of a
     Hub repo id only config.json is downloaded (the weights are checked only if the local cache already holds them).
+
+    \b
+    With --device, the KV cache is sized by FastDeploy's HPU worker's own rule (its code, docs/fastdeploy.md):
+    it assumes 96 GiB on every device (a Gaudi3's other 32 GiB hold no KV cache), keeps 90% of it
+    (--gpu-memory-utilization 0.9) less 768 MiB, and after the weights and its profile run's KV cache cuts the
+    rest into blocks of 64 tokens (at most 40000). The profile run's activations are not counted: the tokens are
+    an upper bound; the worker log's num_blocks_local line says the real one. Suggested: --max-model-len the
+    model's max_position_embeddings (2048 without one), shortened to what one sequence's blocks fit; --max-num-seqs
+    as many such sequences as fit at once (at most 256); --max-num-batched-tokens when it must be below 8192.
+    Exit 1 when one sequence of --max-model-len tokens does not fit.
 
     \b
     Examples:
@@ -47,8 +82,8 @@ def plan(model: str, revision: str | None, tp: int, ep: int, kv_cache: KvCacheSc
       hpu-fp8 plan ./ERNIE-4.5-21B-A3B-Paddle --tp 2
 
     \b
-      # Experts spread over four ranks
-      hpu-fp8 plan ernie-fp8 --ep 4
+      # KV-cache tokens per rank on a Gaudi2, and --max-num-seqs for 32K-token sequences
+      hpu-fp8 plan ernie-fp8 --device gaudi2 --max-model-len 32768
 
     \b
       # From config.json alone, sized for a BF16 KV cache, as JSON
@@ -58,22 +93,51 @@ def plan(model: str, revision: str | None, tp: int, ep: int, kv_cache: KvCacheSc
       # A model on the Hub: only its config.json is downloaded
       hpu-fp8 plan baidu/ERNIE-4.5-21B-A3B-Paddle --tp 4
     """
-    from hpu_fp8_loader.fastdeploy.plan import describe_model, plan_deployment
+    from hpu_fp8_loader.fastdeploy.plan import describe_model_config, plan_deployment
 
+    if max_model_len is not None and device is None:
+        raise click.UsageError("--max-model-len sizes the KV cache of a --device: pass --device gaudi2 or gaudi3")
     with user_errors():
-        result = plan_deployment(describe_model(model, revision), tp, ep, kv_cache)
+        descriptor, config = describe_model_config(model, revision)
+        result = plan_deployment(descriptor, tp, ep, kv_cache, device, max_model_len, config.get("max_position_embeddings"))
+    capacity = result.capacity
     if as_json:
         emit_json(result.to_dict())
-        return
-    click.echo(f"{result.model_type}: {result.parameters / 1e9:.2f} B parameters; TP {tp} x EP {ep}; per rank:")
-    for group, size in result.bytes_per_rank.items():
-        if size:
-            click.echo(f"  {group:<15}{size / 2**30:>10.3f} GiB")
-    click.echo(f"  {'total':<15}{result.total_bytes_per_rank / 2**30:>10.3f} GiB")
+    else:
+        click.echo(f"{result.model_type}: {result.parameters / 1e9:.2f} B parameters; TP {tp} x EP {ep}; per rank:")
+        for group, size in result.bytes_per_rank.items():
+            if size:
+                click.echo(f"  {group:<15}{size / 2**30:>10.3f} GiB")
+        click.echo(f"  {'total':<15}{result.total_bytes_per_rank / 2**30:>10.3f} GiB")
+        click.echo(
+            f"KV cache per token per rank: {result.kv_bytes_per_token_per_rank:,} bytes ({kv_cache.value}); "
+            f"{result.kv_bytes_per_token_per_rank_bf16:,} bytes in bf16"
+        )
+        if capacity is not None:
+            _print_capacity(capacity)
+    if capacity is not None and not capacity.fits:
+        fail(f"{model} at TP {tp} x EP {ep} does not fit a {capacity.device} as FastDeploy sizes it: {capacity.problem}")
+
+
+def _print_capacity(c) -> None:
+    """The KV-cache budget of one rank, line by line as FastDeploy's HPU worker computes it, and the options."""
+    gib = 2**30
     click.echo(
-        f"KV cache per token per rank: {result.kv_bytes_per_token_per_rank:,} bytes ({kv_cache.value}); "
-        f"{result.kv_bytes_per_token_per_rank_bf16:,} bytes in bf16"
+        f"KV cache on a {c.device} ({c.device_hbm_bytes / gib:.0f} GiB; FastDeploy's HPU worker sizes for "
+        f"{c.assumed_hbm_bytes / gib:.0f} GiB on every device), per rank:"
     )
+    click.echo(f"  {'budget':<26}{c.budget_bytes / gib:>10.3f} GiB  (x 0.9 gpu_memory_utilization, less 768 MiB)")
+    click.echo(f"  {'weights':<26}{c.weight_bytes / gib:>10.3f} GiB")
+    click.echo(f"  {'profile run KV cache':<26}{c.profile_kv_bytes / gib:>10.3f} GiB  (freed before serving)")
+    if not c.fits:
+        click.echo(f"  does not fit: {c.problem}")
+        return
+    click.echo(
+        f"  {'KV cache':<26}{c.blocks * c.block_bytes / gib:>10.3f} GiB  = {c.blocks:,} blocks of {c.block_size} tokens: "
+        f"at most {c.kv_tokens:,} tokens (the profile run's activations, not counted, come off this)"
+    )
+    batched = f" --max-num-batched-tokens {c.max_num_batched_tokens}" if c.max_num_batched_tokens < 8192 else ""
+    click.echo(f"suggested: --max-model-len {c.max_model_len} --max-num-seqs {c.max_num_seqs}{batched}")
 
 
 @main.command("map", short_help="Write the parameters the hook hands one rank.")

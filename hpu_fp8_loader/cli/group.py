@@ -16,15 +16,18 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
 from hpu_fp8_loader import __version__
-from hpu_fp8_loader.console import LEVELS, LOGGER, configure
+from hpu_fp8_loader.console import LEVELS, LOGGER, Progress, configure
 from hpu_fp8_loader.errors import HpuFp8Error
 from hpu_fp8_loader.quality.tokenizer import BYTE_VOCAB_LIMIT, TOKENIZER_CHOICES
 from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, Target
+
+if TYPE_CHECKING:
+    from hpu_fp8_loader.engine.layer_major import LayerProgress
 
 log = logging.getLogger(LOGGER)
 FC = TypeVar("FC", bound=Callable[..., Any])  # a command function, as click's decorators type it
@@ -53,6 +56,16 @@ def user_errors(code: int = EXIT_INVALID):
 def say(as_json: bool):
     """Where a long command's step lines go: stdout, or stderr when stdout holds the JSON result."""
     return (lambda line: click.echo(line, err=True)) if as_json else click.echo
+
+
+def layer_steps(progress: Progress) -> Callable[[LayerProgress], None]:
+    """A layer-major run's reports (calibrate, eval) passed on to ``progress``: steps against their total, each
+    layer (or the head's logits) a stage, so that a log gets a line as a layer begins."""
+
+    def show(p: LayerProgress) -> None:
+        progress.show(p.done, p.total, f"layer {p.layer + 1} of {p.layers}" if p.layer < p.layers else "logits")
+
+    return show
 
 
 def warn_each(warnings) -> None:
@@ -120,7 +133,7 @@ COUNT = click.IntRange(min=1)
 DEFAULT_WORKERS = min(2, os.cpu_count() or 1)
 RANK = click.IntRange(min=0)
 force_option = _shared_option("--force", is_flag=True, help="Replace OUT if it exists.")
-quiet_option = _shared_option("-q", "--quiet", is_flag=True, help="No progress bar.")
+quiet_option = _shared_option("-q", "--quiet", is_flag=True, help="No progress bar or progress lines.")
 report_option = _shared_option(
     "--report",
     "report_dir",
@@ -263,7 +276,9 @@ class _Commands(click.Group):
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="hpu-fp8")
 @click.option("-v", "--verbose", count=True, help="More on stderr: -v the steps of long work, -vv debug detail.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bars and no step messages; warnings and errors still show.")
+@click.option(
+    "-q", "--quiet", is_flag=True, help="No progress bars or lines and no step messages; warnings and errors still show."
+)
 @click.option(
     "--log-level",
     type=click.Choice(list(LEVELS), case_sensitive=False),
@@ -279,7 +294,9 @@ def main(ctx: click.Context, verbose: int, quiet: bool, log_level: str | None) -
 
     stdout holds each command's result (with --json, one JSON document); warnings, errors and progress
     go to stderr. Progress bars are drawn only on a terminal, and never with TQDM_DISABLE or
-    HF_HUB_DISABLE_PROGRESS_BARS set.
+    HF_HUB_DISABLE_PROGRESS_BARS set. When stderr is not a terminal (a log file), long work writes
+    "hpu-fp8: progress:" lines instead: as a layer begins, at most one per 10 s and at least one per 30 s,
+    with the step, elapsed time and an estimate of the time left (-q or --log-level error: none).
     """
     for stream in (sys.stdout, sys.stderr):  # a path of bytes that are no UTF-8 prints as \x escapes, not a traceback
         if hasattr(stream, "reconfigure"):

@@ -14,6 +14,7 @@ from hpu_fp8_loader.cli.group import (
     force_option,
     json_option,
     kv_cache_option,
+    layer_steps,
     log,
     main,
     quiet_option,
@@ -24,7 +25,8 @@ from hpu_fp8_loader.cli.group import (
     user_errors,
     warn_each,
 )
-from hpu_fp8_loader.console import emit_json, progress_bar
+from hpu_fp8_loader.console import Progress, emit_json
+from hpu_fp8_loader.quality import DEFAULT_EVAL_SAMPLES, DEFAULT_EVAL_SEQ_LEN
 from hpu_fp8_loader.spec.choices import KvCacheScheme
 
 
@@ -177,7 +179,7 @@ def calibrate(
         source = local_or_hub(model, revision, SOURCE_PATTERNS)
         check_outputs(source, dataset, [out, *([fastdeploy_file] if fastdeploy_file else [])], force)
         report = start_report(report_dir, force, [source])
-        with progress_bar("calibrate", quiet or as_json, unit="step") as bar:
+        with Progress("calibrate", quiet=quiet, bar=not as_json, unit="step") as progress:
             result = run_calibration(
                 source,
                 dataset,
@@ -185,7 +187,7 @@ def calibrate(
                 seq_len,
                 batch_size,
                 all_experts,
-                progress=_shown_on(bar),
+                progress=layer_steps(progress),
                 scratch_dir=out.parent,
                 tokenizer=tokenizer,
                 text_field=text_field,
@@ -230,8 +232,14 @@ def calibrate(
 @revision_option("BF16_SOURCE", "--source-revision")
 @revision_option("FP8_CHECKPOINT")
 @dataset_options("builtin: the held-out 10% of Python's own documentation (never the calibration text).")
-@click.option("--samples", type=COUNT, default=8, show_default=True, help="Windows of --seq-len tokens.")
-@click.option("--seq-len", type=click.IntRange(min=2), default=128, show_default=True)
+@click.option(
+    "--samples",
+    type=COUNT,
+    default=DEFAULT_EVAL_SAMPLES,
+    show_default=True,
+    help="Windows of --seq-len tokens: the units the intervals resample (with one, there are none).",
+)
+@click.option("--seq-len", type=click.IntRange(min=2), default=DEFAULT_EVAL_SEQ_LEN, show_default=True)
 @tp_option(help="Emulate this tensor parallelism (bf16 partial sums reduced as FastDeploy would).")
 @click.option("--weights-only", "only_weights", is_flag=True, help="Ablation row: FP8 weights, float32 activations.")
 @click.option("--no-kv-fp8", "only_no_kv", is_flag=True, help="Ablation row: FP8 linears, BF16 attention and KV cache.")
@@ -274,7 +282,8 @@ def eval_command(
 
     BF16_SOURCE and FP8_CHECKPOINT are directories or Hub repo ids ORG/NAME (a local path wins; downloaded, or
     found in the local cache offline). Prints top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both
-    perplexities. Without
+    perplexities; top-1 and KL with a 95% bootstrap interval [low, high] (windows resampled 1,000 times with a fixed
+    seed: the tokens of one window are correlated, so windows, not tokens, are the units). Without
     --weights-only / --no-kv-fp8 every row is shown; with them, the FP8 row and the rows asked for.
     Tokens come from BF16_SOURCE's own tokenizer, as for calibrate.
 
@@ -309,7 +318,7 @@ def eval_command(
         source = local_or_hub(bf16_source, source_revision, SOURCE_PATTERNS)
         checkpoint = local_or_hub(fp8_checkpoint, revision, SPEC_PATTERNS)
         collector = start_report(report_dir, force, [source, checkpoint])
-        with progress_bar("eval", as_json, unit="step") as bar:
+        with Progress("eval", bar=not as_json, unit="step") as progress:
             report = evaluate(
                 source,
                 checkpoint,
@@ -320,7 +329,7 @@ def eval_command(
                 variants,
                 decode_attention,
                 scratch_dir=scratch_dir,
-                progress=_shown_on(bar),
+                progress=layer_steps(progress),
                 tokenizer=tokenizer,
                 text_field=text_field,
                 chat_template=chat_template,
@@ -353,22 +362,23 @@ def finish_report(report, report_dir: Path | None, force: bool, sources: list[Pa
     say(as_json)(f"report: {report_dir / 'index.html'}")
 
 
-def _shown_on(bar):
-    """A layer-major run's progress drawn on ``bar``: steps against their total, and the layer."""
-
-    def show(p) -> None:
-        bar.total = p.total
-        bar.update(p.done - bar.n)
-        bar.set_postfix_str(f"layer {p.layer + 1}/{p.layers}" if p.layer < p.layers else "logits", refresh=False)
-
-    return show
-
-
 def print_eval(report) -> None:
-    click.echo(f"{report.tokens:,} held-out tokens ({report.dataset}, tokenizer: {report.tokenizer}), TP {report.tp}")
-    click.echo(f"{'variant':<14}{'top-1 agree':>12}{'mean KL':>10}{'logit RMSE':>12}{'ppl bf16':>10}{'ppl fp8':>10}{'ppl +%':>8}")
+    """The accuracy table: top-1 agreement and mean KL each followed by its 95% bootstrap interval over windows."""
+    click.echo(
+        f"{report.tokens:,} held-out tokens in {report.windows} windows ({report.dataset}, tokenizer: {report.tokenizer}), "
+        f"TP {report.tp}; [low, high]: 95% bootstrap interval, windows resampled"
+    )
+    click.echo(
+        f"{'variant':<14}{'top-1 agree':>12}{'[low, high] %':>17}{'mean KL':>10}{'[low, high]':>18}"
+        f"{'logit RMSE':>12}{'ppl bf16':>10}{'ppl fp8':>10}{'ppl +%':>8}"
+    )
+
+    def interval(bounds: tuple[float, float] | None, scale: float, digits: int) -> str:
+        return "-" if bounds is None else f"[{scale * bounds[0]:.{digits}f}, {scale * bounds[1]:.{digits}f}]"
+
     for r in report.rows:
         click.echo(
-            f"{r.variant:<14}{100 * r.top1_agreement:>11.2f}%{r.mean_kl:>10.4f}{r.relative_logit_rmse:>12.4f}"
+            f"{r.variant:<14}{100 * r.top1_agreement:>11.2f}%{interval(r.top1_agreement_interval, 100, 2):>17}"
+            f"{r.mean_kl:>10.4f}{interval(r.mean_kl_interval, 1, 4):>18}{r.relative_logit_rmse:>12.4f}"
             f"{r.perplexity_bf16:>10.3f}{r.perplexity_fp8:>10.3f}{100 * r.perplexity_increase:>7.2f}%"
         )

@@ -18,7 +18,7 @@ from hpu_fp8_loader.cli.group import (
     shard_size_option,
     user_errors,
 )
-from hpu_fp8_loader.console import emit_json, progress_bar
+from hpu_fp8_loader.console import Progress, emit_json
 
 
 @main.command(short_help="Write a deterministic random BF16 source checkpoint.")
@@ -80,8 +80,8 @@ def synth(
     with user_errors():
         config = preset_config(preset, parse_overrides(overrides))
         descriptor = describe(config, f"synth --preset {preset}")
-        with progress_bar("synth", quiet or as_json, total=2 * descriptor.parameter_count()) as bar:
-            synthesize(out, config, Layout(layout), seed, parse_size(max_shard_size), force, progress=bar.update)
+        with Progress("synth", quiet=quiet, bar=not as_json, total=2 * descriptor.parameter_count()) as progress:
+            synthesize(out, config, Layout(layout), seed, parse_size(max_shard_size), force, progress=progress.update)
     if as_json:
         emit_json(
             {

@@ -12,14 +12,16 @@ from pathlib import Path
 
 from hpu_fp8_loader.arch import ModelDescriptor, describe
 from hpu_fp8_loader.errors import ConfigError
+from hpu_fp8_loader.fastdeploy.capacity import KvCapacity, kv_capacity
 from hpu_fp8_loader.fastdeploy.mapping import Parallelism, check_parallelism, parameter_specs
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, Checkpoint, read_config
 from hpu_fp8_loader.io.jsonfile import read_json_object
 from hpu_fp8_loader.io.safetensors_file import ITEMSIZES
 from hpu_fp8_loader.sources.resolve import CONFIG_PATTERNS, local_or_hub
+from hpu_fp8_loader.spec.choices import Target
 from hpu_fp8_loader.spec.config import KvCacheScheme
 
-__all__ = ["DeploymentPlan", "describe_model", "parameter_group", "plan_deployment"]
+__all__ = ["DeploymentPlan", "describe_model", "describe_model_config", "parameter_group", "plan_deployment"]
 
 GROUPS = ("attention", "dense_mlp", "shared_experts", "routed_experts", "router", "embeddings", "lm_head", "norms")
 
@@ -58,6 +60,9 @@ class DeploymentPlan:
         total_bytes_per_rank: the sum of ``bytes_per_rank``.
         kv_bytes_per_token_per_rank: KV cache bytes one token takes on a rank, with the ``kv_cache`` chosen.
         kv_bytes_per_token_per_rank_bf16: the same with a BF16 KV cache, for comparison.
+        capacity: with a ``device``: the KV-cache tokens a rank gets from FastDeploy's HPU worker after the weights,
+            and ``--max-model-len`` / ``--max-num-seqs`` that fit (a :class:`~hpu_fp8_loader.fastdeploy.capacity.KvCapacity`:
+            ``kv_tokens``, ``blocks``, ``max_model_len``, ``max_num_seqs``, ``fits``, ``problem``, ...); else ``None``.
 
     Example:
         >>> from hpu_fp8_loader import describe_model, plan_deployment
@@ -77,12 +82,21 @@ class DeploymentPlan:
     total_bytes_per_rank: int = 0
     kv_bytes_per_token_per_rank: int = 0
     kv_bytes_per_token_per_rank_bf16: int = 0
+    capacity: KvCapacity | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def plan_deployment(d: ModelDescriptor, tp: int = 1, ep: int = 1, kv_cache: KvCacheScheme = KvCacheScheme.FP8) -> DeploymentPlan:
+def plan_deployment(
+    d: ModelDescriptor,
+    tp: int = 1,
+    ep: int = 1,
+    kv_cache: KvCacheScheme = KvCacheScheme.FP8,
+    device: Target | str | None = None,
+    max_model_len: int | None = None,
+    max_position_embeddings: int | None = None,
+) -> DeploymentPlan:
     """Bytes a rank holds at ``tp`` x ``ep`` (rank 0; every rank holds the same), and its KV cache per token.
 
     Sizing from config.json alone, before anything is converted or downloaded: the per-rank shapes are the
@@ -93,6 +107,10 @@ def plan_deployment(d: ModelDescriptor, tp: int = 1, ep: int = 1, kv_cache: KvCa
         tp: tensor-parallel ranks.
         ep: expert-parallel ranks (MoE models only).
         kv_cache: ``KvCacheScheme.FP8`` / ``"fp8"`` (one byte a KV value) or ``"none"`` (BF16, two bytes).
+        device: ``"gaudi2"`` or ``"gaudi3"``: also size the KV cache as FastDeploy's HPU worker does (``capacity``).
+        max_model_len: with ``device``, the ``--max-model-len`` to serve (default: suggested from the memory left).
+        max_position_embeddings: with ``device``, the model's (config.json's; :func:`describe_model_config`), the
+            longest ``max_model_len`` suggested.
 
     Returns:
         A :class:`~hpu_fp8_loader.DeploymentPlan`.
@@ -109,12 +127,19 @@ def plan_deployment(d: ModelDescriptor, tp: int = 1, ep: int = 1, kv_cache: KvCa
         >>> print(f"{plan.total_bytes_per_rank / 2**30:.1f} GiB a rank, {plan.kv_bytes_per_token_per_rank} KV bytes a token")
     """
     kv_cache = KvCacheScheme(kv_cache)
+    if max_model_len is not None and device is None:
+        raise ConfigError(f"max_model_len {max_model_len} is given without a device to size it for")
     par = Parallelism(tp, 0, ep, 0)
     check_parallelism(d, par)
     by_group = dict.fromkeys(GROUPS, 0)
     for name, spec in parameter_specs(d, kv_cache, par).items():
         by_group[parameter_group(name)] += math.prod(spec.shape) * ITEMSIZES[spec.dtype]
     per_token = 2 * d.num_layers * (d.num_kv_heads // tp) * d.head_dim  # K and V values
+    kv_bytes = per_token * (1 if kv_cache is KvCacheScheme.FP8 else 2)
+    weight_bytes = sum(by_group.values())
+    capacity = None
+    if device is not None:
+        capacity = kv_capacity(weight_bytes, kv_bytes, device, max_model_len, max_position_embeddings)
     return DeploymentPlan(
         model_type=d.model_type,
         tp=tp,
@@ -122,9 +147,10 @@ def plan_deployment(d: ModelDescriptor, tp: int = 1, ep: int = 1, kv_cache: KvCa
         kv_cache=kv_cache.value,
         parameters=d.parameter_count(),
         bytes_per_rank=by_group,
-        total_bytes_per_rank=sum(by_group.values()),
-        kv_bytes_per_token_per_rank=per_token * (1 if kv_cache is KvCacheScheme.FP8 else 2),
+        total_bytes_per_rank=weight_bytes,
+        kv_bytes_per_token_per_rank=kv_bytes,
         kv_bytes_per_token_per_rank_bf16=per_token * 2,
+        capacity=capacity,
     )
 
 
@@ -160,8 +186,21 @@ def describe_model(model: str | Path, revision: str | None = None) -> ModelDescr
         >>> descriptor = describe_model("ERNIE-4.5-21B-A3B-Paddle/config.json")
         >>> plan_deployment(descriptor, tp=2).total_bytes_per_rank
     """
+    return describe_model_config(model, revision)[0]
+
+
+def describe_model_config(model: str | Path, revision: str | None = None) -> tuple[ModelDescriptor, dict]:
+    """:func:`describe_model`, and the config.json it read (for keys the descriptor does not hold, such as
+    ``max_position_embeddings``); the same arguments and errors.
+
+    Example:
+        >>> descriptor, config = describe_model_config("qwen2-fp8")
+        >>> config.get("max_position_embeddings")
+    """
     model = local_or_hub(model, revision, CONFIG_PATTERNS)
     if not model.is_dir():
-        return describe(read_json_object(model, ConfigError), str(model))
+        config = read_json_object(model, ConfigError)
+        return describe(config, str(model)), config
     has_weights = (model / INDEX_FILE).is_file() or (model / SINGLE_FILE).is_file()
-    return describe(read_config(model), str(model / CONFIG_FILE), Checkpoint.open(model).tensors if has_weights else None)
+    config = read_config(model)
+    return describe(config, str(model / CONFIG_FILE), Checkpoint.open(model).tensors if has_weights else None), config

@@ -34,6 +34,7 @@ from hpu_fp8_loader.hub.cards import CardFile, CardPlot, check_license, render_c
 from hpu_fp8_loader.io.checkpoint import read_config, source_file
 from hpu_fp8_loader.io.manifest import MANIFEST_FILE, write_manifest
 from hpu_fp8_loader.io.writer import check_apart
+from hpu_fp8_loader.quality import DEFAULT_EVAL_SAMPLES, DEFAULT_EVAL_SEQ_LEN
 from hpu_fp8_loader.quality.calibrate import calibrate
 from hpu_fp8_loader.quality.evaluate import EvaluationResult, evaluate
 from hpu_fp8_loader.quality.report import REPORT_FILE, Report
@@ -333,12 +334,12 @@ def _stage(
     if options.evaluation == "skip":
         note = "skipped with --skip-eval"
     elif parameters > EVAL_PARAMETER_LIMIT and options.evaluation != "always":
-        minutes = 2 * parameters * 8 * 128 * 2 / _ENGINE_FLOPS / 60
+        minutes = 2 * parameters * DEFAULT_EVAL_SAMPLES * DEFAULT_EVAL_SEQ_LEN * 2 / _ENGINE_FLOPS / 60
         note = f"{parameters / 1e9:.1f} B parameters: about {minutes:.0f} CPU minutes; pass --eval to run it"
         say(f"no evaluation: {note}")
     else:
         reports["eval"] = Report()
-        evaluation = evaluate(src, checkpoint, samples=8, seq_len=128, report=reports["eval"])
+        evaluation = evaluate(src, checkpoint, report=reports["eval"])  # eval's default text, as `hpu-fp8 eval`
         say(f"evaluated: FP8 top-1 agreement {100 * evaluation.rows[0].top1_agreement:.2f}%")
     plots = _add_report_plots(checkpoint, reports)
     return evaluation, note, names, plots

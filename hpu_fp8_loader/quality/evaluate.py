@@ -22,6 +22,8 @@ from hpu_fp8_loader.engine.layer_major import LayerModel, LayerProgress, run_lay
 from hpu_fp8_loader.engine.model import ReferenceModel
 from hpu_fp8_loader.engine.weights import open_weights
 from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
+from hpu_fp8_loader.numerics.bootstrap import bootstrap_ratio_interval
+from hpu_fp8_loader.quality import DEFAULT_EVAL_SAMPLES, DEFAULT_EVAL_SEQ_LEN
 from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, dataset_tokens, token_windows
 
 if TYPE_CHECKING:
@@ -52,7 +54,10 @@ def chosen_variants(weights_only: bool = False, no_kv_fp8: bool = False) -> tupl
 class EvalRow:
     """One variant's accuracy against the BF16 model (a row of :class:`EvaluationResult`).
 
-    ``perplexity_increase`` (read-only) is ``perplexity_fp8 / perplexity_bf16 - 1``.
+    ``perplexity_increase`` (read-only) is ``perplexity_fp8 / perplexity_bf16 - 1``. ``top1_agreement_interval``
+    and ``mean_kl_interval`` are 95% bootstrap percentile intervals (low, high) over windows
+    (:func:`~hpu_fp8_loader.numerics.bootstrap.bootstrap_ratio_interval`); ``None`` from a single window or for a
+    row made by hand. Few windows give rough intervals: the default 16 is the least to read them by.
     """
 
     variant: str
@@ -61,6 +66,8 @@ class EvalRow:
     relative_logit_rmse: float
     perplexity_bf16: float
     perplexity_fp8: float
+    top1_agreement_interval: tuple[float, float] | None = None
+    mean_kl_interval: tuple[float, float] | None = None
 
     @property
     def perplexity_increase(self) -> float:
@@ -78,10 +85,13 @@ class EvaluationResult:
         rows: one ``EvalRow`` per variant computed (``"fp8"``, ``"weights-only"``, ``"no-kv-fp8"``), each with
             ``top1_agreement`` (share of next-token predictions that agree), ``mean_kl`` (KL(bf16 || fp8) per
             token, nats), ``relative_logit_rmse``, ``perplexity_bf16``, ``perplexity_fp8`` and
-            ``perplexity_increase`` (``perplexity_fp8 / perplexity_bf16 - 1``).
+            ``perplexity_increase`` (``perplexity_fp8 / perplexity_bf16 - 1``), and 95% bootstrap intervals
+            ``top1_agreement_interval`` and ``mean_kl_interval`` (low, high): windows resampled 1,000 times with a
+            fixed seed, since the tokens of one window are correlated.
         warnings: such as FP8 attention costing far more than FP8 linears (convert again with ``kv_cache="none"``).
         tokenizer: which tokenizer made the tokens (the BF16 source's own, such as ``"tokenizer.json"``, or
             ``"bytes"``), as :class:`~hpu_fp8_loader.CalibrationResult` names it.
+        windows: the windows of ``tokens`` (the units the bootstrap intervals resample).
 
     Example:
         >>> from hpu_fp8_loader import TINY_MODELS, evaluate
@@ -99,6 +109,7 @@ class EvaluationResult:
     rows: list[EvalRow] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     tokenizer: str = ""
+    windows: int = 0
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -113,16 +124,26 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 class _Accumulator:
-    def __init__(self):
+    """One row's sums over every window, and top-1 agreement and KL per window as well, for the intervals."""
+
+    def __init__(self) -> None:
         self.agree = self.count = 0
         self.kl = self.err = self.norm = self.nll_ref = self.nll_fp8 = 0.0
+        self.window_agree: list[np.ndarray] = []
+        self.window_kl: list[np.ndarray] = []
+        self.window_count: list[np.ndarray] = []
 
     def add(self, ref: np.ndarray, fp8: np.ndarray, targets: np.ndarray) -> None:
         ref, fp8 = ref[:, :-1].astype(np.float64), fp8[:, :-1].astype(np.float64)
         lp_ref, lp_fp8 = _log_softmax(ref), _log_softmax(fp8)
-        self.agree += int((ref.argmax(-1) == fp8.argmax(-1)).sum())
+        agree = (ref.argmax(-1) == fp8.argmax(-1)).sum(axis=1)
+        kl = (np.exp(lp_ref) * (lp_ref - lp_fp8)).sum(axis=(1, 2))
+        self.window_agree.append(agree)
+        self.window_kl.append(kl)
+        self.window_count.append(np.full(len(targets), targets.shape[1]))
+        self.agree += int(agree.sum())
         self.count += targets.size
-        self.kl += float((np.exp(lp_ref) * (lp_ref - lp_fp8)).sum())
+        self.kl += float(kl.sum())
         self.err += float(((fp8 - ref) ** 2).sum())
         self.norm += float((ref**2).sum())
         picked = targets[..., None]
@@ -137,15 +158,24 @@ class _Accumulator:
             (self.err / self.norm) ** 0.5,
             float(np.exp(self.nll_ref / self.count)),
             float(np.exp(self.nll_fp8 / self.count)),
+            *self._intervals(),
         )
+
+    def _intervals(self) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+        """Top-1 agreement's and mean KL's bootstrap intervals; none from one window (it cannot show its spread)."""
+        counts = np.concatenate(self.window_count)
+        if len(counts) < 2:
+            return None, None
+        agree, kl = np.concatenate(self.window_agree), np.concatenate(self.window_kl)
+        return bootstrap_ratio_interval(agree, counts), bootstrap_ratio_interval(kl, counts)
 
 
 def evaluate(
     bf16_source: str | Path,
     fp8_checkpoint: str | Path,
     dataset: str | Path = BUILTIN,
-    samples: int = 8,
-    seq_len: int = 128,
+    samples: int = DEFAULT_EVAL_SAMPLES,
+    seq_len: int = DEFAULT_EVAL_SEQ_LEN,
     tp: int = 1,
     variants: tuple[str, ...] = tuple(VARIANTS),
     decode_attention: bool = False,
@@ -179,7 +209,9 @@ def evaluate(
             file, a ``.jsonl`` file of ``{"text": ...}`` lines, a ``.json`` array of such records, a ``.csv`` or
             ``.parquet`` file with a ``text`` column, a directory of such files, or a Hub dataset repo id ``ORG/NAME``
             (from the Hugging Face cache; a local path wins).
-        samples: how many windows to run (fewer when the text holds fewer).
+        samples: how many windows to run (fewer when the text holds fewer); by default 16 of 128 tokens, the 2,048
+            tokens the demo evaluates. The windows are what the bootstrap intervals resample: with one, there are
+            none.
         seq_len: tokens per window: at least 2, at most the model's ``max_position_embeddings``.
         tp: the tensor parallelism to emulate: every rank's share runs, and row-parallel outputs are reduced as
             bf16 partial sums.
@@ -203,8 +235,9 @@ def evaluate(
             :class:`~hpu_fp8_loader.engine.layer_major.LayerProgress`: steps done, their total, the layer.
 
     Returns:
-        An :class:`~hpu_fp8_loader.EvaluationResult`: one row per variant, and a warning when FP8 attention costs
-        far more than FP8 linears.
+        An :class:`~hpu_fp8_loader.EvaluationResult`: one row per variant, each with 95% bootstrap intervals of
+        top-1 agreement and mean KL (windows resampled), and a warning when FP8 attention costs far more than
+        FP8 linears.
 
     Raises:
         HpuFp8Error: an unknown variant; ``seq_len`` below 2 or beyond max_position_embeddings; ``fp8_checkpoint``
@@ -276,7 +309,7 @@ def evaluate(
         run_layer_major(models, windows, 4, add, scratch_dir, progress=progress)
     tokens = windows.size
     table = [accumulators[name].row(name) for name in accumulators]
-    result = EvaluationResult(tokens, tp, str(dataset), table, tokenizer=tokenizer_name)
+    result = EvaluationResult(tokens, tp, str(dataset), table, tokenizer=tokenizer_name, windows=len(windows))
     warning = attention_warning(result.rows)
     if warning:
         result.warnings.append(warning)
