@@ -70,11 +70,10 @@ def validate(checkpoint: str, revision: str | None, quick: bool, hashes: bool, a
         if as_json:  # the report a script reads, and the one line a person reads
             emit_json({"root": checkpoint, "valid": False, "unreadable": message})
         fail(message, EXIT_UNREADABLE)
+    warn_each(report.warnings)  # stderr, as every command's warnings; the JSON report holds them too
     if as_json:
         emit_json(report.to_dict())
     else:
-        for warning in report.warnings:
-            click.echo(f"warning: {warning}")
         for v in report.violations:
             click.echo(f"[{v.rule}] {v.where}: {v.message}")
         verdict = "valid" if report.valid else f"INVALID ({len(report.violations)} violation(s))"
