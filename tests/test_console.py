@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from hpu_fp8_loader.cli.group import INTERRUPTED
+from hpu_fp8_loader.cli.group import INTERRUPTED, interrupted_line
 from hpu_fp8_loader.cli.main import main
 from hpu_fp8_loader.sources.measurements import write_measurements
 from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
@@ -142,4 +142,25 @@ def test_ctrl_c_in_any_command_is_one_line_and_exit_130(monkeypatch, command):
     monkeypatch.setattr("hpu_fp8_loader.checks.inspection.inspect_checkpoint", interrupted)
     monkeypatch.setattr("hpu_fp8_loader.cli.checks_commands.emit_json", interrupted)
     result = invoke(*command)
-    assert result.exit_code == 130 and result.stderr.strip() == f"hpu-fp8: error: {INTERRUPTED}", result.stderr
+    assert result.exit_code == 130 and result.stderr.strip() == f"hpu-fp8: error: {interrupted_line(command[0])}", result.stderr
+
+
+def test_every_command_has_its_own_ctrl_c_line_and_only_what_resumes_says_so():
+    assert set(INTERRUPTED) == set(main.commands)
+    resuming = {name for name in main.commands if "resume" in interrupted_line(name).replace("not resume", "")}
+    assert resuming == {"convert", "import"}  # convert's journal; import converts through it
+    assert "does not resume" in interrupted_line("calibrate") and "does not resume" in interrupted_line("eval")
+
+
+def test_ctrl_c_in_calibrate_does_not_promise_a_resume(monkeypatch, tmp_path):
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("hpu_fp8_loader.quality.calibrate.calibrate", interrupt)
+    result = invoke("calibrate", "qwen2-bytes", "-o", tmp_path / "m.json")
+    assert result.exit_code == 130, result.stderr
+    assert result.stderr.strip() == (
+        "hpu-fp8: error: interrupted; no file was written; a calibration does not resume, so the same command starts "
+        "from the beginning"
+    )
+    assert not (tmp_path / "m.json").exists()
