@@ -23,7 +23,18 @@ import click
 import numpy as np
 from tqdm import tqdm
 
-__all__ = ["LEVELS", "LOGGER", "bars_enabled", "configure", "emit_json", "hub_bars_follow_ours", "progress_bar"]
+__all__ = [
+    "LEVELS",
+    "LOGGER",
+    "bars_enabled",
+    "configure",
+    "emit_json",
+    "hub_bars_follow_ours",
+    "human_bytes",
+    "human_count",
+    "human_rate",
+    "progress_bar",
+]
 
 LOGGER = "hpu_fp8_loader"
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
@@ -90,6 +101,50 @@ def progress_bar(desc: str, quiet: bool = False, total: int | None = None, unit:
         file=sys.stderr,
         leave=False,
     )
+
+
+_BINARY_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
+_COUNT_UNITS = (" K", " M", " B", " T")  # thousand, million, billion (as in "a 21B model"), trillion
+
+
+def _scaled(value: float, base: int, units: tuple[str, ...]) -> str:
+    """``value`` divided by ``base`` until its three significant digits fall below 1000, then printed with the unit
+    reached: 1.23, 12.3, 123 (never an exponent, never "1000 K" where "1.00 M" is meant)."""
+    unit = 0
+    value /= base
+    while unit < len(units) - 1 and float(f"{value:.3g}") >= 1000:
+        value /= base
+        unit += 1
+    value = float(f"{value:.3g}")
+    digits = f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 100 else f"{value:.0f}"
+    return f"{digits}{units[unit]}"
+
+
+def human_bytes(size: float) -> str:
+    """A byte count for people, in binary units to three significant digits: ``512 B``, ``1.21 MiB``, ``43.3 GiB``.
+
+    Every size the CLI prints goes through here, so a tiny model reads ``35.2 KiB``, never ``0.00 GiB``.
+
+    Example:
+        >>> human_bytes(512), human_bytes(1_270_000), human_bytes(43.3 * 2**30)
+        ('512 B', '1.21 MiB', '43.3 GiB')
+    """
+    return f"{size:.0f} B" if size < 1024 else _scaled(size, 1024, tuple(f" {unit}" for unit in _BINARY_UNITS))
+
+
+def human_rate(size: float, seconds: float) -> str:
+    """Bytes per second for people (:func:`human_bytes` and ``/s``); a run too short to time says so."""
+    return f"{human_bytes(size / seconds)}/s" if seconds > 0 else "too fast to time"
+
+
+def human_count(count: float) -> str:
+    """A count (parameters, tokens) for people, to three significant digits: ``812``, ``35.2 K``, ``21.8 B``.
+
+    Example:
+        >>> human_count(812), human_count(35_200), human_count(494_032_768), human_count(21_825_437_696)
+        ('812', '35.2 K', '494 M', '21.8 B')
+    """
+    return f"{count:.0f}" if float(f"{count:.3g}") < 1000 else _scaled(count, 1000, _COUNT_UNITS)
 
 
 def _plain(value: object) -> object:

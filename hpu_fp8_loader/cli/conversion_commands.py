@@ -26,7 +26,7 @@ from hpu_fp8_loader.cli.group import (
     user_errors,
     warn_each,
 )
-from hpu_fp8_loader.console import emit_json, progress_bar
+from hpu_fp8_loader.console import emit_json, human_bytes, human_rate, progress_bar
 from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, ScaleRounding, Target
 
 if TYPE_CHECKING:
@@ -120,8 +120,8 @@ def convert(
     click.echo(
         f"{out}: hpu-fp8 v1 ({target.value}, KV cache {kv_cache.value}) from {result.layout.value} layout; "
         f"{result.tensors_quantized} tensors quantized, {result.tensors_kept} kept; "
-        f"{result.bytes_in / 2**30:.2f} GiB -> {result.bytes_out / 2**30:.2f} GiB ({result.ratio:.3f}); "
-        f"{result.seconds:.1f} s, {result.bytes_in / 2**20 / max(result.seconds, 1e-9):.0f} MiB/s{filled}{reused}"
+        f"{human_bytes(result.bytes_in)} -> {human_bytes(result.bytes_out)} ({result.ratio:.3f}); "
+        f"{result.seconds:.1f} s, {human_rate(result.bytes_in, result.seconds)}{filled}{reused}"
     )
 
 

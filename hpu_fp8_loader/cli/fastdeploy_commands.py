@@ -23,7 +23,7 @@ from hpu_fp8_loader.cli.group import (
     user_errors,
     warn_each,
 )
-from hpu_fp8_loader.console import emit_json
+from hpu_fp8_loader.console import emit_json, human_bytes, human_count
 from hpu_fp8_loader.spec.choices import KvCacheScheme
 
 
@@ -65,11 +65,11 @@ def plan(model: str, revision: str | None, tp: int, ep: int, kv_cache: KvCacheSc
     if as_json:
         emit_json(result.to_dict())
         return
-    click.echo(f"{result.model_type}: {result.parameters / 1e9:.2f} B parameters; TP {tp} x EP {ep}; per rank:")
+    click.echo(f"{result.model_type}: {human_count(result.parameters)} parameters; TP {tp} x EP {ep}; per rank:")
     for group, size in result.bytes_per_rank.items():
         if size:
-            click.echo(f"  {group:<15}{size / 2**30:>10.3f} GiB")
-    click.echo(f"  {'total':<15}{result.total_bytes_per_rank / 2**30:>10.3f} GiB")
+            click.echo(f"  {group:<15}{human_bytes(size):>10}")
+    click.echo(f"  {'total':<15}{human_bytes(result.total_bytes_per_rank):>10}")
     click.echo(
         f"KV cache per token per rank: {result.kv_bytes_per_token_per_rank:,} bytes ({kv_cache.value}); "
         f"{result.kv_bytes_per_token_per_rank_bf16:,} bytes in bf16"
@@ -152,7 +152,7 @@ def map_command(
         return
     click.echo(
         f"{result.path}: {result.parameters} FastDeploy parameters of TP rank {rank}/{tp}, EP rank {ep_rank}/{ep}; "
-        f"{result.bytes / 2**20:.1f} MiB"
+        f"{human_bytes(result.bytes)}"
     )
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 
 from hpu_fp8_loader.checks.validate import validate
-from hpu_fp8_loader.console import hub_bars_follow_ours
+from hpu_fp8_loader.console import hub_bars_follow_ours, human_count
 from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import HpuFp8Error, OutputExistsError, UnsafePathError, UploadError
@@ -334,7 +334,7 @@ def _stage(
         note = "skipped with --skip-eval"
     elif parameters > EVAL_PARAMETER_LIMIT and options.evaluation != "always":
         minutes = 2 * parameters * 8 * 128 * 2 / _ENGINE_FLOPS / 60
-        note = f"{parameters / 1e9:.1f} B parameters: about {minutes:.0f} CPU minutes; pass --eval to run it"
+        note = f"{human_count(parameters)} parameters: about {minutes:.0f} CPU minutes; pass --eval to run it"
         say(f"no evaluation: {note}")
     else:
         reports["eval"] = Report()
