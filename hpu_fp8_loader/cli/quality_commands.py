@@ -198,11 +198,15 @@ def calibrate(
             write_fastdeploy_file(fastdeploy_file, result.measurements, replace=force)
         finish_report(report, report_dir, force, [source], as_json)
     if result.dead_experts:
-        listing = ", ".join(f"layer {layer} expert {e}" for layer, e in result.dead_experts)
+        from hpu_fp8_loader.conversion.activations import dead_expert_summary
+
+        experts = result.measurements.model.moe_num_experts if result.measurements.model else None
         log.warning(
-            f"no calibration token was routed to {len(result.dead_experts)} expert(s): {listing}. "
-            "Calibrate with more data or --all-experts, or convert with --dead-experts sibling-max."
+            f"no calibration token was routed to {len(result.dead_experts)} expert(s): "
+            f"{dead_expert_summary(result.dead_experts, experts)}. Calibrate with more data or --all-experts, or "
+            "convert with --dead-experts sibling-max (--json or -v lists every one)."
         )
+        log.info("experts no token was routed to: %s", dead_expert_summary(result.dead_experts, experts, whole=True))
     if as_json:
         emit_json(
             {
