@@ -22,7 +22,7 @@ import click
 
 from hpu_fp8_loader import __version__
 from hpu_fp8_loader.console import LEVELS, LOGGER, configure
-from hpu_fp8_loader.errors import HpuFp8Error
+from hpu_fp8_loader.errors import HpuFp8Error, command_line
 from hpu_fp8_loader.quality.tokenizer import BYTE_VOCAB_LIMIT, TOKENIZER_CHOICES
 from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, Target
 
@@ -275,7 +275,8 @@ class _Commands(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            with command_line():  # messages name --force, not Python's force=True
+                return super().invoke(ctx)
         except click.UsageError as exc:
             _usage_failure(exc, ctx)
         except KeyboardInterrupt:

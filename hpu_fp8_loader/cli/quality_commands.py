@@ -193,9 +193,9 @@ def calibrate(
                 dataset_revision=dataset_revision,
                 report=report,
             )
-        write_measurements(out, result.measurements, replace=force)
+        write_measurements(out, result.measurements, force)
         if fastdeploy_file:
-            write_fastdeploy_file(fastdeploy_file, result.measurements, replace=force)
+            write_fastdeploy_file(fastdeploy_file, result.measurements, force)
         finish_report(report, report_dir, force, [source], as_json)
     if result.dead_experts:
         from hpu_fp8_loader.conversion.activations import dead_expert_summary

@@ -37,7 +37,7 @@ import numpy as np
 from hpu_fp8_loader import __version__
 from hpu_fp8_loader.arch import ModelDescriptor, Role, WeightTensor
 from hpu_fp8_loader.engine.model import Observer
-from hpu_fp8_loader.errors import OutputExistsError, UnsafePathError, WriteFailedError
+from hpu_fp8_loader.errors import OutputExistsError, UnsafePathError, WriteFailedError, force_flag
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.writer import check_apart, publish_output_dir
 from hpu_fp8_loader.numerics import e4m3, scales
@@ -402,9 +402,9 @@ def check_report_dir(directory: str | Path, force: bool, sources: Iterable[str |
         raise UnsafePathError(f"{out}: a link or a file; --report names a directory to write")
     if out.is_dir() and any(out.iterdir()):
         if not force:
-            raise OutputExistsError(f"{out}: already exists and is not empty; pass --force to replace it")
+            raise OutputExistsError(f"{out}: already exists and is not empty; pass {force_flag()} to replace it")
         if not (out / REPORT_FILE).is_file():
-            raise OutputExistsError(f"{out}: holds no {REPORT_FILE}; --force replaces only a report, remove it yourself")
+            raise OutputExistsError(f"{out}: holds no {REPORT_FILE}; {force_flag()} replaces only a report, remove it yourself")
     parent = out.absolute().parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise WriteFailedError(f"{out}: its directory {parent} is missing or not writable")
