@@ -75,8 +75,9 @@ def convert(
 ) -> None:
     """Convert the BF16 checkpoint SRC into an hpu-fp8 v1 checkpoint at OUT.
 
-    SRC is a directory (Paddle or Hugging Face torch layout; BF16, FP16, FP32, or compressed-tensors FP8) or a Hub repo id
-    (the local cache is used offline). Output is written into OUT.partial and renamed when complete;
+    SRC is a directory (Paddle or Hugging Face torch layout; BF16, FP16, FP32, or compressed-tensors FP8), a tiny model
+    shipped with hpu-fp8 (ernie-moe-bytes, qwen2-bytes) or a Hub repo id (the local cache is used offline), tried in
+    that order. Output is written into OUT.partial and renamed when complete;
     after an interruption the same command resumes, reusing finished shards whose sha256 still matches.
 
     \b

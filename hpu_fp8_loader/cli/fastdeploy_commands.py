@@ -35,8 +35,10 @@ from hpu_fp8_loader.spec.choices import KvCacheScheme
 @kv_cache_option(help="KV-cache scheme to size for.")
 @json_option(help="Print the plan as JSON.")
 def plan(model: str, revision: str | None, tp: int, ep: int, kv_cache: KvCacheScheme, as_json: bool) -> None:
-    """Size a deployment from MODEL's config.json (a directory, the file, or a Hub repo id ORG/NAME): bytes per rank,
-    KV per token.
+    """Size a deployment from MODEL's config.json: bytes per rank, KV per token.
+
+    MODEL is a directory, the config.json file, a tiny model shipped with hpu-fp8 (ernie-moe-bytes, qwen2-bytes) or a
+    Hub repo id ORG/NAME, tried in that order.
 
     When the directory also holds the weights, the config's layer and expert counts are checked against them. Of a
     Hub repo id only config.json is downloaded (the weights are checked only if the local cache already holds them).

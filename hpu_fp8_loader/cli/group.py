@@ -240,7 +240,8 @@ def revision_option(argument: str, flag: str = "--revision") -> Callable[[FC], F
         flag.lstrip("-").replace("-", "_"),
         default=None,
         metavar="REV",
-        help=f"Branch, tag or commit of {argument} when it is a Hub repo id ORG/NAME (default: main; a local path wins).",
+        help=f"Branch, tag or commit of {argument} when it is a Hub repo id ORG/NAME (default: main; a local path, then a "
+        "shipped tiny model's name, wins).",
     )
 
 

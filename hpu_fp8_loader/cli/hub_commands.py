@@ -72,6 +72,9 @@ def push(
 ) -> None:
     """Convert SRC, validate, evaluate, write the model card and upload to the Hugging Face Hub, then verify.
 
+    SRC is a directory, a tiny model shipped with hpu-fp8 (ernie-moe-bytes, qwen2-bytes) or a Hub repo id ORG/NAME,
+    tried in that order; for either of the first two, --base-model names the BF16 model on the Hub.
+
     A checkpoint that fails validation is never uploaded. After the upload every remote file's size and
     identifier (LFS sha256, or git blob id) is compared with the local manifest; a mismatch exits 1.
     Re-running after an interrupted upload resumes it. The token comes from huggingface_hub's usual

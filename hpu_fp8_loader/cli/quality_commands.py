@@ -25,6 +25,7 @@ from hpu_fp8_loader.cli.group import (
     warn_each,
 )
 from hpu_fp8_loader.console import emit_json, progress_bar
+from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 from hpu_fp8_loader.spec.choices import KvCacheScheme
 
 
@@ -39,7 +40,7 @@ from hpu_fp8_loader.spec.choices import KvCacheScheme
 )
 @click.option(
     "--model",
-    type=click.Choice(["ernie-moe-bytes", "qwen2-bytes"]),
+    type=click.Choice(list(TINY_MODELS)),
     default="ernie-moe-bytes",
     show_default=True,
     help="Which shipped tiny trained model to use.",
@@ -134,9 +135,9 @@ def calibrate(
 ) -> None:
     """Record activation amax at FastDeploy's measurement points with the float32 reference engine.
 
-    MODEL is a BF16 checkpoint (Paddle or torch layout) or an hpu-fp8 one: a directory, or a Hub repo id
-    ORG/NAME (its weights, configs and tokenizer files downloaded, or found in the local cache offline; a
-    local path wins). Tokens come from its own
+    MODEL is a BF16 checkpoint (Paddle or torch layout) or an hpu-fp8 one: a directory, a tiny model shipped with
+    hpu-fp8 (ernie-moe-bytes, qwen2-bytes) or a Hub repo id ORG/NAME (its weights, configs and tokenizer files
+    downloaded, or found in the local cache offline), tried in that order. Tokens come from its own
     tokenizer (tokenizer.json, else the sentencepiece tokenizer.model), one document (file or record)
     at a time, BOS as tokenizer_config.json says; byte tokens only with --tokenizer bytes or for a
     byte-level model (no tokenizer file, a vocabulary of at most 512). A model without a tokenizer is refused.
@@ -276,8 +277,9 @@ def eval_command(
 ) -> None:
     """Compare the emulated FP8 model (Gaudi arithmetic, FastDeploy's parameters) with the BF16 model.
 
-    BF16_SOURCE and FP8_CHECKPOINT are directories or Hub repo ids ORG/NAME (a local path wins; downloaded, or
-    found in the local cache offline). Prints top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both
+    BF16_SOURCE is a directory, a tiny model shipped with hpu-fp8 (ernie-moe-bytes, qwen2-bytes) or a Hub repo id
+    ORG/NAME, tried in that order; FP8_CHECKPOINT a directory or a Hub repo id (a local path wins). A repo id is
+    downloaded, or found in the local cache offline. Prints top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both
     perplexities. Without
     --weights-only / --no-kv-fp8 every row is shown; with them, the FP8 row and the rows asked for.
     Tokens come from BF16_SOURCE's own tokenizer, as for calibrate.

@@ -46,6 +46,7 @@ from hpu_fp8_loader.sources.resolve import (
     hub_failures,
     resolve_checkpoint,
 )
+from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 from hpu_fp8_loader.spec.measurements import Measurements
 
 __all__ = ["MEASUREMENTS_FILE", "REPORT_PLOT_PREFIX", "PushOptions", "PushResult", "git_blob_id", "push", "remote_problems"]
@@ -450,7 +451,8 @@ def push(src: str | Path, options: PushOptions, say: Callable[[str], None] = pri
     """
     source_id = str(src)
     check_repo_id(options.repo_id, "--repo-id")  # first: it checks HF_ENDPOINT before huggingface_hub is imported
-    base_model = options.base_model or (source_id if not Path(source_id).exists() else None)  # a Hub id is the base
+    local = Path(source_id).exists() or source_id in TINY_MODELS
+    base_model = options.base_model or (source_id if not local else None)  # a Hub id is the base
     if not base_model:
         raise HpuFp8Error("the base model's Hub id is unknown: pass --base-model ORG/NAME")
     check_repo_id(base_model, "--base-model" if options.base_model else "SRC", namespace=False)
