@@ -151,6 +151,8 @@ def test_a_local_path_wins_over_a_tiny_model_name_and_a_revision_is_ignored_with
     result = run("plan", "qwen2-bytes", "--json", "--revision", "v1")
     assert result.exit_code == 0 and json.loads(result.stdout)["model_type"] == "qwen2"
     assert "qwen2-bytes: a tiny model shipped with hpu-fp8, so revision 'v1' (for Hub repo ids) is ignored" in result.stderr
+    pushed = run("push", "qwen2-bytes", "--repo-id", "a/b", "--calibrate", "--license", "mit", "--dry-run")
+    assert "the base model's Hub id is unknown: pass --base-model" in one_error_line(pushed)  # a local model, not a Hub id
 
 
 def test_an_unknown_name_lists_the_tiny_models_and_every_model_argument_documents_the_order():

@@ -42,7 +42,7 @@ from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, Target
     "--work-dir",
     type=click.Path(path_type=Path),
     default=None,
-    help="Keep the staged checkpoint and card here (default: a temporary directory).",
+    help="Keep the staged checkpoint and card in DIR/checkpoint (default: a temporary directory, removed when done).",
 )
 @click.option(
     "--dry-run",
@@ -99,6 +99,7 @@ def push(
     """
     from hpu_fp8_loader.conversion.plan import ConvertOptions
     from hpu_fp8_loader.hub.publish import PushOptions
+    from hpu_fp8_loader.hub.publish import commit_message as planned_commit_message
     from hpu_fp8_loader.hub.publish import push as run_push
 
     options = PushOptions(
@@ -137,10 +138,14 @@ def push(
         click.echo(
             f"dry run: would commit {len(result.files)} file(s) to {repo_id}"
             f"{'@' + revision if revision else ''}{' as a pull request' if create_pr else ''}"
-            f"{' (private)' if private else ''}: {commit_message or 'Upload hpu-fp8 checkpoint'}"
+            f"{' (private)' if private else ''}: {planned_commit_message(options, len(result.files))}"
         )
         for f in result.files:
             click.echo(f"  {f.name:<42}{f.size:>14,}  {f.sha256}")
+        if result.checkpoint is None:
+            click.echo("staged in a temporary directory, now removed; pass --work-dir DIR to keep the checkpoint and card")
+        else:
+            click.echo(f"staged in {result.checkpoint} (kept)")
         return
     if result.pull_request_url:
         click.echo(f"{repo_id}: pull request opened and verified ({len(result.files)} files): {result.pull_request_url}")
