@@ -44,6 +44,9 @@ __all__ = [
     "configure",
     "emit_json",
     "hub_bars_follow_ours",
+    "human_bytes",
+    "human_count",
+    "human_rate",
     "lines_enabled",
 ]
 
@@ -122,13 +125,6 @@ def _duration(seconds: float) -> str:
     return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
-def _bytes(count: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if count >= size:
-            return f"{count / size:.1f} {unit}"
-    return f"{count:.0f} B"
-
-
 class Progress:
     """One long job's progress, shown where it is read: a tqdm bar on a terminal, plain lines in a log.
 
@@ -205,16 +201,16 @@ class Progress:
         """Close the bar; after a job that wrote lines, one more saying it is done (not when it failed)."""
         self._bar.close()
         if self._lines and self._wrote and completed:
-            amount = _bytes(self.done) if self.unit == "B" else f"{self.done:,} {self.unit}{'' if self.done == 1 else 's'}"
+            amount = human_bytes(self.done) if self.unit == "B" else f"{self.done:,} {self.unit}{'' if self.done == 1 else 's'}"
             self._write(f"done, {amount} in {_duration(self._clock() - self._start)}")
         self._lines = False
 
     def _where(self, stage: str | None, detail: str | None, now: float) -> str:
         elapsed = now - self._start
         bytes_ = self.unit == "B"
-        share = _bytes(self.done) if bytes_ else f"{self.unit} {self.done:,}"
+        share = human_bytes(self.done) if bytes_ else f"{self.unit} {self.done:,}"
         if self.total:
-            share += f" of {_bytes(self.total) if bytes_ else f'{self.total:,}'} ({100 * self.done / self.total:.0f}%)"
+            share += f" of {human_bytes(self.total) if bytes_ else f'{self.total:,}'} ({100 * self.done / self.total:.0f}%)"
         parts = [part for part in (stage, share, detail) if part]
         parts.append(f"{_duration(elapsed)} elapsed")
         if self.total and 0 < self.done < self.total:
@@ -224,6 +220,50 @@ class Progress:
     def _write(self, text: str) -> None:
         click.echo(f"hpu-fp8: progress: {self.desc}: {text}", err=True)
         self._wrote = True
+
+
+_BINARY_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
+_COUNT_UNITS = (" K", " M", " B", " T")  # thousand, million, billion (as in "a 21B model"), trillion
+
+
+def _scaled(value: float, base: int, units: tuple[str, ...]) -> str:
+    """``value`` divided by ``base`` until its three significant digits fall below 1000, then printed with the unit
+    reached: 1.23, 12.3, 123 (never an exponent, never "1000 K" where "1.00 M" is meant)."""
+    unit = 0
+    value /= base
+    while unit < len(units) - 1 and float(f"{value:.3g}") >= 1000:
+        value /= base
+        unit += 1
+    value = float(f"{value:.3g}")
+    digits = f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 100 else f"{value:.0f}"
+    return f"{digits}{units[unit]}"
+
+
+def human_bytes(size: float) -> str:
+    """A byte count for people, in binary units to three significant digits: ``512 B``, ``1.21 MiB``, ``43.3 GiB``.
+
+    Every size the CLI prints goes through here, so a tiny model reads ``35.2 KiB``, never ``0.00 GiB``.
+
+    Example:
+        >>> human_bytes(512), human_bytes(1_270_000), human_bytes(43.3 * 2**30)
+        ('512 B', '1.21 MiB', '43.3 GiB')
+    """
+    return f"{size:.0f} B" if size < 1024 else _scaled(size, 1024, tuple(f" {unit}" for unit in _BINARY_UNITS))
+
+
+def human_rate(size: float, seconds: float) -> str:
+    """Bytes per second for people (:func:`human_bytes` and ``/s``); a run too short to time says so."""
+    return f"{human_bytes(size / seconds)}/s" if seconds > 0 else "too fast to time"
+
+
+def human_count(count: float) -> str:
+    """A count (parameters, tokens) for people, to three significant digits: ``812``, ``35.2 K``, ``21.8 B``.
+
+    Example:
+        >>> human_count(812), human_count(35_200), human_count(494_032_768), human_count(21_825_437_696)
+        ('812', '35.2 K', '494 M', '21.8 B')
+    """
+    return f"{count:.0f}" if float(f"{count:.3g}") < 1000 else _scaled(count, 1000, _COUNT_UNITS)
 
 
 def _plain(value: object) -> object:

@@ -12,6 +12,10 @@ turns a system's ``OSError`` into ``WriteFailedError`` and the like, and must ne
 
 from __future__ import annotations
 
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 __all__ = [
     "CheckpointIndexError",
     "CheckpointNotFoundError",
@@ -33,8 +37,36 @@ __all__ = [
     "UploadError",
     "WorkerDiedError",
     "WriteFailedError",
+    "command_line",
+    "force_flag",
     "one_line",
+    "spelled",
 ]
+
+# True while the ``hpu-fp8`` command runs a command: messages then name its options, otherwise Python's parameters.
+_COMMAND_LINE = contextvars.ContextVar("hpu_fp8_command_line", default=False)
+
+
+@contextmanager
+def command_line() -> Iterator[None]:
+    """While the block runs, messages name the command line's options (the CLI wraps every command in it)."""
+    token = _COMMAND_LINE.set(True)
+    try:
+        yield
+    finally:
+        _COMMAND_LINE.reset(token)
+
+
+def spelled(option: str, parameter: str) -> str:
+    """A choice as the reader of a message makes it: ``option`` (``--force``) under the ``hpu-fp8`` command,
+    ``parameter`` (``force=True``) from Python. One message then serves both, instead of telling a Python caller
+    to pass a command-line flag."""
+    return option if _COMMAND_LINE.get() else parameter
+
+
+def force_flag() -> str:
+    """``--force`` on the command line, ``force=True`` from Python: what every refusal to replace an output names."""
+    return spelled("--force", "force=True")
 
 
 def one_line(value: object) -> str:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
+from hostile.refusal import assert_refused, run_cli
 
 from hpu_fp8_loader.errors import ConfigError, NotHpuFp8CheckpointError, UnsupportedFormatVersionError
 from hpu_fp8_loader.io.checkpoint import read_config
@@ -50,6 +52,13 @@ def test_a_legacy_fastdeploy_checkpoint_points_to_import_legacy():
     legacy = {"quantization_config": {"quantization": "mix_quant", "dense_quant_type": "tensor_wise_fp8", "is_quantized": True}}
     with pytest.raises(NotHpuFp8CheckpointError, match="import-legacy"):
         parse_quantization_config(legacy)
+
+
+def test_validate_of_a_compressed_tensors_checkpoint_points_to_import():
+    """llm-compressor's FP8 output (a fixture made by it) is refused with the command that brings it in."""
+    source = Path(__file__).parent / "fixtures" / "qwen2-bytes-fp8-static"
+    line = assert_refused(run_cli("validate", source), "config.json", "compressed-tensors", code=2)
+    assert line.endswith("This is a compressed-tensors checkpoint; convert it with `hpu-fp8 import SRC OUT`.")
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import fcntl
 import json
 import os
 import pty
+import re
 import struct
 import subprocess
 import sys
@@ -15,8 +16,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from hpu_fp8_loader.cli.group import INTERRUPTED
+from hpu_fp8_loader.cli.group import INTERRUPTED, interrupted_line
 from hpu_fp8_loader.cli.main import main
+from hpu_fp8_loader.console import human_bytes, human_count, human_rate
 from hpu_fp8_loader.sources.measurements import write_measurements
 from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 from hpu_fp8_loader.spec import names
@@ -142,4 +144,54 @@ def test_ctrl_c_in_any_command_is_one_line_and_exit_130(monkeypatch, command):
     monkeypatch.setattr("hpu_fp8_loader.checks.inspection.inspect_checkpoint", interrupted)
     monkeypatch.setattr("hpu_fp8_loader.cli.checks_commands.emit_json", interrupted)
     result = invoke(*command)
-    assert result.exit_code == 130 and result.stderr.strip() == f"hpu-fp8: error: {INTERRUPTED}", result.stderr
+    assert result.exit_code == 130 and result.stderr.strip() == f"hpu-fp8: error: {interrupted_line(command[0])}", result.stderr
+
+
+def test_every_command_has_its_own_ctrl_c_line_and_only_what_resumes_says_so():
+    assert set(INTERRUPTED) == set(main.commands)
+    resuming = {name for name in main.commands if "resume" in interrupted_line(name).replace("not resume", "")}
+    assert resuming == {"convert", "import"}  # convert's journal; import converts through it
+    assert "does not resume" in interrupted_line("calibrate") and "does not resume" in interrupted_line("eval")
+
+
+def test_ctrl_c_in_calibrate_does_not_promise_a_resume(monkeypatch, tmp_path):
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("hpu_fp8_loader.quality.calibrate.calibrate", interrupt)
+    result = invoke("calibrate", "qwen2-bytes", "-o", tmp_path / "m.json")
+    assert result.exit_code == 130, result.stderr
+    assert result.stderr.strip() == (
+        "hpu-fp8: error: interrupted; no file was written; a calibration does not resume, so the same command starts "
+        "from the beginning"
+    )
+    assert not (tmp_path / "m.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("size", "shown"),
+    [(0, "0 B"), (1023, "1023 B"), (1024, "1.00 KiB"), (35_200, "34.4 KiB"), (1_047_552, "1.00 MiB"), (43.3 * 2**30, "43.3 GiB")],
+)
+def test_sizes_are_shown_to_three_significant_digits_in_the_unit_that_fits(size, shown):
+    assert human_bytes(size) == shown
+    assert human_rate(size * 2, 2.0) == f"{shown}/s" and human_rate(size, 0.0) == "too fast to time"
+
+
+@pytest.mark.parametrize(
+    ("count", "shown"), [(812, "812"), (999.5, "1.00 K"), (35_200, "35.2 K"), (999_500, "1.00 M"), (21_825_437_696, "21.8 B")]
+)
+def test_counts_are_shown_to_three_significant_digits(count, shown):
+    assert human_count(count) == shown
+
+
+def test_a_tiny_model_never_reads_as_zero(tmp_path, source_factory):
+    """plan and convert of a model of a few hundred KiB: its sizes and parameter count in units that show them."""
+    source = source_factory("qwen2-tiny")
+    planned = invoke("plan", source)
+    assert planned.exit_code == 0, planned.stderr
+    assert re.match(r"qwen2: [\d.]+ K parameters;", planned.stdout) and " 0.00" not in planned.stdout
+    assert re.search(r"total +[\d.]+ KiB", planned.stdout), planned.stdout
+    write_measurements(tmp_path / "m.json", synthetic_measurements(preset_config("qwen2-tiny")))
+    converted = invoke("convert", source, tmp_path / "out", "--measurements", tmp_path / "m.json", "--workers", "1")
+    assert converted.exit_code == 0, converted.stderr
+    assert re.search(r"; [\d.]+ KiB -> [\d.]+ KiB \(", converted.stdout) and "0.00 GiB" not in converted.stdout

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import ml_dtypes
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from helpers.checkpoint_damage import overwrite_tensor_bytes
 
 from hpu_fp8_loader.arch import Layout, describe
+from hpu_fp8_loader.cli.main import main
+from hpu_fp8_loader.conversion.activations import dead_expert_summary
 from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error, MeasurementError, NonFiniteError, OutputExistsError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
+from hpu_fp8_loader.sources.measurements import write_measurements
 from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 from hpu_fp8_loader.spec import names
 
@@ -102,13 +107,26 @@ def test_zero_amax_is_refused_never_divided_by(source_factory, tmp_path):
     _convert_fails(source_factory(), tmp_path / "out", MeasurementError, "zero.*shared_experts.down_proj", [m])
 
 
-def test_dead_experts_stop_the_conversion_and_are_all_listed(source_factory, tmp_path):
+def test_dead_experts_stop_the_conversion_summarised_per_layer_and_listed_whole_with_v(source_factory, tmp_path):
     m = synthetic_measurements(preset_config("ernie-moe-tiny"))
     m.amax["ernie.layers.1.mlp.experts.3.down_proj"] = 0.0
     del m.amax["ernie.layers.2.mlp.experts.0.down_proj"]
-    _convert_fails(
-        source_factory(), tmp_path / "out", MeasurementError, "2 expert.*layer 1 expert 3, layer 2 expert 0.*sibling-max", [m]
+    summary = "layer 1: expert 3 (1 of 4); layer 2: expert 0 (1 of 4)"
+    _convert_fails(source_factory(), tmp_path / "out", MeasurementError, rf"2 expert.*{re.escape(summary)}\..*sibling-max", [m])
+    write_measurements(tmp_path / "m.json", m)
+    result = CliRunner().invoke(
+        main, ["-v", "convert", str(source_factory()), str(tmp_path / "o"), "--measurements", str(tmp_path / "m.json")]
     )
+    assert result.exit_code == 1 and f"hpu-fp8: info: experts without a positive amax: {summary}" in result.stderr
+
+
+def test_hundreds_of_dead_experts_read_as_a_few_layers_and_a_count():
+    dead = [(layer, expert) for layer in range(1, 28) for expert in range(0, 64, 2)]  # 864 pairs
+    summary = dead_expert_summary(dead, 64)
+    assert summary.startswith("layer 1: experts 0, 2, 4, 6, 8, 10, 12, 14, ... (32 of 64); layer 2: experts 0, 2,")
+    assert summary.count("layer ") == 5 and summary.endswith("; 22 more layers")
+    whole = dead_expert_summary(dead, 64, whole=True)
+    assert whole.count("layer ") == 27 and "..." not in whole and "62 (32 of 64); layer 27: experts 0, 2" in whole
 
 
 def test_sibling_max_fills_dead_experts_and_records_them(source_factory, tmp_path):
@@ -160,8 +178,8 @@ def test_existing_output_is_refused_without_force_and_source_never_equals_output
     m = [synthetic_measurements(preset_config("ernie-moe-tiny"))]
     out = tmp_path / "out"
     out.mkdir()
-    with pytest.raises(OutputExistsError, match="--force"):
-        convert(source_factory(), out, m)
+    with pytest.raises(OutputExistsError, match=r"out: already exists; pass force=True to replace it$"):
+        convert(source_factory(), out, m)  # Python's spelling: the CLI's --force is no parameter here
     convert(source_factory(), out, m, ConvertOptions(force=True))
     assert (out / "hpu_fp8_manifest.json").is_file()
     with pytest.raises(HpuFp8Error, match="it is the source"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -126,4 +127,4 @@ def test_cli_convert_prints_a_summary_and_fastdeploy_warnings(tmp_path, source_f
     assert result.exit_code == 0, result.output
     assert "warning:" in result.stderr and "s_matmul" in result.stderr
     assert "tensors quantized" in result.stdout and "from paddle layout" in result.stdout
-    assert "MiB/s" in result.stdout
+    assert re.search(r"\d [KMG]iB -> [\d.]+ [KMG]iB \(0\.\d+\); [\d.]+ s, ([\d.]+ [KMG]?i?B/s|too fast to time)", result.stdout)

@@ -1,4 +1,5 @@
-"""Hub repo ids wherever a command names a model or checkpoint: calibrate, eval, validate, inspect, plan, map.
+"""Hub repo ids (and the shipped tiny models' names) wherever a command names a model or checkpoint: calibrate,
+convert, eval, validate, inspect, plan, map.
 
 Run in-process against a Hugging Face cache laid out by the test, with huggingface_hub's offline switch and cache
 location set as ``HF_HUB_OFFLINE=1`` and ``HF_HUB_CACHE`` set them. Each repository holds one model at ``main`` and
@@ -15,6 +16,7 @@ from click.testing import CliRunner
 from helpers.hub_cache import add_to_cache
 
 from hpu_fp8_loader.cli.main import main
+from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 
 MAIN, V1 = "0" * 39 + "1", "0" * 39 + "2"
 MISSING = "acme/not-cached"
@@ -125,6 +127,41 @@ def test_a_local_directory_wins_over_a_repo_id_of_the_same_spelling(hub, tmp_pat
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["model_type"] == "ernie4_5_moe"
     assert "revision 'main' (for Hub repo ids) is ignored" in result.stderr
+
+
+def test_a_shipped_tiny_model_name_works_wherever_a_model_is_named(hub, tmp_path):
+    """calibrate, convert, eval and plan take ``qwen2-bytes`` as demo --model does, offline and without a path."""
+    planned = run("plan", "qwen2-bytes", "--json")
+    assert planned.exit_code == 0 and json.loads(planned.stdout)["model_type"] == "qwen2", planned.output
+    calibrated = run("calibrate", "qwen2-bytes", "-o", "m.json", "--samples", "2", "--seq-len", "16", "-q")
+    assert calibrated.exit_code == 0 and (tmp_path / "m.json").is_file(), calibrated.output
+    converted = run("convert", "qwen2-bytes", "fp8", "--measurements", "m.json", "--workers", "1", "-q")
+    assert converted.exit_code == 0 and (tmp_path / "fp8" / "config.json").is_file(), converted.output
+    evaluated = run("eval", "qwen2-bytes", "fp8", "--samples", "1", "--seq-len", "16", "--json")
+    assert evaluated.exit_code == 0 and json.loads(evaluated.stdout)["rows"], evaluated.output
+    assert not (tmp_path / "qwen2-bytes").exists()  # resolved to the package's copy, nothing made here
+
+
+def test_a_local_path_wins_over_a_tiny_model_name_and_a_revision_is_ignored_with_a_warning(hub, tmp_path, source_factory):
+    import shutil
+
+    shutil.copytree(source_factory("ernie-moe-tiny"), tmp_path / "qwen2-bytes")
+    assert json.loads(run("plan", "qwen2-bytes", "--json").stdout)["model_type"] == "ernie4_5_moe"
+    shutil.rmtree(tmp_path / "qwen2-bytes")
+    result = run("plan", "qwen2-bytes", "--json", "--revision", "v1")
+    assert result.exit_code == 0 and json.loads(result.stdout)["model_type"] == "qwen2"
+    assert "qwen2-bytes: a tiny model shipped with hpu-fp8, so revision 'v1' (for Hub repo ids) is ignored" in result.stderr
+    pushed = run("push", "qwen2-bytes", "--repo-id", "a/b", "--calibrate", "--license", "mit", "--dry-run")
+    assert "the base model's Hub id is unknown: pass --base-model" in one_error_line(pushed)  # a local model, not a Hub id
+
+
+def test_an_unknown_name_lists_the_tiny_models_and_every_model_argument_documents_the_order():
+    line = one_error_line(run("convert", "qwen3-bytes", "out", "--measurements", "m.json"))
+    assert "'qwen3-bytes': no such directory, no shipped tiny model (ernie-moe-bytes, qwen2-bytes)" in line
+    for command in ("calibrate", "convert", "eval", "plan", "push"):  # the --help text, before click wraps it
+        text = " ".join((main.commands[command].help or "").split())
+        assert all(name in text for name in TINY_MODELS) and "tried in that order" in text, command
+    assert "a local path, then a shipped tiny model's name, wins" in " ".join(run("plan", "--help").stdout.split())
 
 
 @pytest.mark.parametrize(

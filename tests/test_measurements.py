@@ -6,7 +6,9 @@ import json
 import os
 
 import pytest
+from click.testing import CliRunner
 
+from hpu_fp8_loader.cli.main import main
 from hpu_fp8_loader.errors import MeasurementError, OutputExistsError
 from hpu_fp8_loader.sources.measurements import read_measurements, write_measurements
 from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
@@ -83,19 +85,27 @@ def test_writing_replaces_atomically_and_never_follows_a_planted_link(tmp_path, 
     out = tmp_path / "out.json"
     (tmp_path / "out.json.partial").symlink_to(victim)
     out.symlink_to(victim)  # replacing OUT replaces the link, never writes through it
-    write_measurements(out, read_measurements(measurement_file))
+    write_measurements(out, read_measurements(measurement_file), force=True)
     assert victim.read_text() == "keep me" and not out.is_symlink()
     assert read_measurements(out) == read_measurements(measurement_file)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "out.json", "out.json.partial", "victim.txt"]
     assert (out.stat().st_mode & 0o777) == 0o666 & ~_umask()
 
 
-def test_writing_without_replace_refuses_a_file_that_appeared(tmp_path, measurement_file):
+def test_writing_without_force_refuses_an_existing_file_naming_the_python_parameter(tmp_path, measurement_file):
+    """Python's default is calibrate -o's: an existing file is kept unless asked; the message names force=True, not
+    the CLI's --force, which the same refusal names on the command line."""
     out = tmp_path / "out.json"
     out.write_text("someone else's")
-    with pytest.raises(OutputExistsError, match="out.json: already exists"):
-        write_measurements(out, read_measurements(measurement_file), replace=False)
+    with pytest.raises(OutputExistsError, match=r"out.json: already exists; pass force=True to replace it$"):
+        write_measurements(out, read_measurements(measurement_file))
     assert out.read_text() == "someone else's" and sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "out.json"]
+    cli = CliRunner().invoke(main, ["calibrate", "qwen2-bytes", "-o", str(out)])
+    assert cli.exit_code == 1 and cli.stderr.strip().endswith("out.json: already exists; pass --force to replace it")
+    with pytest.raises(OutputExistsError, match="pass force=True"):  # the command line's spelling ended with it
+        write_measurements(out, read_measurements(measurement_file))
+    write_measurements(out, read_measurements(measurement_file), force=True)
+    assert read_measurements(out) == read_measurements(measurement_file)
 
 
 def _umask() -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -118,3 +119,16 @@ def test_the_demo_runs_from_the_installed_wheel(installed_wheel: Path, tmp_path:
         text=True,
     )
     assert "hpu_fp8.md.j2" in card.stdout  # found inside the installed package, not in a checkout
+
+
+def test_contributing_says_what_the_conformance_suite_reads_and_needs_no_tool_a_contributor_cannot_get():
+    """Every HPU_FP8_FASTDEPLOY_* variable the suite reads is documented for contributors, with the Python 3.10 it
+    needs; the workplace's `duplicates` tool is offered only beside a public alternative."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    read = set(re.findall(r"HPU_FP8_FASTDEPLOY_[A-Z]+", (ROOT / "tests/fastdeploy_real/fd_environment.py").read_text()))
+    assert read >= {"HPU_FP8_FASTDEPLOY_SRC", "HPU_FP8_FASTDEPLOY_PYTHON"}
+    assert read <= set(re.findall(r"HPU_FP8_FASTDEPLOY_[A-Z]+", text)), read
+    assert "Python 3.10" in text and "python3.10" in text
+    for line in (line for line in text.splitlines() if "duplicates --change" in line):
+        assert "where the workplace provides" in line, line
+    assert "pip install pylint" in text and "symilar -d 6" in text

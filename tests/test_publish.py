@@ -266,7 +266,29 @@ def test_dry_run_touches_nothing_remote(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "would commit" in result.stdout and "@fp8" in result.stdout and "(private)" in result.stdout
     assert "model-00001-of-00001.safetensors" in result.stdout and "README.md" in result.stdout
-    assert (tmp_path / "work" / "checkpoint" / "README.md").is_file()
+    staged = tmp_path / "work" / "checkpoint"
+    assert (staged / "README.md").is_file()
+    # every file the commit would hold is counted and listed, the manifest (which does not list itself) included
+    count = len(list(staged.iterdir()))
+    assert (
+        f"would commit {count} file(s) to acme/qwen2-bytes-hpu-fp8@fp8 (private): Upload hpu-fp8 checkpoint ({count} files)"
+        in result.stdout
+    )
+    listed = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  ")]
+    assert sorted(listed) == sorted(p.name for p in staged.iterdir()) and "hpu_fp8_manifest.json" in listed
+    assert result.stdout.splitlines()[-1] == f"staged in {staged} (kept)"
+
+
+def test_a_dry_run_without_a_work_dir_says_its_staging_is_gone_and_names_no_path(tmp_path):
+    args = ["push", QWEN, "--repo-id", "a/b", "--base-model", "a/c", "--license", "mit", "--calibrate", "--skip-eval"]
+    result = run([*args, "--dry-run"], None, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == (
+        "staged in a temporary directory, now removed; pass --work-dir DIR to keep the checkpoint and card"
+    )
+    assert "hpu-fp8-push-" not in result.stdout + result.stderr  # no path that is gone when the command returns
+    as_json = json.loads(run([*args, "--dry-run", "--json"], None, tmp_path).stdout)
+    assert as_json["checkpoint"] is None and "hpu_fp8_manifest.json" in [f["name"] for f in as_json["files"]]
 
 
 def test_push_needs_statistics_and_a_license(tmp_path):

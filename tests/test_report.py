@@ -11,8 +11,12 @@ from click.testing import CliRunner
 
 from hpu_fp8_loader.arch import describe
 from hpu_fp8_loader.cli.main import main
+from hpu_fp8_loader.conversion.convert import convert
+from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.quality.calibrate import AmaxObserver, calibrate
+from hpu_fp8_loader.quality.evaluate import evaluate
 from hpu_fp8_loader.quality.report import REPORT_FILE, ConverterFp8, LinearErrorObserver, Report, TeeObserver
+from hpu_fp8_loader.quality.report_plots import render, shown_name
 from hpu_fp8_loader.sources.synth import preset_config
 from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 from hpu_fp8_loader.spec import names
@@ -132,3 +136,63 @@ def test_the_page_shows_existing_pngs(moe_report):
     for image in images:
         assert (root / "measured" / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "ernie.layers" in page and not list(root.glob(".*"))  # no staging directory left behind
+
+
+@pytest.fixture(scope="module")
+def eval_report(tmp_path_factory):
+    """An evaluation of the tiny ERNIE MoE against an FP8 checkpoint of it, with a report."""
+    root = tmp_path_factory.mktemp("eval-report")
+    source = TINY_MODELS["ernie-moe-bytes"]
+    calibration = calibrate(source, samples=4, seq_len=32)
+    convert(source, root / "ernie-fp8", [calibration.measurements], ConvertOptions(dead_experts="sibling-max"))
+    report = Report()
+    evaluate(source, root / "ernie-fp8", samples=2, seq_len=32, variants=("fp8",), report=report)
+    report.write(root / "rep")
+    return report, root
+
+
+@pytest.mark.slow  # matplotlib, and a calibration, conversion and evaluation
+def test_eval_plots_held_out_against_calibrated_amax_and_names_both_models_by_base_name(eval_report):
+    report, root = eval_report
+    data = json.loads((root / "rep" / REPORT_FILE).read_text())
+    points = {row["module"]: row for row in data["amax_points"]}
+    assert set(points) == set(report.checkpoint_amax) and data["checkpoint"] == str(root / "ernie-fp8")
+    for module, row in points.items():
+        assert row["checkpoint"] == report.checkpoint_amax[module] and row["held_out"] == report.amax.get(module, 0.0)
+    assert points["ernie.layers.1.mlp.experts.2.down_proj"]["point"] == "mlp.experts.*.down_proj"
+    assert points["ernie.layers.0.self_attn.cache_k"]["point"] == "self_attn.cache_k"
+    assert data["plots"]["held_out_amax"] == "held_out_amax.png"
+    assert (root / "rep" / "held_out_amax.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (root / "rep" / "index.html").read_text()
+    assert "<h1>hpu-fp8 eval report: ernie-fp8 vs ernie-moe-bytes</h1>" in page
+    assert str(root) not in page and str(TINY_MODELS["ernie-moe-bytes"]) not in page  # base names, no local paths
+
+
+def test_a_hub_snapshot_is_shown_as_its_repo_id_and_revision():
+    snapshot = "/home/me/.cache/huggingface/hub/models--acme--qwen2-fp8/snapshots/0123456789abcdef0123"
+    assert shown_name(snapshot) == "acme/qwen2-fp8@01234567" and shown_name("/data/models/ernie-fp8") == "ernie-fp8"
+
+
+@pytest.mark.slow  # matplotlib
+def test_line_plots_give_every_line_its_own_look_keep_the_legend_off_the_data_and_tick_whole_layers(
+    eval_report, tmp_path, monkeypatch
+):
+    import matplotlib.pyplot as plt
+
+    report, _ = eval_report
+    data = report.to_dict()
+    data["layers"] = [{**layer, "layer": i} for i, layer in enumerate(data["layers"] * 3)]  # six layers, as a model has
+    figures = {}
+    monkeypatch.setattr(plt, "close", lambda fig: figures.__setitem__(fig.axes[0].get_title().split(":")[0], fig))
+    render(data, tmp_path)
+    for title in ("Activation amax per layer and point", "Attention points", "Weight spread"):
+        fig = next(f for t, f in figures.items() if t.startswith(title))
+        ax = fig.axes[0]
+        looks = [(line.get_color(), line.get_marker(), line.get_linestyle()) for line in ax.get_lines()]
+        assert len(looks) >= 4 and len(set(looks)) == len(looks), title  # no two lines alike
+        fig.canvas.draw()
+        legend, axes = ax.get_legend().get_window_extent(), ax.get_window_extent()
+        assert legend.x0 >= axes.x1, title  # beside the axes, never over the data
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), (title, ticks)
+    assert len(next(f for t, f in figures.items() if t.startswith("Activation amax")).axes[0].get_lines()) > 10

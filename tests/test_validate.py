@@ -244,6 +244,18 @@ def test_gaudi3_range_warns_that_fastdeploy_cannot_serve_it(spec_copy):
     assert "scales.act-consistent" in rules(report)  # act scales were derived for 240
 
 
+def test_cli_warnings_go_to_stderr_with_the_prefix_and_stdout_keeps_the_result(spec_copy):
+    root = spec_copy()
+    _edit_config(root, lambda c: c["quantization_config"].update(fp8_max=448.0, target="gaudi3"))
+    plain, as_json = (CliRunner().invoke(main, ["validate", str(root), "--quick", *args]) for args in ([], ["--json"]))
+    for result in (plain, as_json):
+        warnings = [line for line in result.stderr.splitlines() if line.startswith("hpu-fp8: warning: fp8_max is 448")]
+        assert len(warnings) == 1, result.stderr
+    assert "fp8_max is 448" not in plain.stdout and plain.stdout.splitlines()[-1].startswith(f"{root}: INVALID")
+    report = json.loads(as_json.stdout)  # --json: stdout is one JSON document, the warning inside it too
+    assert any("fp8_max is 448" in w for w in report["warnings"])
+
+
 def test_cli_lists_every_violation_and_exits_1(spec_copy):
     root = spec_copy()
     overwrite_tensor_bytes(root, f"{QKV}.weight_scale", np.array([0.0123456], np.float32).tobytes())

@@ -17,7 +17,7 @@ from hpu_fp8_loader.cli.group import (
     user_errors,
     warn_each,
 )
-from hpu_fp8_loader.console import Progress, emit_json
+from hpu_fp8_loader.console import Progress, emit_json, human_bytes
 from hpu_fp8_loader.errors import HpuFp8Error
 
 
@@ -70,11 +70,10 @@ def validate(checkpoint: str, revision: str | None, quick: bool, hashes: bool, a
         if as_json:  # the report a script reads, and the one line a person reads
             emit_json({"root": checkpoint, "valid": False, "unreadable": message})
         fail(message, EXIT_UNREADABLE)
+    warn_each(report.warnings)  # stderr, as every command's warnings; the JSON report holds them too
     if as_json:
         emit_json(report.to_dict())
     else:
-        for warning in report.warnings:
-            click.echo(f"warning: {warning}")
         for v in report.violations:
             click.echo(f"[{v.rule}] {v.where}: {v.message}")
         verdict = "valid" if report.valid else f"INVALID ({len(report.violations)} violation(s))"
@@ -94,7 +93,7 @@ def inspect(checkpoint: str, revision: str | None, as_json: bool) -> None:
 
     \b
     Examples:
-      # One table row per role: tensors, MiB, dtypes, weight and act scale ranges, share at ±max
+      # One table row per role: tensors, size, dtypes, weight and act scale ranges, share at ±max
       hpu-fp8 inspect ernie-fp8
 
     \b
@@ -119,10 +118,10 @@ def _print_inspection(result) -> None:
     click.echo(
         f"{result.root}: {result.model_type}, {result.layers} layers"
         + (f" ({len(result.moe_layers)} MoE, {result.experts} experts)" if result.experts else "")
-        + f"; fp8_max {result.fp8_max:g} ({result.target}); KV cache {result.kv_cache_scheme}; {result.total_bytes / 2**20:.1f} MiB"
+        + f"; fp8_max {result.fp8_max:g} ({result.target}); KV cache {result.kv_cache_scheme}; {human_bytes(result.total_bytes)}"
     )
     click.echo(
-        f"{'role':<16}{'tensors':>8}{'MiB':>10}  {'dtypes':<14}{'weight scale min/med/max':<32}{'act scale min/med/max':<32}{'at ±max':>10}"
+        f"{'role':<16}{'tensors':>8}{'size':>10}  {'dtypes':<14}{'weight scale min/med/max':<32}{'act scale min/med/max':<32}{'at ±max':>10}"
     )
 
     def fmt(stats: dict | None) -> str:
@@ -131,7 +130,7 @@ def _print_inspection(result) -> None:
     for role, s in result.roles.items():
         sat = "-" if s.saturated_share is None else f"{100 * s.saturated_share:.4f}%"
         click.echo(
-            f"{role:<16}{s.tensors:>8}{s.bytes / 2**20:>10.2f}  {','.join(s.dtypes):<14}{fmt(s.weight_scale):<32}{fmt(s.act_scale):<32}{sat:>10}"
+            f"{role:<16}{s.tensors:>8}{human_bytes(s.bytes):>10}  {','.join(s.dtypes):<14}{fmt(s.weight_scale):<32}{fmt(s.act_scale):<32}{sat:>10}"
         )
 
 

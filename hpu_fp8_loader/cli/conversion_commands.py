@@ -27,7 +27,7 @@ from hpu_fp8_loader.cli.group import (
     user_errors,
     warn_each,
 )
-from hpu_fp8_loader.console import Progress, emit_json
+from hpu_fp8_loader.console import Progress, emit_json, human_bytes, human_rate
 from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, ScaleRounding, Target
 
 if TYPE_CHECKING:
@@ -76,8 +76,9 @@ def convert(
 ) -> None:
     """Convert the BF16 checkpoint SRC into an hpu-fp8 v1 checkpoint at OUT.
 
-    SRC is a directory (Paddle or Hugging Face torch layout; BF16, FP16, FP32, or compressed-tensors FP8) or a Hub repo id
-    (the local cache is used offline). Output is written into OUT.partial and renamed when complete;
+    SRC is a directory (Paddle or Hugging Face torch layout; BF16, FP16, FP32, or compressed-tensors FP8), a tiny model
+    shipped with hpu-fp8 (ernie-moe-bytes, qwen2-bytes) or a Hub repo id (the local cache is used offline), tried in
+    that order. Output is written into OUT.partial and renamed when complete;
     after an interruption the same command resumes, reusing finished shards whose sha256 still matches.
 
     \b
@@ -119,8 +120,8 @@ def convert(
     click.echo(
         f"{out}: hpu-fp8 v1 ({target.value}, KV cache {kv_cache.value}) from {result.layout.value} layout; "
         f"{result.tensors_quantized} tensors quantized, {result.tensors_kept} kept; "
-        f"{result.bytes_in / 2**30:.2f} GiB -> {result.bytes_out / 2**30:.2f} GiB ({result.ratio:.3f}); "
-        f"{result.seconds:.1f} s, {result.bytes_in / 2**20 / max(result.seconds, 1e-9):.0f} MiB/s{filled}{reused}"
+        f"{human_bytes(result.bytes_in)} -> {human_bytes(result.bytes_out)} ({result.ratio:.3f}); "
+        f"{result.seconds:.1f} s, {human_rate(result.bytes_in, result.seconds)}{filled}{reused}"
     )
 
 

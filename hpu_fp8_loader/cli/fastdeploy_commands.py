@@ -25,7 +25,7 @@ from hpu_fp8_loader.cli.group import (
     user_errors,
     warn_each,
 )
-from hpu_fp8_loader.console import emit_json
+from hpu_fp8_loader.console import emit_json, human_bytes, human_count
 from hpu_fp8_loader.spec.choices import KvCacheScheme, Target
 
 
@@ -60,8 +60,11 @@ def plan(
     max_model_len: int | None,
     as_json: bool,
 ) -> None:
-    """Size a deployment from MODEL's config.json (a directory, the file, or a Hub repo id ORG/NAME): bytes per rank,
-    KV per token, and with --device the KV-cache tokens a rank gets on a Gaudi.
+    """Size a deployment from MODEL's config.json: bytes per rank, KV per token, and with --device the KV-cache tokens
+    a rank gets on a Gaudi.
+
+    MODEL is a directory, the config.json file, a tiny model shipped with hpu-fp8 (ernie-moe-bytes, qwen2-bytes) or a
+    Hub repo id ORG/NAME, tried in that order.
 
     When the directory also holds the weights, the config's layer and expert counts are checked against them. Of a
     Hub repo id only config.json is downloaded (the weights are checked only if the local cache already holds them).
@@ -104,11 +107,11 @@ def plan(
     if as_json:
         emit_json(result.to_dict())
     else:
-        click.echo(f"{result.model_type}: {result.parameters / 1e9:.2f} B parameters; TP {tp} x EP {ep}; per rank:")
+        click.echo(f"{result.model_type}: {human_count(result.parameters)} parameters; TP {tp} x EP {ep}; per rank:")
         for group, size in result.bytes_per_rank.items():
             if size:
-                click.echo(f"  {group:<15}{size / 2**30:>10.3f} GiB")
-        click.echo(f"  {'total':<15}{result.total_bytes_per_rank / 2**30:>10.3f} GiB")
+                click.echo(f"  {group:<15}{human_bytes(size):>10}")
+        click.echo(f"  {'total':<15}{human_bytes(result.total_bytes_per_rank):>10}")
         click.echo(
             f"KV cache per token per rank: {result.kv_bytes_per_token_per_rank:,} bytes ({kv_cache.value}); "
             f"{result.kv_bytes_per_token_per_rank_bf16:,} bytes in bf16"
@@ -216,7 +219,7 @@ def map_command(
         return
     click.echo(
         f"{result.path}: {result.parameters} FastDeploy parameters of TP rank {rank}/{tp}, EP rank {ep_rank}/{ep}; "
-        f"{result.bytes / 2**20:.1f} MiB"
+        f"{human_bytes(result.bytes)}"
     )
 
 

@@ -22,7 +22,7 @@ import click
 
 from hpu_fp8_loader import __version__
 from hpu_fp8_loader.console import LEVELS, LOGGER, Progress, configure
-from hpu_fp8_loader.errors import HpuFp8Error
+from hpu_fp8_loader.errors import HpuFp8Error, command_line
 from hpu_fp8_loader.quality.tokenizer import BYTE_VOCAB_LIMIT, TOKENIZER_CHOICES
 from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, Target
 
@@ -35,7 +35,39 @@ FC = TypeVar("FC", bound=Callable[..., Any])  # a command function, as click's d
 EXIT_INVALID = 1
 EXIT_UNREADABLE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
-INTERRUPTED = "interrupted; nothing was published (run the same command again: a conversion resumes)"
+# What Ctrl-C leaves and what running the same command again does, per command (one line, exit 130). A command
+# that writes a checkpoint publishes it by a rename only when complete; only convert's work (and import's, which
+# converts) resumes, from the shards OUT.partial finished; every other command starts again from the beginning.
+_NOTHING_WRITTEN = "nothing was written"
+_RESUMES = (
+    "nothing was published; run the same command again to resume: it keeps the shards OUT.partial finished from "
+    "the same source, options and amax"
+)
+_STARTS_AFRESH = "nothing was published; the same command starts again from the beginning (it does not resume)"
+INTERRUPTED = {
+    "demo": "--out holds a partial run, which the next demo replaces",
+    "synth": _STARTS_AFRESH,
+    "calibrate": "no file was written; a calibration does not resume, so the same command starts from the beginning",
+    "convert": _RESUMES,
+    "import": _RESUMES,
+    "import-legacy": _STARTS_AFRESH,
+    "retarget": _STARTS_AFRESH,
+    "validate": _NOTHING_WRITTEN,
+    "inspect": _NOTHING_WRITTEN,
+    "eval": "nothing was written; an evaluation does not resume, so the same command starts from the beginning",
+    "plan": _NOTHING_WRITTEN,
+    "map": _STARTS_AFRESH,
+    "export-legacy": _STARTS_AFRESH,
+    "doctor": _NOTHING_WRITTEN,
+    "push": "a push does not resume: the same command starts again from the beginning",
+    "pull": "files downloaded whole stay in the Hugging Face cache; the same command fetches the rest",
+    "schema": _NOTHING_WRITTEN,
+}
+
+
+def interrupted_line(command: str | None) -> str:
+    """The one line Ctrl-C prints in ``command`` (None: before a command started)."""
+    return f"interrupted; {INTERRUPTED[command]}" if command in INTERRUPTED else "interrupted"
 
 
 def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
@@ -231,7 +263,8 @@ def revision_option(argument: str, flag: str = "--revision") -> Callable[[FC], F
         flag.lstrip("-").replace("-", "_"),
         default=None,
         metavar="REV",
-        help=f"Branch, tag or commit of {argument} when it is a Hub repo id ORG/NAME (default: main; a local path wins).",
+        help=f"Branch, tag or commit of {argument} when it is a Hub repo id ORG/NAME (default: main; a local path, then a "
+        "shipped tiny model's name, wins).",
     )
 
 
@@ -266,11 +299,12 @@ class _Commands(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            with command_line():  # messages name --force, not Python's force=True
+                return super().invoke(ctx)
         except click.UsageError as exc:
             _usage_failure(exc, ctx)
         except KeyboardInterrupt:
-            fail(INTERRUPTED, EXIT_INTERRUPTED)
+            fail(interrupted_line(ctx.invoked_subcommand), EXIT_INTERRUPTED)
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -42,7 +42,7 @@ from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, Target
     "--work-dir",
     type=click.Path(path_type=Path),
     default=None,
-    help="Keep the staged checkpoint and card here (default: a temporary directory).",
+    help="Keep the staged checkpoint and card in DIR/checkpoint (default: a temporary directory, removed when done).",
 )
 @click.option(
     "--dry-run",
@@ -72,6 +72,9 @@ def push(
 ) -> None:
     """Convert SRC, validate, evaluate, write the model card and upload to the Hugging Face Hub, then verify.
 
+    SRC is a directory, a tiny model shipped with hpu-fp8 (ernie-moe-bytes, qwen2-bytes) or a Hub repo id ORG/NAME,
+    tried in that order; for either of the first two, --base-model names the BF16 model on the Hub.
+
     A checkpoint that fails validation is never uploaded. After the upload every remote file's size and
     identifier (LFS sha256, or git blob id) is compared with the local manifest; a mismatch exits 1.
     Re-running after an interrupted upload resumes it. The token comes from huggingface_hub's usual
@@ -96,6 +99,7 @@ def push(
     """
     from hpu_fp8_loader.conversion.plan import ConvertOptions
     from hpu_fp8_loader.hub.publish import PushOptions
+    from hpu_fp8_loader.hub.publish import commit_message as planned_commit_message
     from hpu_fp8_loader.hub.publish import push as run_push
 
     options = PushOptions(
@@ -134,10 +138,14 @@ def push(
         click.echo(
             f"dry run: would commit {len(result.files)} file(s) to {repo_id}"
             f"{'@' + revision if revision else ''}{' as a pull request' if create_pr else ''}"
-            f"{' (private)' if private else ''}: {commit_message or 'Upload hpu-fp8 checkpoint'}"
+            f"{' (private)' if private else ''}: {planned_commit_message(options, len(result.files))}"
         )
         for f in result.files:
             click.echo(f"  {f.name:<42}{f.size:>14,}  {f.sha256}")
+        if result.checkpoint is None:
+            click.echo("staged in a temporary directory, now removed; pass --work-dir DIR to keep the checkpoint and card")
+        else:
+            click.echo(f"staged in {result.checkpoint} (kept)")
         return
     if result.pull_request_url:
         click.echo(f"{repo_id}: pull request opened and verified ({len(result.files)} files): {result.pull_request_url}")

@@ -27,6 +27,7 @@ from hpu_fp8_loader.cli.group import (
 )
 from hpu_fp8_loader.console import Progress, emit_json
 from hpu_fp8_loader.quality import DEFAULT_EVAL_SAMPLES, DEFAULT_EVAL_SEQ_LEN
+from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 from hpu_fp8_loader.spec.choices import KvCacheScheme
 
 
@@ -41,7 +42,7 @@ from hpu_fp8_loader.spec.choices import KvCacheScheme
 )
 @click.option(
     "--model",
-    type=click.Choice(["ernie-moe-bytes", "qwen2-bytes"]),
+    type=click.Choice(list(TINY_MODELS)),
     default="ernie-moe-bytes",
     show_default=True,
     help="Which shipped tiny trained model to use.",
@@ -136,9 +137,9 @@ def calibrate(
 ) -> None:
     """Record activation amax at FastDeploy's measurement points with the float32 reference engine.
 
-    MODEL is a BF16 checkpoint (Paddle or torch layout) or an hpu-fp8 one: a directory, or a Hub repo id
-    ORG/NAME (its weights, configs and tokenizer files downloaded, or found in the local cache offline; a
-    local path wins). Tokens come from its own
+    MODEL is a BF16 checkpoint (Paddle or torch layout) or an hpu-fp8 one: a directory, a tiny model shipped with
+    hpu-fp8 (ernie-moe-bytes, qwen2-bytes) or a Hub repo id ORG/NAME (its weights, configs and tokenizer files
+    downloaded, or found in the local cache offline), tried in that order. Tokens come from its own
     tokenizer (tokenizer.json, else the sentencepiece tokenizer.model), one document (file or record)
     at a time, BOS as tokenizer_config.json says; byte tokens only with --tokenizer bytes or for a
     byte-level model (no tokenizer file, a vocabulary of at most 512). A model without a tokenizer is refused.
@@ -195,16 +196,20 @@ def calibrate(
                 dataset_revision=dataset_revision,
                 report=report,
             )
-        write_measurements(out, result.measurements, replace=force)
+        write_measurements(out, result.measurements, force)
         if fastdeploy_file:
-            write_fastdeploy_file(fastdeploy_file, result.measurements, replace=force)
+            write_fastdeploy_file(fastdeploy_file, result.measurements, force)
         finish_report(report, report_dir, force, [source], as_json)
     if result.dead_experts:
-        listing = ", ".join(f"layer {layer} expert {e}" for layer, e in result.dead_experts)
+        from hpu_fp8_loader.conversion.activations import dead_expert_summary
+
+        experts = result.measurements.model.moe_num_experts if result.measurements.model else None
         log.warning(
-            f"no calibration token was routed to {len(result.dead_experts)} expert(s): {listing}. "
-            "Calibrate with more data or --all-experts, or convert with --dead-experts sibling-max."
+            f"no calibration token was routed to {len(result.dead_experts)} expert(s): "
+            f"{dead_expert_summary(result.dead_experts, experts)}. Calibrate with more data or --all-experts, or "
+            "convert with --dead-experts sibling-max (--json or -v lists every one)."
         )
+        log.info("experts no token was routed to: %s", dead_expert_summary(result.dead_experts, experts, whole=True))
     if as_json:
         emit_json(
             {
@@ -280,10 +285,11 @@ def eval_command(
 ) -> None:
     """Compare the emulated FP8 model (Gaudi arithmetic, FastDeploy's parameters) with the BF16 model.
 
-    BF16_SOURCE and FP8_CHECKPOINT are directories or Hub repo ids ORG/NAME (a local path wins; downloaded, or
-    found in the local cache offline). Prints top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both
-    perplexities; top-1 and KL with a 95% bootstrap interval [low, high] (windows resampled 1,000 times with a fixed
-    seed: the tokens of one window are correlated, so windows, not tokens, are the units). Without
+    BF16_SOURCE is a directory, a tiny model shipped with hpu-fp8 (ernie-moe-bytes, qwen2-bytes) or a Hub repo id
+    ORG/NAME, tried in that order; FP8_CHECKPOINT a directory or a Hub repo id (a local path wins). A repo id is
+    downloaded, or found in the local cache offline. Prints top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE
+    and both perplexities; top-1 and KL with a 95% bootstrap interval [low, high] (windows resampled 1,000 times with a
+    fixed seed: the tokens of one window are correlated, so windows, not tokens, are the units). Without
     --weights-only / --no-kv-fp8 every row is shown; with them, the FP8 row and the rows asked for.
     Tokens come from BF16_SOURCE's own tokenizer, as for calibrate.
 

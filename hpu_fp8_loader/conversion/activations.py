@@ -6,7 +6,9 @@ the same things with the same messages.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections import Counter
+from collections.abc import Iterable, Sequence
 
 from hpu_fp8_loader.arch import ModelDescriptor
 from hpu_fp8_loader.errors import MeasurementError
@@ -15,7 +17,12 @@ from hpu_fp8_loader.spec.config import CalibrationSource, DeadExpertPolicy, Expe
 from hpu_fp8_loader.spec.fp8 import act_amax_problem
 from hpu_fp8_loader.spec.measurements import Measurements
 
-__all__ = ["merge_measurements", "resolve_act_amax"]
+__all__ = ["dead_expert_summary", "merge_measurements", "resolve_act_amax"]
+
+log = logging.getLogger(__name__)
+# A dead-expert message shows this many layers and this many experts of each; the rest are counted.
+_LAYERS_SHOWN = 5
+_EXPERTS_SHOWN = 8
 
 
 def merge_measurements(
@@ -74,6 +81,29 @@ def _check_ranges(measurements: Measurements, label: str) -> None:
             raise MeasurementError(f"{label}: {module}: {problem}")
 
 
+def dead_expert_summary(dead: Iterable[tuple[int, int]], experts_per_layer: int | None = None, whole: bool = False) -> str:
+    """``(layer, expert)`` pairs summarised per layer for a one-line message: ``layer 3: experts 5, 9, 12 (3 of 64);
+    layer 7: expert 1 (1 of 64); 4 more layers``. A large MoE can have hundreds of dead experts, so a few layers and
+    experts are shown; ``whole`` shows every one, for where a script or a curious person reads it (``-v``).
+
+    Example:
+        >>> dead_expert_summary([(3, 12), (3, 5), (7, 1)], 64)
+        'layer 3: experts 5, 12 (2 of 64); layer 7: expert 1 (1 of 64)'
+    """
+    by_layer: dict[int, list[int]] = {}
+    for layer, expert in sorted(set(dead)):
+        by_layer.setdefault(layer, []).append(expert)
+    layers_shown, experts_shown = (len(by_layer), None) if whole else (_LAYERS_SHOWN, _EXPERTS_SHOWN)
+    parts = []
+    for layer, experts in list(by_layer.items())[:layers_shown]:
+        cut = experts if experts_shown is None else experts[:experts_shown]
+        shown = ", ".join(map(str, cut)) + (", ..." if len(cut) < len(experts) else "")
+        count = f"{len(experts)} of {experts_per_layer}" if experts_per_layer else f"{len(experts)}"
+        parts.append(f"layer {layer}: expert{'s' if len(experts) > 1 else ''} {shown} ({count})")
+    hidden = len(by_layer) - layers_shown
+    return "; ".join(parts) + (f"; {hidden} more layer{'s' if hidden > 1 else ''}" if hidden > 0 else "")
+
+
 def resolve_act_amax(
     modules: Sequence[str], amax: dict[str, float], policy: DeadExpertPolicy
 ) -> tuple[dict[str, float], list[ExpertRef]]:
@@ -101,12 +131,15 @@ def resolve_act_amax(
         raise MeasurementError(f"amax is zero for {len(zero)} module(s) (an uncalibrated path?): {', '.join(zero[:20])}")
     filled: list[ExpertRef] = []
     if dead:
-        listing = ", ".join(f"layer {layer} expert {e}" for _, (layer, e) in dead)
+        pairs = [pair for _, pair in dead]
+        experts = max(Counter(of[0] for m in modules if (of := names.expert_of(m)) is not None).values())
+        log.info("experts without a positive amax: %s", dead_expert_summary(pairs, experts, whole=True))
         if policy is DeadExpertPolicy.ERROR:
             raise MeasurementError(
-                f"{len(dead)} expert(s) have no positive amax (no calibration token was routed to them): {listing}. "
-                "Calibrate with more data or `hpu-fp8 calibrate --all-experts`, or pass --dead-experts sibling-max "
-                "to give each the max of its layer's other experts (recorded in config.json)."
+                f"{len(dead)} expert(s) have no positive amax (no calibration token was routed to them): "
+                f"{dead_expert_summary(pairs, experts)}. Calibrate with more data or `hpu-fp8 calibrate "
+                "--all-experts`, or pass --dead-experts sibling-max to give each the max of its layer's other experts "
+                "(recorded in config.json); -v lists every one."
             )
         for module, (layer, expert_id) in dead:
             siblings = [v for m, v in out.items() if (of := names.expert_of(m)) is not None and of[0] == layer]

@@ -27,6 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from hpu_fp8_loader.arch import ModelDescriptor
+from hpu_fp8_loader.console import human_bytes
 from hpu_fp8_loader.engine.memory import memory_budget
 from hpu_fp8_loader.errors import NonFiniteError, WriteFailedError
 
@@ -95,7 +96,7 @@ def hidden_store(shape: tuple[int, ...], in_memory: bool, scratch_dir: str | Pat
                 os.posix_fallocate(file.fileno(), 0, nbytes)
             except OSError as exc:
                 raise WriteFailedError(
-                    f"{directory}: cannot reserve {nbytes / 2**30:.2f} GiB of scratch space for the hidden states: "
+                    f"{directory}: cannot reserve {human_bytes(nbytes)} of scratch space for the hidden states: "
                     f"{exc.strerror or exc}; name a directory with room (eval: --scratch-dir)",
                     exc.strerror or "",
                 ) from None
@@ -136,9 +137,9 @@ def run_layer_major(
     budget = memory_budget() if memory_bytes is None else memory_bytes
     in_memory = stores_bytes <= (budget - 4 * d.largest_layer_parameters()) // 4  # after one float32 layer
     log.info(
-        "hidden states of %d window(s): %.1f MiB %s",
+        "hidden states of %d window(s): %s %s",
         len(windows),
-        stores_bytes / 2**20,
+        human_bytes(stores_bytes),
         "in memory" if in_memory else f"in scratch files in {scratch_dir or tempfile.gettempdir()}",
     )
     chunks = [slice(start, min(start + chunk, len(windows))) for start in range(0, len(windows), chunk)]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpu_fp8_loader.arch import ModelDescriptor
+from hpu_fp8_loader.console import human_bytes
 from hpu_fp8_loader.engine.weights import EngineWeights
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error
 from hpu_fp8_loader.spec import names
@@ -213,7 +214,7 @@ def _load_layer(weights: EngineWeights, layer: int) -> dict[str, np.ndarray]:
     except MemoryError:
         size = sum(math.prod(w.shape) for w in weights.descriptor.weights() if w.layer == layer) * 4
         raise HpuFp8Error(
-            f"layer {layer} needs {size / 2**30:.2f} GiB of float32 weights and that much memory is not available; "
+            f"layer {layer} needs {human_bytes(size)} of float32 weights and that much memory is not available; "
             "the engine holds one layer at a time, so this model cannot run on this machine"
         ) from None
 

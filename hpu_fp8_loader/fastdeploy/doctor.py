@@ -24,6 +24,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from types import SimpleNamespace
 
+from hpu_fp8_loader.console import human_bytes
 from hpu_fp8_loader.errors import HpuFp8Error
 
 __all__ = ["PLUGIN_GROUP", "Check", "DoctorReport", "doctor", "fastdeploy_moe_layout"]
@@ -232,7 +233,7 @@ def _check_checkpoint(report: DoctorReport, checkpoint: str, tp: int, ep: int, r
     plan = plan_deployment(descriptor, tp, ep, qc.kv_cache_scheme)
     report.add(
         "plan", INFO,
-        f"TP {tp} x EP {ep}: {plan.total_bytes_per_rank / 2**20:,.1f} MiB of parameters per rank, "
+        f"TP {tp} x EP {ep}: {human_bytes(plan.total_bytes_per_rank)} of parameters per rank, "
         f"KV cache {plan.kv_bytes_per_token_per_rank} bytes per token per rank ({qc.kv_cache_scheme.value})",
     )  # fmt: skip
     return qc.fp8_max == FASTDEPLOY_FP8_MAX

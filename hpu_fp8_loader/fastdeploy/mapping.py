@@ -26,7 +26,7 @@ from hpu_fp8_loader.io.safetensors_file import SafetensorsFile, TensorInfo, row_
 from hpu_fp8_loader.numerics import e4m3
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import KvCacheScheme, QuantizationConfig, ScaleRounding
-from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX
+from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX, act_amax_problem
 
 __all__ = [
     "ACT_SCALE_INV_PARAMETER",
@@ -416,12 +416,24 @@ def activation_scale_value(key: str, amax: float) -> np.float32:
 
 
 def _activation_scale(checkpoint: Checkpoint, module: str, qc: QuantizationConfig) -> tuple[np.float32, bool]:
-    """(legacy-form value, holds the raw amax) of an act module, at full float32 precision."""
+    """(legacy-form value, holds the raw amax) of an act module, at full float32 precision.
+
+    The stored amax is checked first: outside the spec's range (zero, a denormal, inf, nan) FastDeploy's formulas
+    would divide by zero or overflow, so such a checkpoint is refused here, naming the tensor, before any formula.
+    """
     raw = holds_raw_amax(names.fastdeploy_key_from_module(module))
+    amax_name = names.tensor(module, names.ACT_AMAX)
+    amax = _scalar(checkpoint, amax_name)
+    problem = act_amax_problem(float(amax))
+    if problem:
+        raise HpuFp8Error(
+            f"{amax_name}: {problem}, and FastDeploy's scale formulas divide by it; this checkpoint is not valid "
+            "(`hpu-fp8 validate` lists every such tensor)"
+        )
     if qc.scale_rounding is ScaleRounding.POW2:
         scale = _scalar(checkpoint, names.tensor(module, names.ACT_SCALE))
         return (scale * np.float32(FASTDEPLOY_FP8_MAX) if raw else scale), raw
-    return _legacy_form(_scalar(checkpoint, names.tensor(module, names.ACT_AMAX)), raw), raw
+    return _legacy_form(amax, raw), raw
 
 
 def _linear_act_scales(s, raw: bool):
@@ -525,7 +537,7 @@ def _checked_scale(piece: MappedPiece) -> MappedPiece:
     if not (np.isfinite(values).all() and (values > 0).all()):
         raise HpuFp8Error(
             f"{piece.name}: FastDeploy's formula gives {float(values.min()):g}..{float(values.max()):g} from this "
-            "checkpoint's scales; a scale must be finite and > 0 (is an act_amax out of range? run `hpu-fp8 validate`)"
+            "checkpoint's scales; a scale must be finite and > 0 (`hpu-fp8 validate` checks every scale and amax)"
         )
     return piece
 

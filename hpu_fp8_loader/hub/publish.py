@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 
 from hpu_fp8_loader.checks.validate import validate
-from hpu_fp8_loader.console import hub_bars_follow_ours
+from hpu_fp8_loader.console import hub_bars_follow_ours, human_count
 from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import HpuFp8Error, OutputExistsError, UnsafePathError, UploadError
@@ -47,9 +47,19 @@ from hpu_fp8_loader.sources.resolve import (
     hub_failures,
     resolve_checkpoint,
 )
+from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 from hpu_fp8_loader.spec.measurements import Measurements
 
-__all__ = ["MEASUREMENTS_FILE", "REPORT_PLOT_PREFIX", "PushOptions", "PushResult", "git_blob_id", "push", "remote_problems"]
+__all__ = [
+    "MEASUREMENTS_FILE",
+    "REPORT_PLOT_PREFIX",
+    "PushOptions",
+    "PushResult",
+    "commit_message",
+    "git_blob_id",
+    "push",
+    "remote_problems",
+]
 
 CARD = "README.md"
 # The activation statistics the checkpoint was made from, uploaded beside it (llm-compressor uploads its recipe.yaml).
@@ -89,7 +99,11 @@ class PushOptions:
 
 @dataclass
 class PushResult:
-    checkpoint: Path
+    """What a push did. ``checkpoint``: the staged checkpoint under ``--work-dir``, or None when it was staged in a
+    temporary directory, removed before :func:`push` returned. ``files``: every file of the commit, the manifest
+    (which does not list itself) included."""
+
+    checkpoint: Path | None
     files: list[CardFile]
     evaluation: EvaluationResult | None
     commit_url: str | None = None
@@ -326,7 +340,7 @@ def _stage(
             for name, m in zip(names, measurements, strict=True)
         },
     )
-    say(f"converted and validated: {checkpoint}")
+    say(f"converted and validated: {checkpoint if options.work_dir else 'in a temporary directory'}")
     from hpu_fp8_loader.arch import describe
 
     parameters = describe(read_config(src)).parameter_count()
@@ -335,7 +349,7 @@ def _stage(
         note = "skipped with --skip-eval"
     elif parameters > EVAL_PARAMETER_LIMIT and options.evaluation != "always":
         minutes = 2 * parameters * DEFAULT_EVAL_SAMPLES * DEFAULT_EVAL_SEQ_LEN * 2 / _ENGINE_FLOPS / 60
-        note = f"{parameters / 1e9:.1f} B parameters: about {minutes:.0f} CPU minutes; pass --eval to run it"
+        note = f"{human_count(parameters)} parameters: about {minutes:.0f} CPU minutes; pass --eval to run it"
         say(f"no evaluation: {note}")
     else:
         reports["eval"] = Report()
@@ -397,6 +411,11 @@ def _write_card(
     return _add_files(checkpoint, {CARD: card.encode("utf-8")})
 
 
+def commit_message(options: PushOptions, files: int) -> str:
+    """The commit's message: the one asked for, else one counting the files; what a dry run shows is what is used."""
+    return options.commit_message or f"Upload hpu-fp8 checkpoint ({files} files)"
+
+
 def remote_problems(api, repo_id: str, revision: str, checkpoint: Path) -> list[str]:
     """Every file whose remote size or identifier differs from the local manifest, and every one missing."""
     manifest = json.loads((checkpoint / MANIFEST_FILE).read_text())["files"]
@@ -429,7 +448,7 @@ def _upload(api, checkpoint: Path, options: PushOptions, say: Callable[[str], No
             repo_id=options.repo_id,
             folder_path=checkpoint,
             revision=options.revision,
-            commit_message=options.commit_message or f"Upload hpu-fp8 checkpoint ({len(list(checkpoint.iterdir()))} files)",
+            commit_message=commit_message(options, len(list(checkpoint.iterdir()))),
             create_pr=options.create_pr,
         )
         if options.create_pr and commit.pr_revision is None:
@@ -451,7 +470,8 @@ def push(src: str | Path, options: PushOptions, say: Callable[[str], None] = pri
     """
     source_id = str(src)
     check_repo_id(options.repo_id, "--repo-id")  # first: it checks HF_ENDPOINT before huggingface_hub is imported
-    base_model = options.base_model or (source_id if not Path(source_id).exists() else None)  # a Hub id is the base
+    local = Path(source_id).exists() or source_id in TINY_MODELS
+    base_model = options.base_model or (source_id if not local else None)  # a Hub id is the base
     if not base_model:
         raise HpuFp8Error("the base model's Hub id is unknown: pass --base-model ORG/NAME")
     check_repo_id(base_model, "--base-model" if options.base_model else "SRC", namespace=False)
@@ -475,7 +495,9 @@ def push(src: str | Path, options: PushOptions, say: Callable[[str], None] = pri
         (work / STAGING_MARKER).write_text("hpu-fp8 push stages its checkpoint here; a later push may replace it\n")
         evaluation, note, names, plots = _stage(src, measurements, options, checkpoint, say)
         files = _write_card(checkpoint, license_, base_model, options, evaluation, note, names, plots)
-        result = PushResult(checkpoint, files, evaluation)
+        manifest = (checkpoint / MANIFEST_FILE).read_bytes()  # uploaded too, though it does not list itself
+        files.append(CardFile(MANIFEST_FILE, len(manifest), hashlib.sha256(manifest).hexdigest()))
+        result = PushResult(checkpoint if options.work_dir else None, files, evaluation)
         if not options.dry_run:
             result.commit_url, result.pull_request_url = _upload(api, checkpoint, options, say)
     return result

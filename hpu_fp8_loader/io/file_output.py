@@ -15,10 +15,14 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from hpu_fp8_loader.errors import OutputExistsError, WriteFailedError
+from hpu_fp8_loader.errors import OutputExistsError, WriteFailedError, force_flag
 from hpu_fp8_loader.io.writer import check_apart, fsync_path
 
 __all__ = ["atomic_file", "check_output_file", "write_text_atomically"]
+
+
+def _exists(path: Path, when: str = "") -> OutputExistsError:
+    return OutputExistsError(f"{path}: already exists{when}; pass {force_flag()} to replace it")
 
 
 def check_output_file(path: str | Path, force: bool, sources: Iterable[str | Path] = ()) -> None:
@@ -29,7 +33,7 @@ def check_output_file(path: str | Path, force: bool, sources: Iterable[str | Pat
     if path.is_dir():
         raise OutputExistsError(f"{path}: is a directory; name a file to write")
     if os.path.lexists(path) and not force:
-        raise OutputExistsError(f"{path}: already exists; pass --force to replace it")
+        raise _exists(path)
     parent = path.absolute().parent
     if not parent.is_dir():
         why = "is not a directory" if parent.exists() else "does not exist"
@@ -46,15 +50,17 @@ def _publish(temporary: Path, path: Path, replace: bool) -> None:
     try:
         os.link(temporary, path)
     except FileExistsError:
-        raise OutputExistsError(f"{path}: already exists (created while this ran); pass --force to replace it") from None
+        raise _exists(path, " (created while this ran)") from None
     os.unlink(temporary)
 
 
 @contextmanager
-def atomic_file(path: str | Path, replace: bool = True) -> Iterator[Path]:
+def atomic_file(path: str | Path, replace: bool) -> Iterator[Path]:
     """A fresh, empty staging file beside ``path`` for the caller to fill; synced and renamed onto ``path``
     when the block ends, removed when it raises. A link at ``path`` itself is replaced, not written through."""
     path = Path(path)
+    if not replace and os.path.lexists(path):
+        raise _exists(path)
     try:
         descriptor, name = tempfile.mkstemp(dir=path.absolute().parent, prefix=f".{path.name}.", suffix=".partial")
     except OSError as exc:
@@ -77,7 +83,7 @@ def atomic_file(path: str | Path, replace: bool = True) -> Iterator[Path]:
         temporary.unlink(missing_ok=True)
 
 
-def write_text_atomically(path: str | Path, text: str, replace: bool = True) -> None:
+def write_text_atomically(path: str | Path, text: str, replace: bool) -> None:
     """``path`` holds either what it held before or all of ``text``, never a part (see :func:`atomic_file`)."""
     with atomic_file(path, replace) as temporary:
         temporary.write_text(text, encoding="utf-8")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpu_fp8_loader.errors import OutputExistsError, OutputLockedError, UnsafePathError, WriteFailedError
+from hpu_fp8_loader.errors import OutputExistsError, OutputLockedError, UnsafePathError, WriteFailedError, force_flag
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, INDEX_FILE, copied_source_files
 from hpu_fp8_loader.io.manifest import MANIFEST_FILE, write_manifest
 from hpu_fp8_loader.io.safetensors_file import ITEMSIZES, dtype_name
@@ -213,10 +213,12 @@ def _check_replaceable(out: Path) -> None:
     """``--force`` replaces only what this tool wrote (a directory with ``hpu_fp8_manifest.json``) or an empty
     directory: a typo'd OUT must not delete a user's files, a regular file or a link's target."""
     if out.is_symlink() or not out.is_dir():
-        raise OutputExistsError(f"{out}: exists and is not a directory; --force replaces only a checkpoint this tool wrote")
+        raise OutputExistsError(
+            f"{out}: exists and is not a directory; {force_flag()} replaces only a checkpoint this tool wrote"
+        )
     if not (out / MANIFEST_FILE).is_file() and any(out.iterdir()):
         raise OutputExistsError(
-            f"{out}: exists and is not a checkpoint this tool wrote (no {MANIFEST_FILE}); --force replaces only those, "
+            f"{out}: exists and is not a checkpoint this tool wrote (no {MANIFEST_FILE}); {force_flag()} replaces only those, "
             "remove it yourself if it should go"
         )
 
@@ -279,7 +281,7 @@ def prepare_output_dir(out: str | Path, force: bool = False, sources: Iterable[s
     check_apart(out, sources)
     if out.exists() or out.is_symlink():
         if not force:
-            raise OutputExistsError(f"{out}: already exists; pass --force to replace it")
+            raise OutputExistsError(f"{out}: already exists; pass {force_flag()} to replace it")
         _check_replaceable(out)
     partial = out.with_name(out.name + PARTIAL_SUFFIX)
     if partial.is_symlink() or (partial.exists() and not partial.is_dir()):

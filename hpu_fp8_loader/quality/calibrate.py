@@ -245,7 +245,8 @@ def check_outputs(model: str | Path, dataset: str | Path, outputs: Iterable[str 
         check_output_file(path, force, sources)
 
 
-def write_fastdeploy_file(path: str | Path, measurements: Measurements, replace: bool = True) -> None:
-    """The same amax in FastDeploy's measurement-mode text format (``key<TAB>float`` lines), written atomically."""
+def write_fastdeploy_file(path: str | Path, measurements: Measurements, force: bool = False) -> None:
+    """The same amax in FastDeploy's measurement-mode text format (``key<TAB>float`` lines), written atomically;
+    an existing ``path`` is replaced only with ``force``."""
     lines = [f"{names.fastdeploy_key_from_module(module)}\t{value!r}\n" for module, value in measurements.amax.items()]
-    write_text_atomically(path, "".join(lines), replace)
+    write_text_atomically(path, "".join(lines), force)

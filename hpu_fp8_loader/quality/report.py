@@ -37,7 +37,7 @@ import numpy as np
 from hpu_fp8_loader import __version__
 from hpu_fp8_loader.arch import ModelDescriptor, Role, WeightTensor
 from hpu_fp8_loader.engine.model import Observer
-from hpu_fp8_loader.errors import OutputExistsError, UnsafePathError, WriteFailedError
+from hpu_fp8_loader.errors import OutputExistsError, UnsafePathError, WriteFailedError, force_flag
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.writer import check_apart, publish_output_dir
 from hpu_fp8_loader.numerics import e4m3, scales
@@ -254,6 +254,7 @@ class Report:
         self.errors: LinearErrorObserver | None = None
         self.amax: Mapping[str, float] = {}
         self.expert_tokens: Mapping[str, int] = {}
+        self.checkpoint: str | None = None  # eval: the FP8 checkpoint compared with the model
         self.checkpoint_amax: dict[str, float] = {}
         self.evaluation: EvaluationResult | None = None  # set by evaluate
 
@@ -276,6 +277,7 @@ class Report:
         checkpoint's FP8 weights and scales."""
         from hpu_fp8_loader.quality.calibrate import AmaxObserver
 
+        self.checkpoint = str(checkpoint.root)
         self.checkpoint_amax = {
             name.removesuffix("." + names.ACT_AMAX): float(np.asarray(checkpoint.get(name), np.float32).reshape(-1)[0])
             for name in checkpoint.tensors
@@ -325,6 +327,16 @@ class Report:
                 entry["max_relative_error"] = max(entry.get("max_relative_error", 0.0), row["relative_error"])
         return layers
 
+    def _amax_points(self) -> list[dict] | None:
+        """eval: every point's held-out amax beside the amax the checkpoint's scale was made from (held-out 0: no
+        held-out token reached it, such as an expert none was routed to); None for a calibration."""
+        if self.checkpoint is None:
+            return None
+        return [
+            {"module": module, "point": _point_type(module), "checkpoint": value, "held_out": float(self.amax.get(module, 0.0))}
+            for module, value in sorted(self.checkpoint_amax.items())
+        ]
+
     def _experts(self) -> dict | None:
         d = self.descriptor
         assert d is not None
@@ -364,6 +376,7 @@ class Report:
             "kind": self.kind,
             "tool_version": __version__,
             "model": self.model,
+            "checkpoint": self.checkpoint,
             "model_type": d.model_type,
             "num_layers": d.num_layers,
             "fp8_max": GAUDI2_FP8_MAX,
@@ -371,6 +384,7 @@ class Report:
             "rows_per_call": self.errors.rows_per_call,
             "linears": self.worst() + [row for row in self._linear_rows() if row["relative_error"] is None],
             "layers": self._layers(),
+            "amax_points": self._amax_points(),
             "experts": self._experts(),
             "evaluation": self._evaluation(),
         }
@@ -402,9 +416,9 @@ def check_report_dir(directory: str | Path, force: bool, sources: Iterable[str |
         raise UnsafePathError(f"{out}: a link or a file; --report names a directory to write")
     if out.is_dir() and any(out.iterdir()):
         if not force:
-            raise OutputExistsError(f"{out}: already exists and is not empty; pass --force to replace it")
+            raise OutputExistsError(f"{out}: already exists and is not empty; pass {force_flag()} to replace it")
         if not (out / REPORT_FILE).is_file():
-            raise OutputExistsError(f"{out}: holds no {REPORT_FILE}; --force replaces only a report, remove it yourself")
+            raise OutputExistsError(f"{out}: holds no {REPORT_FILE}; {force_flag()} replaces only a report, remove it yourself")
     parent = out.absolute().parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise WriteFailedError(f"{out}: its directory {parent} is missing or not writable")

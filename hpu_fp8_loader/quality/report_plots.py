@@ -1,15 +1,16 @@
 """A report's PNGs (matplotlib, Agg: no display needed) and the index.html that shows them.
 
 Kept apart from report.py because importing matplotlib takes a second: only writing a report pays it.
-Every string that comes from the model (module names, paths) is HTML-escaped.
+Every string that comes from the model (module names, paths) is HTML-escaped; a model or checkpoint is named by its
+directory's base name (a Hub snapshot by its repo id and revision), never by a local path.
 """
 
 from __future__ import annotations
 
 import html
-from pathlib import Path
+from pathlib import Path, PurePath
 
-__all__ = ["CAPTIONS", "HTML_FILE", "PLOTS", "render"]
+__all__ = ["CAPTIONS", "HTML_FILE", "PLOTS", "render", "shown_name"]
 
 HTML_FILE = "index.html"
 # Plot name -> file name: what report.json's "plots" lists and a model card references.
@@ -19,9 +20,30 @@ PLOTS = {
     "weight_spread": "weight_spread.png",
     "expert_tokens": "expert_tokens.png",
     "attention": "attention.png",
+    "held_out_amax": "held_out_amax.png",
 }
 _WORST_SHOWN = 30  # bars in the linear-error chart and rows in the page's table
 _ATTENTION_POINTS = ("self_attn.q", "self_attn.cache_k", "self_attn.cache_v", "self_attn.s")
+# One look per line of a plot: tab20's 20 colours, each with its own marker (a point-type plot has up to ~15 lines,
+# more than the default cycle's ten colours), and a second linestyle past twenty.
+_COLOURS = 20
+_MARKERS = "osD^vP*Xph"
+_LINESTYLES = ("-", "--")
+
+
+def shown_name(path: str) -> str:
+    """A model or checkpoint as a report names it: a Hub snapshot (``.../models--ORG--NAME/snapshots/REV``) as
+    ``ORG/NAME@REV`` (8 characters), any other directory by its base name; never a whole local path."""
+    parts = PurePath(path).parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return f"{parts[-3].removeprefix('models--').replace('--', '/')}@{parts[-1][:8]}"
+    return PurePath(path).name or path
+
+
+def _subject(data: dict) -> str:
+    """What a report is about, for titles: the model, and in eval the FP8 checkpoint compared with it."""
+    model = shown_name(data["model"])
+    return f"{shown_name(data['checkpoint'])} vs {model}" if data.get("checkpoint") else model
 
 
 def _pyplot():
@@ -52,27 +74,41 @@ def _linear_error(plt, data: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _lines_by_point(
-    plt, layers: list[dict], key: str, points: list[str], title: str, ylabel: str, path: Path, note: str = ""
-) -> None:
+def _look(plt, index: int) -> dict:
+    """Line ``index``'s colour, marker and linestyle: no two lines of a plot look alike."""
+    colour = plt.get_cmap("tab20").colors[index % _COLOURS]
+    return {"color": colour, "marker": _MARKERS[index % len(_MARKERS)], "linestyle": _LINESTYLES[index // _COLOURS % 2]}
+
+
+def _per_layer_lines(plt, lines: dict[str, dict[int, float]], title: str, ylabel: str, path: Path) -> None:
+    """One line per label over the layers (log y), the legend beside the axes, whole layer numbers on x."""
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    for point in points:
-        xs = [e["layer"] for e in layers if point in e[key] and e[key][point] > 0]
-        ax.plot(xs, [layers[x][key][point] for x in xs], marker="o", markersize=3, label=point)
+    for index, (label, per_layer) in enumerate(lines.items()):
+        layers = sorted(per_layer)
+        ax.plot(layers, [per_layer[x] for x in layers], markersize=4, label=label, **_look(plt, index))
     ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("layer")
     ax.set_ylabel(ylabel)
-    ax.set_title(title + note)
-    if points:
-        ax.legend(fontsize=7, ncol=2)
+    ax.set_title(title, fontsize=10)
+    if lines:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, bbox_inches="tight")  # the legend outside the axes is kept in the file
     plt.close(fig)
+
+
+def _lines_by_point(plt, layers: list[dict], key: str, points: list[str], title: str, path: Path) -> None:
+    lines = {point: {e["layer"]: e[key][point] for e in layers if e[key].get(point, 0) > 0} for point in points}
+    _per_layer_lines(plt, lines, title, "amax (log)", path)
 
 
 def _act_amax(plt, data: dict, path: Path) -> None:
     points = sorted({p for e in data["layers"] for p in e["amax"]})
-    _lines_by_point(plt, data["layers"], "amax", points, "Activation amax per layer and point", "amax (log)", path)
+    served = f"{shown_name(data['checkpoint'])}'s act_amax" if data.get("checkpoint") else shown_name(data["model"])
+    _lines_by_point(plt, data["layers"], "amax", points, f"Activation amax per layer and point: {served}", path)
 
 
 def _weight_spread(plt, data: dict, path: Path) -> None:
@@ -81,24 +117,9 @@ def _weight_spread(plt, data: dict, path: Path) -> None:
         if row["channel_spread"] is not None:
             per_layer = by_role.setdefault(row["role"], {})
             per_layer[row["layer"]] = max(per_layer.get(row["layer"], 0.0), row["channel_spread"])
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for role, per_layer in sorted(by_role.items()):
-        layers = sorted(per_layer)
-        ax.plot(
-            layers,
-            [per_layer[x] for x in layers],
-            marker="o",
-            markersize=3,
-            label=role + (" (max over experts)" if "expert_" in role else ""),
-        )
-    ax.set_yscale("log")
-    ax.set_xlabel("layer")
-    ax.set_ylabel("max / min per-channel weight amax (log)")
-    ax.set_title("Weight spread: how much a per-tensor scale wastes on small channels")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    lines = {role + (" (max over experts)" if "expert_" in role else ""): by_role[role] for role in sorted(by_role)}
+    title = f"Weight spread: how much a per-tensor scale wastes on small channels\n{shown_name(data['model'])}"
+    _per_layer_lines(plt, lines, title, "max / min per-channel weight amax (log)", path)
 
 
 def _expert_tokens(plt, experts: dict, path: Path) -> None:
@@ -121,7 +142,7 @@ def _expert_tokens(plt, experts: dict, path: Path) -> None:
         ax.set_xticks(range(tokens.shape[1]))
     ax.set_xlabel("expert")
     ax.set_ylabel("layer")
-    ax.set_title(f"Tokens routed per expert ({len(experts['dead'])} dead, {len(experts['starved'])} starved)")
+    ax.set_title(f"Tokens routed per expert ({len(experts['dead'])} dead, {len(experts['starved'])} starved)\n{experts['model']}")
     if experts["dead"] or experts["starved"]:
         ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
@@ -137,7 +158,40 @@ def _attention(plt, data: dict, path: Path) -> None:
         note = (
             f"\nKL(fp8) - KL(no-kv-fp8) = {evaluation['kv_kl_difference']:+.4g} nats/token: what FP8 attention and KV cache cost"
         )
-    _lines_by_point(plt, data["layers"], "amax", points, "Attention points: amax per layer", "amax (log)", path, note)
+    _lines_by_point(plt, data["layers"], "amax", points, f"Attention points: amax per layer: {_subject(data)}{note}", path)
+
+
+def _held_out_amax(plt, data: dict, path: Path) -> None:
+    """eval: each point's held-out amax against the amax its scale was made from, coloured by point type."""
+    by_type: dict[str, list[tuple[float, float]]] = {}
+    unreached = 0
+    for row in data["amax_points"]:
+        if row["held_out"] > 0:
+            by_type.setdefault(row["point"], []).append((row["checkpoint"], row["held_out"]))
+        else:
+            unreached += 1
+    pairs = [pair for values in by_type.values() for pair in values]
+    above = sum(held_out > calibrated for calibrated, held_out in pairs)
+    fig, ax = plt.subplots(figsize=(7.5, 6))
+    for index, (point, values) in enumerate(sorted(by_type.items())):
+        look = _look(plt, index)
+        ax.scatter(*zip(*values, strict=True), s=22, label=point, color=look["color"], marker=look["marker"])
+    if pairs:
+        low, high = min(min(p) for p in pairs), max(max(p) for p in pairs)
+        ax.plot([low, high], [low, high], color="black", linewidth=0.8, label="held-out = calibrated")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"amax {shown_name(data['checkpoint'])}'s scales were made from (act_amax)")
+    ax.set_ylabel(f"held-out amax ({shown_name(data['model'])}, float32 reference)")
+    reached = f"; {unreached} point(s) no held-out token reached" if unreached else ""
+    ax.set_title(
+        f"Held-out vs calibrated amax, per point: {above} of {len(pairs)} above the diagonal{reached}\n{_subject(data)}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    plt.close(fig)
 
 
 def render(data: dict, directory: Path) -> dict[str, str]:
@@ -153,8 +207,11 @@ def render(data: dict, directory: Path) -> dict[str, str]:
         draw(plt, data, directory / PLOTS[name])
         made[name] = PLOTS[name]
     if data["experts"] is not None:
-        _expert_tokens(plt, data["experts"], directory / PLOTS["expert_tokens"])
+        _expert_tokens(plt, {**data["experts"], "model": shown_name(data["model"])}, directory / PLOTS["expert_tokens"])
         made["expert_tokens"] = PLOTS["expert_tokens"]
+    if data.get("amax_points"):
+        _held_out_amax(plt, data, directory / PLOTS["held_out_amax"])
+        made["held_out_amax"] = PLOTS["held_out_amax"]
     (directory / HTML_FILE).write_text(_page(data, made), encoding="utf-8")
     return made
 
@@ -165,6 +222,8 @@ CAPTIONS = {
     "weight_spread": "Per linear, max / min of the per-output-channel weight amax: large values mean a per-tensor scale leaves small channels few FP8 codes.",
     "expert_tokens": "Tokens routed to each expert (layers x experts): x marks a dead expert, o a starved one.",
     "attention": "Query, K cache, V cache and probability amax per layer (the FP8 attention and KV cache scales).",
+    "held_out_amax": "Each point's largest held-out activation against the amax its FP8 scale was made from (the "
+    "checkpoint's act_amax): a point above the diagonal saw larger values on held-out text than in calibration.",
 }
 
 
@@ -198,7 +257,7 @@ def _page(data: dict, plots: dict[str, str]) -> str:
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>hpu-fp8 report</title>'
         "<style>body{font-family:sans-serif;max-width:1000px;margin:auto}td,th{padding:2px 8px;text-align:left}"
         "img{max-width:100%}</style></head><body>\n"
-        f"<h1>hpu-fp8 {e(data['kind'])} report: {e(data['model'])}</h1>\n"
+        f"<h1>hpu-fp8 {e(data['kind'])} report: {e(_subject(data))}</h1>\n"
         f"<p>{e(data['model_type'])}, {data['num_layers']} layers; FP8 ±{data['fp8_max']:g}; FP8 side: {e(data['fp8_source'])}; "
         f'up to {data["rows_per_call"]} rows per input measured. The numbers are in <a href="report.json">report.json</a>.</p>\n'
         f"{evaluation}<h2>Linears that lose most</h2><table><tr><th>#</th><th>linear</th><th>relative error</th>"

@@ -98,7 +98,7 @@ def read_measurements(path: str | Path) -> Measurements:
     return measurements
 
 
-def write_measurements(path: str | Path, measurements: Measurements, replace: bool = True) -> None:
+def write_measurements(path: str | Path, measurements: Measurements, force: bool = False) -> None:
     """Write ``measurements`` as a JSON measurement file, atomically (see :func:`write_text_atomically`).
 
     ``path`` holds either what it held before or the whole new file, never a part, even after a crash; the file
@@ -107,14 +107,14 @@ def write_measurements(path: str | Path, measurements: Measurements, replace: bo
     Args:
         path: the file to write; its directory must exist.
         measurements: the measurements to write, such as ``calibrate(...).measurements``.
-        replace: replace an existing file; when false, a file at ``path`` (even one created while this ran)
-            is refused.
+        force: replace an existing file; without it, a file at ``path`` (even one created while this ran) is
+            refused, as ``hpu-fp8 calibrate -o`` refuses one without ``--force``.
 
     Returns:
         None.
 
     Raises:
-        OutputExistsError: ``replace`` is false and ``path`` exists.
+        OutputExistsError: ``path`` exists and ``force`` is false.
         WriteFailedError: the file cannot be created or written (a missing or read-only directory, no space left).
 
     Example:
@@ -122,7 +122,7 @@ def write_measurements(path: str | Path, measurements: Measurements, replace: bo
         >>> calibration = calibrate(TINY_MODELS["qwen2-bytes"], samples=8, seq_len=64)
         >>> write_measurements("measurements.json", calibration.measurements)
     """
-    write_text_atomically(path, measurements.model_dump_json(indent=2, exclude_none=True) + "\n", replace)
+    write_text_atomically(path, measurements.model_dump_json(indent=2, exclude_none=True) + "\n", force)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from hpu_fp8_loader.console import hub_bars_follow_ours
 from hpu_fp8_loader.errors import CheckpointNotFoundError, HpuFp8Error, HubError, one_line
+from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 
 __all__ = [
     "CONFIG_PATTERNS",
@@ -179,8 +180,17 @@ def hub_error(repo_id: str, exc: BaseException, doing: str, error: type[HpuFp8Er
     return error(f"{repo_id}: the connection to the Hub at {endpoint} failed while {doing} ({_reason(exc)}); {_AGAIN}")
 
 
+def _shipped(location: str | Path, revision: str | None) -> Path | None:
+    """The directory of a shipped tiny model named ``location`` (``qwen2-bytes``), or None for any other name."""
+    path = TINY_MODELS.get(str(location))
+    if path is not None and revision is not None:
+        log.warning(f"{location}: a tiny model shipped with hpu-fp8, so revision {revision!r} (for Hub repo ids) is ignored")
+    return path
+
+
 def resolve_checkpoint(location: str | Path, revision: str | None = None, allow_patterns: list[str] | None = None) -> Path:
-    """A local directory as it is, else a Hub repo id resolved (downloaded, or from the cache offline).
+    """A local directory as it is, else a shipped tiny model's name (``TINY_MODELS``), else a Hub repo id resolved
+    (downloaded, or from the cache offline).
 
     Every way the Hub or the cache can fail is one error naming the repo id: a gated, missing or private
     repository, a missing revision, an empty cache while offline, an unreachable endpoint.
@@ -188,6 +198,8 @@ def resolve_checkpoint(location: str | Path, revision: str | None = None, allow_
     path = Path(location)
     if path.is_dir():
         return path
+    if not path.exists() and (shipped := _shipped(location, revision)) is not None:
+        return shipped
     text = str(location)
     if path.exists():
         raise CheckpointNotFoundError(f"{text}: a file, not a checkpoint directory (name the directory that holds config.json)")
@@ -196,7 +208,10 @@ def resolve_checkpoint(location: str | Path, revision: str | None = None, allow_
     except HubError:  # HF_ENDPOINT, not the id
         raise
     except HpuFp8Error:
-        raise CheckpointNotFoundError(f"{text!r}: no such directory, and not a Hugging Face repo id ({_REPO_ID_RULE})") from None
+        raise CheckpointNotFoundError(
+            f"{text!r}: no such directory, no shipped tiny model ({', '.join(TINY_MODELS)}), and not a Hugging Face "
+            f"repo id ({_REPO_ID_RULE})"
+        ) from None
     if revision is not None:
         check_revision(revision)
     return download_snapshot(text, revision, allow_patterns or SOURCE_PATTERNS)
@@ -249,12 +264,18 @@ def local_or_hub(location: str | Path, revision: str | None = None, allow_patter
     :func:`resolve_checkpoint` (downloading only ``allow_patterns``; offline, from the cache).
 
     What every command and library function naming a model or checkpoint calls first. A local path always wins
-    over a repo id of the same spelling (``revision`` is then ignored, with a warning); a missing path that is
-    no repo id (``./ckpt``, ``ckpt``) is handed back as it is, so that the caller's own error names it.
+    over a repo id of the same spelling (``revision`` is then ignored, with a warning); next the name of a tiny
+    model shipped with the package (``ernie-moe-bytes``, ``qwen2-bytes``: ``TINY_MODELS``), then a Hub repo id.
+    A missing path that is neither (``./ckpt``, ``ckpt``) is handed back as it is, so that the caller's own error
+    names it.
     """
     path = Path(location)
-    if path.exists() or not is_repo_id(str(location)):
-        if revision is not None and path.exists():
+    if path.exists():
+        if revision is not None:
             log.warning(f"{location}: a local path, so revision {revision!r} (for Hub repo ids) is ignored")
+        return path
+    if (shipped := _shipped(location, revision)) is not None:
+        return shipped
+    if not is_repo_id(str(location)):
         return path
     return resolve_checkpoint(str(location), revision, allow_patterns)

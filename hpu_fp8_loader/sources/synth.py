@@ -19,6 +19,7 @@ import ml_dtypes
 import numpy as np
 
 from hpu_fp8_loader.arch import Layout, Role, WeightTensor, config_keys_of, describe
+from hpu_fp8_loader.console import human_bytes
 from hpu_fp8_loader.errors import ConfigError
 from hpu_fp8_loader.io.writer import CheckpointWriter, PlannedTensor
 from hpu_fp8_loader.spec import names
@@ -179,13 +180,13 @@ def _check_room(weights: list[WeightTensor], out: Path) -> None:
     memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if 8 * math.prod(largest.shape) > memory:
         raise ConfigError(
-            f"synth: tensor {largest.name} {list(largest.shape)} needs {8 * math.prod(largest.shape) / 2**30:,.1f} GiB "
-            f"of memory to generate, more than this machine's {memory / 2**30:,.1f} GiB; make the config smaller"
+            f"synth: tensor {largest.name} {list(largest.shape)} needs {human_bytes(8 * math.prod(largest.shape))} "
+            f"of memory to generate, more than this machine's {human_bytes(memory)}; make the config smaller"
         )
     existing = next(p for p in [out.absolute(), *out.absolute().parents] if p.exists())
     free = shutil.disk_usage(existing).free
     if size > free:
-        raise ConfigError(f"synth: {out}: the model needs {size / 2**30:,.1f} GiB, {existing} has {free / 2**30:,.1f} GiB free")
+        raise ConfigError(f"synth: {out}: the model needs {human_bytes(size)}, {existing} has {human_bytes(free)} free")
 
 
 def synthesize(

@@ -295,11 +295,11 @@ def parse_quantization_config(config: dict, source: str = "config.json") -> Quan
         )
     if not is_hpu_fp8(config):
         found = json.dumps(qc["quant_method"]) if "quant_method" in qc else "missing"
-        hint = (
-            " It looks like a checkpoint of FastDeploy's legacy converter; bring it in with `hpu-fp8 import-legacy`."
-            if qc.get("quantization") == "mix_quant"
-            else ""
-        )
+        hint = ""
+        if qc.get("quant_method") == "compressed-tensors":  # llm-compressor's, vLLM's
+            hint = " This is a compressed-tensors checkpoint; convert it with `hpu-fp8 import SRC OUT`."
+        elif qc.get("quantization") == "mix_quant":
+            hint = " It looks like a checkpoint of FastDeploy's legacy converter; bring it in with `hpu-fp8 import-legacy`."
         raise NotHpuFp8CheckpointError(f'{source}: quantization_config.quant_method is {found}, not "hpu_fp8".{hint}')
     version = qc.get("format_version")
     if isinstance(version, int) and not isinstance(version, bool) and version != FORMAT_VERSION:
