@@ -94,16 +94,16 @@ def test_mid_stage_work_still_gets_a_line_every_30_s(log_on_stderr):
     lines = progress_lines(log_on_stderr())
     during = [seconds(ELAPSED.search(body)) for _, body in lines[:-1]]
     assert during == list(range(30, 500, 30))  # every 30 s, counted from the start
-    assert lines[0][1] == "6.0 MiB of 100.0 MiB (6%), 6/100 tensors, 30s elapsed, about 7m50s left"  # 30 s x 94 / 6
-    assert lines[-1] == ("convert", "done, 100.0 MiB in 8m25s")
+    assert lines[0][1] == "6.00 MiB of 100 MiB (6%), 6/100 tensors, 30s elapsed, about 7m50s left"  # 30 s x 94 / 6
+    assert lines[-1] == ("convert", "done, 100 MiB in 8m25s")
 
 
 def test_unknown_totals_give_no_estimate(log_on_stderr):
     with Progress("scanning weights", clock=FakeClock(40.0)) as progress:
         progress.update(3 * 2**30)
     assert progress_lines(log_on_stderr()) == [
-        ("scanning weights", "3.0 GiB, 40s elapsed"),
-        ("scanning weights", "done, 3.0 GiB in 1m20s"),
+        ("scanning weights", "3.00 GiB, 40s elapsed"),
+        ("scanning weights", "done, 3.00 GiB in 1m20s"),
     ]
 
 
