@@ -25,6 +25,7 @@ import numpy as np
 
 from hpu_fp8_loader import __version__
 from hpu_fp8_loader.arch import Layout, WeightTensor, describe
+from hpu_fp8_loader.arch.contents import bf16_modules
 from hpu_fp8_loader.conversion.activations import merge_measurements, resolve_act_amax
 from hpu_fp8_loader.conversion.journal import JOURNAL, conversion_fingerprint, reusable_shards, save_journal
 from hpu_fp8_loader.conversion.plan import (
@@ -68,7 +69,8 @@ class ConvertResult:
         out: the published hpu-fp8 v1 checkpoint directory.
         layout: the source's layout as detected: ``Layout.PADDLE`` or ``Layout.TORCH`` (Hugging Face).
         tensors_quantized: linear weights stored in FP8 (each with its weight scale).
-        tensors_kept: weights kept at their source precision (embeddings, norms, biases, router, lm_head).
+        tensors_kept: weights kept at their source precision (embeddings, norms, biases, router, lm_head, and the
+            linears of ``options.keep_bf16``).
         bytes_in: bytes of the source's tensors.
         bytes_out: bytes of the checkpoint's tensors.
         seconds: wall time of the conversion.
@@ -172,7 +174,7 @@ def convert(
         log.warning("%s: %s", src, note)
     copied_source_files(src)
     attention_fp8 = options.kv_cache is KvCacheScheme.FP8
-    modules = descriptor.act_modules(attention_fp8)
+    modules = descriptor.act_modules(attention_fp8, frozenset(bf16_modules(descriptor, options.keep_bf16)))
     amax, origin, sources = merge_measurements(measurements, descriptor)
     act, filled = resolve_act_amax(modules, amax, options.dead_experts)
     qc = quantization_config_for(descriptor, options, act, origin, sources, filled)
@@ -230,8 +232,8 @@ def convert(
     return ConvertResult(
         out=out,
         layout=layout,
-        tensors_quantized=sum(w.is_linear for w in weights),
-        tensors_kept=sum(not w.is_linear for w in weights),
+        tensors_quantized=sum(w.quantized(options.keep_bf16) for w in weights),
+        tensors_kept=sum(not w.quantized(options.keep_bf16) for w in weights),
         bytes_in=sum(info.nbytes for info in checkpoint.tensors.values()),
         bytes_out=sum(s.nbytes for s in shards),
         seconds=time.perf_counter() - started,
@@ -259,7 +261,8 @@ def _run_jobs(
         bytes_in, error = outcome
         if error is not None:
             requantized[weight.name] = error
-        outputs = [weight.name] + ([names.tensor(weight.module, names.WEIGHT_SCALE)] if weight.is_linear else [])
+        quantized = weight.quantized(context.options.keep_bf16)
+        outputs = [weight.name] + ([names.tensor(weight.module, names.WEIGHT_SCALE)] if quantized else [])
         for name in outputs:
             shard = owner[name]
             if shard in pending_in_shard:

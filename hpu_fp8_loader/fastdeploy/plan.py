@@ -17,7 +17,7 @@ from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, C
 from hpu_fp8_loader.io.jsonfile import read_json_object
 from hpu_fp8_loader.io.safetensors_file import ITEMSIZES
 from hpu_fp8_loader.sources.resolve import CONFIG_PATTERNS, local_or_hub
-from hpu_fp8_loader.spec.config import KvCacheScheme
+from hpu_fp8_loader.spec.config import Bf16Group, KvCacheScheme
 
 __all__ = ["DeploymentPlan", "describe_model", "parameter_group", "plan_deployment"]
 
@@ -58,6 +58,7 @@ class DeploymentPlan:
         total_bytes_per_rank: the sum of ``bytes_per_rank``.
         kv_bytes_per_token_per_rank: KV cache bytes one token takes on a rank, with the ``kv_cache`` chosen.
         kv_bytes_per_token_per_rank_bf16: the same with a BF16 KV cache, for comparison.
+        keep_bf16: the groups of linears sized as BF16 (``"dense"``, ``"experts"``), sorted; empty by default.
 
     Example:
         >>> from hpu_fp8_loader import describe_model, plan_deployment
@@ -77,12 +78,19 @@ class DeploymentPlan:
     total_bytes_per_rank: int = 0
     kv_bytes_per_token_per_rank: int = 0
     kv_bytes_per_token_per_rank_bf16: int = 0
+    keep_bf16: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def plan_deployment(d: ModelDescriptor, tp: int = 1, ep: int = 1, kv_cache: KvCacheScheme = KvCacheScheme.FP8) -> DeploymentPlan:
+def plan_deployment(
+    d: ModelDescriptor,
+    tp: int = 1,
+    ep: int = 1,
+    kv_cache: KvCacheScheme = KvCacheScheme.FP8,
+    keep_bf16: frozenset[Bf16Group] = frozenset(),
+) -> DeploymentPlan:
     """Bytes a rank holds at ``tp`` x ``ep`` (rank 0; every rank holds the same), and its KV cache per token.
 
     Sizing from config.json alone, before anything is converted or downloaded: the per-rank shapes are the
@@ -93,6 +101,8 @@ def plan_deployment(d: ModelDescriptor, tp: int = 1, ep: int = 1, kv_cache: KvCa
         tp: tensor-parallel ranks.
         ep: expert-parallel ranks (MoE models only).
         kv_cache: ``KvCacheScheme.FP8`` / ``"fp8"`` (one byte a KV value) or ``"none"`` (BF16, two bytes).
+        keep_bf16: groups of linears kept in BF16 (``{"experts"}``, ``{"dense"}``): sized as FastDeploy's unquantized
+            layers, two bytes a weight and no scales.
 
     Returns:
         A :class:`~hpu_fp8_loader.DeploymentPlan`.
@@ -109,10 +119,11 @@ def plan_deployment(d: ModelDescriptor, tp: int = 1, ep: int = 1, kv_cache: KvCa
         >>> print(f"{plan.total_bytes_per_rank / 2**30:.1f} GiB a rank, {plan.kv_bytes_per_token_per_rank} KV bytes a token")
     """
     kv_cache = KvCacheScheme(kv_cache)
+    keep_bf16 = frozenset(Bf16Group(group) for group in keep_bf16)
     par = Parallelism(tp, 0, ep, 0)
     check_parallelism(d, par)
     by_group = dict.fromkeys(GROUPS, 0)
-    for name, spec in parameter_specs(d, kv_cache, par).items():
+    for name, spec in parameter_specs(d, kv_cache, par, keep_bf16).items():
         by_group[parameter_group(name)] += math.prod(spec.shape) * ITEMSIZES[spec.dtype]
     per_token = 2 * d.num_layers * (d.num_kv_heads // tp) * d.head_dim  # K and V values
     return DeploymentPlan(
@@ -125,6 +136,7 @@ def plan_deployment(d: ModelDescriptor, tp: int = 1, ep: int = 1, kv_cache: KvCa
         total_bytes_per_rank=sum(by_group.values()),
         kv_bytes_per_token_per_rank=per_token * (1 if kv_cache is KvCacheScheme.FP8 else 2),
         kv_bytes_per_token_per_rank_bf16=per_token * 2,
+        keep_bf16=sorted(group.value for group in keep_bf16),
     )
 
 
