@@ -36,7 +36,7 @@ def bf16_problems(descriptor: ModelDescriptor, qc: QuantizationConfig) -> list[s
     ignored = set(qc.ignore)
     partial = [m for m in bf16_modules(descriptor, set(Bf16Group) - kept) if m in ignored]
     if partial:
-        group = next(w.group for w in descriptor.weights() if w.module == partial[0])
+        group = next(w.group for w in descriptor.weights() if w.module == partial[0]) or Bf16Group.DENSE
         key = "moe_quant_type" if group is Bf16Group.EXPERTS else "dense_quant_type"
         problems.append(
             f"ignore lists {len(partial)} linear(s) of the {group.value!r} group, e.g. {partial[0]}, but {key} is set: "

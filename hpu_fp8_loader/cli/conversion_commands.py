@@ -9,12 +9,16 @@ from typing import TYPE_CHECKING
 import click
 
 from hpu_fp8_loader.cli.group import (
+    BUILTIN_CALIBRATION_TEXT,
     COUNT,
     DEFAULT_WORKERS,
     EnumChoice,
+    calibration_given_alone,
+    calibration_options,
     dead_experts_option,
     force_option,
     json_option,
+    keep_bf16_option,
     kv_cache_option,
     main,
     measurements_option,
@@ -22,26 +26,35 @@ from hpu_fp8_loader.cli.group import (
     quiet_option,
     revision_option,
     shard_size_option,
+    show_layer_progress,
     target_option,
     user_errors,
     warn_each,
 )
 from hpu_fp8_loader.console import emit_json, progress_bar
-from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, ScaleRounding, Target
+from hpu_fp8_loader.spec.choices import Bf16Group, DeadExpertPolicy, KvCacheScheme, ScaleRounding, Target
 
 if TYPE_CHECKING:
     from hpu_fp8_loader.spec.measurements import Measurements
 
 
-@main.command(short_help="Convert a BF16 checkpoint to hpu-fp8 v1.")
+@main.command(short_help="Convert a BF16 checkpoint to hpu-fp8 v1 (with --calibrate, in one step).")
 @click.argument("src")
 @click.argument("out", type=click.Path(path_type=Path))
 @measurements_option(
-    required=True,
     help="Activation amax: an hpu-fp8 measurement file (JSON, whatever its name) or a directory of them (each file one "
     "source, in name order), or FastDeploy's model_measurement.txt, its per-rank model_measurement_{rank}.txt set, or "
-    "a directory holding them. Repeat to combine sources (max per point).",
+    "a directory holding them. Repeat to combine sources (max per point). Or --calibrate.",
 )
+@click.option(
+    "--calibrate",
+    "run_calibration",
+    is_flag=True,
+    help="Calibrate SRC with the reference engine first (the dataset options below), instead of --measurements. An "
+    "interrupted run reuses the calibration it left in OUT.partial.",
+)
+@calibration_options(BUILTIN_CALIBRATION_TEXT)
+@keep_bf16_option()
 @target_option()
 @kv_cache_option()
 @click.option(
@@ -58,10 +71,15 @@ if TYPE_CHECKING:
 @force_option()
 @quiet_option()
 @json_option()
+@click.pass_context
 def convert(
+    ctx: click.Context,
     src: str,
     out: Path,
     measurement_paths: tuple[Path, ...],
+    run_calibration: bool,
+    calibration: dict,
+    keep_bf16: tuple[Bf16Group, ...],
     target: Target,
     kv_cache: KvCacheScheme,
     scale_rounding: ScaleRounding,
@@ -76,11 +94,21 @@ def convert(
     """Convert the BF16 checkpoint SRC into an hpu-fp8 v1 checkpoint at OUT.
 
     SRC is a directory (Paddle or Hugging Face torch layout; BF16, FP16, FP32, or compressed-tensors FP8) or a Hub repo id
-    (the local cache is used offline). Output is written into OUT.partial and renamed when complete;
-    after an interruption the same command resumes, reusing finished shards whose sha256 still matches.
+    (the local cache is used offline). Activation statistics come from --measurements files, or from a calibration
+    of SRC with --calibrate (as `hpu-fp8 calibrate` runs it). OUT keeps them as hpu_fp8_measurements.json. Output is
+    written into OUT.partial and renamed when complete; after an interruption the same command resumes, reusing
+    the calibration and the finished shards whose sha256 still matches.
 
     \b
     Examples:
+      # One step: calibrate on 64 windows of the built-in text, then convert
+      hpu-fp8 convert ./ERNIE-4.5-21B-A3B-Paddle ernie-fp8 --calibrate --samples 64
+
+    \b
+      # The routed experts kept in BF16 (FastDeploy's mix_quant without moe_quant_type)
+      hpu-fp8 convert ./ERNIE-4.5-21B-A3B-Paddle ernie-fp8 --calibrate --keep-bf16 experts
+
+    \b
       # An ERNIE MoE from the Hub, with the amax `hpu-fp8 calibrate` wrote, in two worker processes
       hpu-fp8 convert baidu/ERNIE-4.5-21B-A3B-Paddle ernie-fp8 --measurements amax.json --workers 2
 
@@ -93,28 +121,58 @@ def convert(
       hpu-fp8 convert ./ERNIE-4.5-21B-A3B-PT ernie-g3 --measurements amax.json --target gaudi3
 
     \b
-      # Attention and the KV cache left in BF16 (safer for Qwen2)
+      # Attention and the KV cache left in BF16
       hpu-fp8 convert ./Qwen2-7B-Instruct qwen2-fp8 --measurements amax.json --kv-cache none
     """
     from hpu_fp8_loader.conversion.convert import convert as run_convert
     from hpu_fp8_loader.conversion.plan import ConvertOptions
+    from hpu_fp8_loader.quality.calibrate import CalibrationOptions, one_source_of_statistics
+    from hpu_fp8_loader.quality.quantize import quantize
     from hpu_fp8_loader.sources.resolve import resolve_checkpoint
 
-    options = ConvertOptions(target, kv_cache, scale_rounding, parse_size(max_shard_size), force, workers, dead_experts)
+    calibration_given_alone(ctx, run_calibration)
     with user_errors():
+        one_source_of_statistics(bool(measurement_paths), run_calibration)
+        options = ConvertOptions(
+            target,
+            kv_cache,
+            scale_rounding,
+            parse_size(max_shard_size),
+            force,
+            workers,
+            dead_experts,
+            keep_bf16=frozenset(keep_bf16),
+        )
         source = resolve_checkpoint(src, revision)
-        measurements = _measurement_sets(measurement_paths)
-        with progress_bar("convert", quiet or as_json) as bar:
+        with progress_bar("calibrate", quiet or as_json, unit="step") as steps, progress_bar("convert", quiet or as_json) as bar:
 
             def show(p) -> None:
                 bar.total = p.bytes_total
                 bar.update(p.bytes_done - bar.n)
                 bar.set_postfix_str(f"{p.tensors_done}/{p.tensors_total} tensors", refresh=False)
 
-            result = run_convert(source, out, measurements, options, progress=show)
+            if run_calibration:
+                quantized = quantize(source, out, CalibrationOptions(**calibration), options, show, show_layer_progress(steps))
+                result, calibrated = quantized.conversion, quantized.calibration
+            else:
+                result, calibrated = run_convert(source, out, _measurement_sets(measurement_paths), options, show), None
     if as_json:
-        emit_json({**dataclasses.asdict(result), "ratio": result.ratio, "target": target, "kv_cache": kv_cache})
+        emit_json(
+            {
+                **dataclasses.asdict(result),
+                "ratio": result.ratio,
+                "target": target,
+                "kv_cache": kv_cache,
+                "keep_bf16": sorted(options.keep_bf16),
+                "calibration": None if calibrated is None else {"tokens": calibrated.tokens, "seconds": calibrated.seconds},
+            }
+        )
         return
+    if calibrated is not None:
+        calibration_note = f"; calibrated on {calibrated.tokens:,} tokens ({calibrated.tokenizer}) in {calibrated.seconds:.1f} s"
+    else:
+        calibration_note = "; reused the calibration an interrupted run left" if run_calibration else ""
+    kept = f"; kept in BF16: {', '.join(sorted(options.keep_bf16))}" if options.keep_bf16 else ""
     filled = f"; {len(result.filled_experts)} dead expert(s) given their siblings' max" if result.filled_experts else ""
     reused = f"; resumed, {result.reused_shards} shard(s) reused" if result.reused_shards else ""
     click.echo(
@@ -122,6 +180,7 @@ def convert(
         f"{result.tensors_quantized} tensors quantized, {result.tensors_kept} kept; "
         f"{result.bytes_in / 2**30:.2f} GiB -> {result.bytes_out / 2**30:.2f} GiB ({result.ratio:.3f}); "
         f"{result.seconds:.1f} s, {result.bytes_in / 2**20 / max(result.seconds, 1e-9):.0f} MiB/s{filled}{reused}"
+        f"{kept}{calibration_note}"
     )
 
 
@@ -137,20 +196,24 @@ def convert(
     "--calibrate",
     "run_calibration",
     is_flag=True,
-    help="Calibrate the dequantized model with the reference engine for the missing points.",
+    help="Calibrate the dequantized model with the reference engine for the missing points (the dataset options below).",
 )
+@calibration_options(BUILTIN_CALIBRATION_TEXT)
 @dead_experts_option()
 @shard_size_option()
 @revision_option("SRC")
 @force_option()
 @json_option()
+@click.pass_context
 def import_command(
+    ctx: click.Context,
     src: str,
     out: Path,
     target: Target,
     kv_cache: KvCacheScheme,
     measurement_paths: tuple[Path, ...],
     run_calibration: bool,
+    calibration: dict,
     dead_experts: DeadExpertPolicy,
     max_shard_size: str,
     revision: str | None,
@@ -178,10 +241,10 @@ def import_command(
     """
     from hpu_fp8_loader.conversion.compressed_tensors import compressed_tensors_scheme, import_compressed_tensors
     from hpu_fp8_loader.conversion.plan import ConvertOptions
+    from hpu_fp8_loader.quality.calibrate import CalibrationOptions, one_source_of_statistics
     from hpu_fp8_loader.sources.resolve import resolve_checkpoint
 
-    if run_calibration and measurement_paths:
-        raise click.UsageError("--measurements and --calibrate both given: pass one source of activation statistics")
+    calibration_given_alone(ctx, run_calibration)
     options = ConvertOptions(
         target=target,
         kv_cache=kv_cache,
@@ -191,13 +254,12 @@ def import_command(
         workers=DEFAULT_WORKERS,
     )
     with user_errors():
+        one_source_of_statistics(bool(measurement_paths), run_calibration, required=False)
         source = resolve_checkpoint(src, revision)
         extra = _measurement_sets(measurement_paths)
         if run_calibration:
-            from hpu_fp8_loader.quality.calibrate import calibrate
-
             compressed_tensors_scheme(source)  # a scheme that does not import is refused before the calibration runs
-            extra.append(calibrate(source).measurements)
+            extra.append(CalibrationOptions(**calibration).run(source).measurements)
         result = import_compressed_tensors(source, out, options, extra)
     warn_each(result.warnings)
     if as_json:

@@ -14,6 +14,7 @@ from hpu_fp8_loader.cli.group import (
     ep_option,
     force_option,
     json_option,
+    keep_bf16_option,
     kv_cache_option,
     main,
     parse_size,
@@ -24,7 +25,7 @@ from hpu_fp8_loader.cli.group import (
     warn_each,
 )
 from hpu_fp8_loader.console import emit_json
-from hpu_fp8_loader.spec.choices import KvCacheScheme
+from hpu_fp8_loader.spec.choices import Bf16Group, KvCacheScheme
 
 
 @main.command(short_help="Size a deployment: bytes per rank, KV per token.")
@@ -33,8 +34,11 @@ from hpu_fp8_loader.spec.choices import KvCacheScheme
 @tp_option()
 @ep_option()
 @kv_cache_option(help="KV-cache scheme to size for.")
+@keep_bf16_option(help="Size this group of linears as BF16, as `convert --keep-bf16` keeps it: dense or experts.")
 @json_option(help="Print the plan as JSON.")
-def plan(model: str, revision: str | None, tp: int, ep: int, kv_cache: KvCacheScheme, as_json: bool) -> None:
+def plan(
+    model: str, revision: str | None, tp: int, ep: int, kv_cache: KvCacheScheme, keep_bf16: tuple[Bf16Group, ...], as_json: bool
+) -> None:
     """Size a deployment from MODEL's config.json (a directory, the file, or a Hub repo id ORG/NAME): bytes per rank,
     KV per token.
 
@@ -57,15 +61,20 @@ def plan(model: str, revision: str | None, tp: int, ep: int, kv_cache: KvCacheSc
     \b
       # A model on the Hub: only its config.json is downloaded
       hpu-fp8 plan baidu/ERNIE-4.5-21B-A3B-Paddle --tp 4
+
+    \b
+      # What keeping the routed experts in BF16 costs per rank
+      hpu-fp8 plan ./ERNIE-4.5-21B-A3B-Paddle --tp 2 --keep-bf16 experts
     """
     from hpu_fp8_loader.fastdeploy.plan import describe_model, plan_deployment
 
     with user_errors():
-        result = plan_deployment(describe_model(model, revision), tp, ep, kv_cache)
+        result = plan_deployment(describe_model(model, revision), tp, ep, kv_cache, frozenset(keep_bf16))
     if as_json:
         emit_json(result.to_dict())
         return
-    click.echo(f"{result.model_type}: {result.parameters / 1e9:.2f} B parameters; TP {tp} x EP {ep}; per rank:")
+    kept = f"; {', '.join(result.keep_bf16)} in BF16" if result.keep_bf16 else ""
+    click.echo(f"{result.model_type}: {result.parameters / 1e9:.2f} B parameters; TP {tp} x EP {ep}{kept}; per rank:")
     for group, size in result.bytes_per_rank.items():
         if size:
             click.echo(f"  {group:<15}{size / 2**30:>10.3f} GiB")

@@ -8,8 +8,10 @@ from pathlib import Path
 import click
 
 from hpu_fp8_loader.cli.group import (
+    BUILTIN_CALIBRATION_TEXT,
     COUNT,
     EXIT_INVALID,
+    calibration_options,
     dataset_options,
     force_option,
     json_option,
@@ -20,6 +22,7 @@ from hpu_fp8_loader.cli.group import (
     report_option,
     revision_option,
     say,
+    show_layer_progress,
     tp_option,
     user_errors,
     warn_each,
@@ -87,22 +90,7 @@ def demo(work_dir: Path, model: str, kv_cache: KvCacheScheme, force: bool, as_js
 @click.argument("model")
 @revision_option("MODEL")
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Measurement file to write (JSON).")
-@dataset_options("builtin: Python's own documentation, offline (its last 10% is held out for eval).")
-@click.option("--samples", default=32, type=COUNT, show_default=True, help="Windows of --seq-len tokens to run.")
-@click.option(
-    "--seq-len",
-    default=256,
-    type=COUNT,
-    show_default=True,
-    help="Tokens per window (at most max_position_embeddings).",
-)
-@click.option("--batch-size", default=4, type=COUNT, show_default=True, help="Windows run through a layer at a time.")
-@click.option(
-    "--all-experts",
-    is_flag=True,
-    help="Also run every token through every expert, for the statistics only (never the forward): no expert stays "
-    "uncalibrated, but expert ranges get wider and the expert work grows about E/k times.",
-)
+@calibration_options(BUILTIN_CALIBRATION_TEXT)
 @click.option(
     "--fastdeploy-format",
     "fastdeploy_file",
@@ -117,15 +105,7 @@ def calibrate(
     model: str,
     revision: str | None,
     out: Path,
-    dataset: str,
-    text_field: str,
-    chat_template: bool,
-    dataset_revision: str | None,
-    tokenizer: str,
-    samples: int,
-    seq_len: int,
-    batch_size: int,
-    all_experts: bool,
+    calibration: dict,
     fastdeploy_file: Path | None,
     report_dir: Path | None,
     force: bool,
@@ -166,8 +146,7 @@ def calibrate(
       # A Hub model at a pinned commit, on the x field of a Hub dataset
       hpu-fp8 calibrate Qwen/Qwen2-7B --revision a1b2c3d -o q.json --dataset ORG/DATA --text-field x
     """
-    from hpu_fp8_loader.quality.calibrate import calibrate as run_calibration
-    from hpu_fp8_loader.quality.calibrate import check_outputs, write_fastdeploy_file
+    from hpu_fp8_loader.quality.calibrate import CalibrationOptions, check_outputs, write_fastdeploy_file
     from hpu_fp8_loader.sources.measurements import write_measurements
     from hpu_fp8_loader.sources.resolve import SOURCE_PATTERNS, local_or_hub
 
@@ -175,24 +154,11 @@ def calibrate(
         raise click.BadParameter(f"{fastdeploy_file} is also the -o file; name another", param_hint="--fastdeploy-format")
     with user_errors():
         source = local_or_hub(model, revision, SOURCE_PATTERNS)
-        check_outputs(source, dataset, [out, *([fastdeploy_file] if fastdeploy_file else [])], force)
+        options = CalibrationOptions(**calibration)
+        check_outputs(source, options.dataset, [out, *([fastdeploy_file] if fastdeploy_file else [])], force)
         report = start_report(report_dir, force, [source])
         with progress_bar("calibrate", quiet or as_json, unit="step") as bar:
-            result = run_calibration(
-                source,
-                dataset,
-                samples,
-                seq_len,
-                batch_size,
-                all_experts,
-                progress=_shown_on(bar),
-                scratch_dir=out.parent,
-                tokenizer=tokenizer,
-                text_field=text_field,
-                chat_template=chat_template,
-                dataset_revision=dataset_revision,
-                report=report,
-            )
+            result = options.run(source, progress=show_layer_progress(bar), scratch_dir=out.parent, report=report)
         write_measurements(out, result.measurements, replace=force)
         if fastdeploy_file:
             write_fastdeploy_file(fastdeploy_file, result.measurements, replace=force)
@@ -320,7 +286,7 @@ def eval_command(
                 variants,
                 decode_attention,
                 scratch_dir=scratch_dir,
-                progress=_shown_on(bar),
+                progress=show_layer_progress(bar),
                 tokenizer=tokenizer,
                 text_field=text_field,
                 chat_template=chat_template,
@@ -351,17 +317,6 @@ def finish_report(report, report_dir: Path | None, force: bool, sources: list[Pa
         return
     report.write(report_dir, force, sources)
     say(as_json)(f"report: {report_dir / 'index.html'}")
-
-
-def _shown_on(bar):
-    """A layer-major run's progress drawn on ``bar``: steps against their total, and the layer."""
-
-    def show(p) -> None:
-        bar.total = p.total
-        bar.update(p.done - bar.n)
-        bar.set_postfix_str(f"layer {p.layer + 1}/{p.layers}" if p.layer < p.layers else "logits", refresh=False)
-
-    return show
 
 
 def print_eval(report) -> None:

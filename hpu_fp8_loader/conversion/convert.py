@@ -27,7 +27,7 @@ from hpu_fp8_loader import __version__
 from hpu_fp8_loader.arch import Layout, WeightTensor, describe
 from hpu_fp8_loader.arch.contents import bf16_modules
 from hpu_fp8_loader.conversion.activations import merge_measurements, resolve_act_amax
-from hpu_fp8_loader.conversion.journal import JOURNAL, conversion_fingerprint, reusable_shards, save_journal
+from hpu_fp8_loader.conversion.journal import STAGING_ONLY, conversion_fingerprint, reusable_shards, save_journal
 from hpu_fp8_loader.conversion.plan import (
     ConvertOptions,
     output_config,
@@ -44,7 +44,7 @@ from hpu_fp8_loader.numerics import scales
 from hpu_fp8_loader.sources.source_tensors import check_source, detect_layout
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import ExpertRef, KvCacheScheme
-from hpu_fp8_loader.spec.measurements import Measurements
+from hpu_fp8_loader.spec.measurements import Measurements, measurement_files
 
 __all__ = ["ConvertProgress", "ConvertResult", "convert"]
 
@@ -218,7 +218,8 @@ def convert(
             if shard_of in files:
                 files[shard_of].write(name, np.asarray(array, np.float32).reshape(1))
     requantized = _run_jobs(checkpoint, descriptor, context, shards, done, fingerprint, progress)
-    (staging / JOURNAL).unlink()
+    for name in STAGING_ONLY:
+        (staging / name).unlink(missing_ok=True)
     finish_output(
         staging,
         out,
@@ -226,6 +227,7 @@ def convert(
         output_config(checkpoint.config, descriptor, qc),
         copy_from=src,
         digests={name: (entry["size"], entry["sha256"]) for name, entry in done.items()},
+        files=measurement_files(measurements),  # the amax behind every scale stay with the checkpoint
     )
     log.info("%s: published", out)
     weights = descriptor.weights()
