@@ -55,7 +55,9 @@ KEPT_CASES = [
 
 
 @pytest.mark.parametrize(("keep", "kv_cache", "tp", "moe_layout"), KEPT_CASES)
-def test_a_group_kept_in_bf16_loads_as_fastdeploys_own_loading_fills_it(run_case, kept_checkpoints, keep, kv_cache, tp, moe_layout):
+def test_a_group_kept_in_bf16_loads_as_fastdeploys_own_loading_fills_it(
+    run_case, kept_checkpoints, keep, kv_cache, tp, moe_layout
+):
     spec, legacy = kept_checkpoints(keep, kv_cache)
     written = json.loads((legacy / "config.json").read_text())["quantization_config"]
     assert ("moe_quant_type" in written, "dense_quant_type" in written) == (keep != "experts", keep != "dense")
