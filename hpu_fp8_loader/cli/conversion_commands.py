@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from hpu_fp8_loader.spec.measurements import Measurements
 
 
-@main.command(short_help="Convert a BF16 checkpoint to hpu-fp8 v1 (with --calibrate, in one step).")
+@main.command(short_help="Convert a BF16 checkpoint to hpu-fp8 v1.")
 @click.argument("src")
 @click.argument("out", type=click.Path(path_type=Path))
 @measurements_option(
@@ -101,16 +101,12 @@ def convert(
 
     \b
     Examples:
-      # One step: calibrate on 64 windows of the built-in text, then convert
-      hpu-fp8 convert ./ERNIE-4.5-21B-A3B-Paddle ernie-fp8 --calibrate --samples 64
+      # One step from the Hub: calibrate on 64 windows of the built-in text, then convert
+      hpu-fp8 convert baidu/ERNIE-4.5-21B-A3B-Paddle ernie-fp8 --calibrate --samples 64
 
     \b
-      # The routed experts kept in BF16 (FastDeploy's mix_quant without moe_quant_type)
-      hpu-fp8 convert ./ERNIE-4.5-21B-A3B-Paddle ernie-fp8 --calibrate --keep-bf16 experts
-
-    \b
-      # An ERNIE MoE from the Hub, with the amax `hpu-fp8 calibrate` wrote, in two worker processes
-      hpu-fp8 convert baidu/ERNIE-4.5-21B-A3B-Paddle ernie-fp8 --measurements amax.json --workers 2
+      # The amax `hpu-fp8 calibrate` wrote, the routed experts kept in BF16 (no moe_quant_type)
+      hpu-fp8 convert ./ERNIE-4.5-21B-A3B-Paddle ernie-fp8 --measurements m.json --keep-bf16 experts
 
     \b
       # FastDeploy's per-rank measurement files in fd-amax/, plus our own for Qwen2's MLP
@@ -119,10 +115,6 @@ def convert(
     \b
       # For Gaudi3: the FP8 range ±448 instead of the ±240 FastDeploy serves on Gaudi2
       hpu-fp8 convert ./ERNIE-4.5-21B-A3B-PT ernie-g3 --measurements amax.json --target gaudi3
-
-    \b
-      # Attention and the KV cache left in BF16
-      hpu-fp8 convert ./Qwen2-7B-Instruct qwen2-fp8 --measurements amax.json --kv-cache none
     """
     from hpu_fp8_loader.conversion.convert import convert as run_convert
     from hpu_fp8_loader.conversion.plan import ConvertOptions

@@ -59,12 +59,8 @@ def plan(
       hpu-fp8 plan ./Qwen2-7B-Instruct/config.json --tp 4 --kv-cache none --json
 
     \b
-      # A model on the Hub: only its config.json is downloaded
-      hpu-fp8 plan baidu/ERNIE-4.5-21B-A3B-Paddle --tp 4
-
-    \b
-      # What keeping the routed experts in BF16 costs per rank
-      hpu-fp8 plan ./ERNIE-4.5-21B-A3B-Paddle --tp 2 --keep-bf16 experts
+      # A model on the Hub (only its config.json is downloaded), its routed experts kept in BF16
+      hpu-fp8 plan baidu/ERNIE-4.5-21B-A3B-Paddle --tp 4 --keep-bf16 experts
     """
     from hpu_fp8_loader.fastdeploy.plan import describe_model, plan_deployment
 
