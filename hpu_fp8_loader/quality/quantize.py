@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from hpu_fp8_loader.arch import describe
 from hpu_fp8_loader.conversion.convert import ConvertProgress, ConvertResult, convert
 from hpu_fp8_loader.conversion.journal import CALIBRATION
-from hpu_fp8_loader.conversion.plan import ConvertOptions
+from hpu_fp8_loader.conversion.plan import ConvertOptions, check_keep_bf16
 from hpu_fp8_loader.engine.layer_major import LayerProgress
-from hpu_fp8_loader.io.checkpoint import Checkpoint
+from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, Checkpoint, read_config
 from hpu_fp8_loader.io.fingerprint import file_fingerprint
 from hpu_fp8_loader.io.writer import check_apart, prepare_output_dir
 from hpu_fp8_loader.quality.calibrate import CalibrationOptions, CalibrationResult
@@ -114,7 +115,9 @@ def quantize(
     options = options or ConvertOptions()
     src, out = Path(src), Path(out)
     check_apart(out, [src])
-    staging = prepare_output_dir(out, options.force, [src])  # OUT refused before minutes of calibration
+    # what can be refused from config.json and OUT is, before minutes of calibration
+    check_keep_bf16(describe(read_config(src), str(src / CONFIG_FILE)), options.keep_bf16)
+    staging = prepare_output_dir(out, options.force, [src])
     key = _calibration_key(src, calibration)
     measurements = _cached(staging / CALIBRATION, key)
     result = None
