@@ -213,3 +213,19 @@ def test_the_command_line_refuses_an_unservable_keep_bf16_in_one_line(tmp_path, 
     assert tree_digest(source) == before and not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
     done = run_cli(*args, "--keep-bf16", "experts")
     assert done.exit_code == 0 and "kept in BF16: experts" in done.stdout, done.stderr
+
+
+@pytest.mark.parametrize(("model", "servable"), [("ernie-moe-bytes", True), ("qwen2-bytes", False)])
+def test_the_report_names_each_groups_worst_linear_and_the_servable_choice(model, servable):
+    """report.json's keep_bf16: per group its worst linear; the suggestion keeps the worst linear's group in BF16
+    where the model can serve that (an MoE model), and is null where the group is every linear (Qwen2)."""
+    from hpu_fp8_loader import Report, calibrate
+
+    report = Report()
+    calibrate(TINY_MODELS[model], samples=4, seq_len=32, report=report)
+    data = report.to_dict()["keep_bf16"]
+    worst = report.worst(1)[0]
+    group = "experts" if ".mlp.experts." in worst["module"] else "dense"
+    assert data["groups"][group] == {"worst_module": worst["module"], "relative_error": worst["relative_error"]}
+    assert set(data["groups"]) == ({"dense", "experts"} if servable else {"dense"})
+    assert data["suggestion"] == (f"--keep-bf16 {group}" if servable else None)

@@ -21,7 +21,7 @@ from enum import Enum
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.choices import Bf16Group
 
-__all__ = ["LINEAR_ROLES", "Layout", "ModelDescriptor", "MoeConfig", "Role", "SourcePart", "WeightTensor"]
+__all__ = ["LINEAR_ROLES", "Layout", "ModelDescriptor", "MoeConfig", "Role", "SourcePart", "WeightTensor", "linear_group"]
 
 
 class Role(str, Enum):
@@ -59,6 +59,16 @@ LINEAR_ROLES = frozenset(
     }
 )
 _FLOAT32_ROLES = frozenset({Role.ROUTER, Role.ROUTER_BIAS})
+
+
+def linear_group(role: Role) -> Bf16Group | None:
+    """The group FastDeploy quantizes a linear of ``role`` with: the routed experts, or every other linear
+    (docs/fastdeploy.md section 3, "Keeping linears in BF16"); None for a role that is no linear."""
+    if role not in LINEAR_ROLES:
+        return None
+    return Bf16Group.EXPERTS if role in (Role.EXPERT_UP_GATE, Role.EXPERT_DOWN) else Bf16Group.DENSE
+
+
 _TORCH_PREFIX = "model"
 
 
@@ -93,9 +103,7 @@ class WeightTensor:
     @property
     def group(self) -> Bf16Group | None:
         """The group FastDeploy quantizes this linear with (routed experts, or every other linear); None for the rest."""
-        if not self.is_linear:
-            return None
-        return Bf16Group.EXPERTS if self.role in (Role.EXPERT_UP_GATE, Role.EXPERT_DOWN) else Bf16Group.DENSE
+        return linear_group(self.role)
 
     def quantized(self, kept_bf16: frozenset[Bf16Group]) -> bool:
         """Stored in FP8: a linear whose group is not kept in BF16."""
