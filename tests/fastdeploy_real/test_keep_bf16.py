@@ -72,3 +72,17 @@ def test_a_group_kept_in_bf16_loads_as_fastdeploys_own_loading_fills_it(
             assert report["bf16_weights"]["dense"] > 0
         print(f"keep {keep} in BF16, kv={kv_cache} TP{tp} rank {rank} {moe_layout}: {report['parameters']} parameters "
               f"({report['bf16_weights']}) and {report['kernel_calls']} kernel calls identical")  # fmt: skip
+
+
+@pytest.mark.parametrize("keep", ["experts", "dense"])
+def test_doctors_model_check_finds_fastdeploy_building_what_the_hook_fills(fastdeploy_env, kept_checkpoints, tmp_path, keep):
+    """`hpu-fp8 doctor`'s probe: FastDeploy builds the model from the kept checkpoint's config.json at meta shapes,
+    and every parameter it builds (the BF16 ones of the kept group among them) is one the hook fills, alike."""
+    spec, _ = kept_checkpoints(keep)
+    probe = ("import fd_bootstrap, json, sys; from hpu_fp8_loader.fastdeploy.probe import mismatches; "
+             "print(json.dumps(mismatches(sys.argv[1], 2, 1)))")  # fmt: skip
+    done = fastdeploy_env["environment"].run(["-c", probe, str(spec)], cwd=tmp_path, FD_PLUGINS="hpu_fp8")
+    assert done.returncode == 0, done.stderr[-3000:]
+    problems, layout, built = json.loads(done.stdout.strip().splitlines()[-1])
+    assert problems == [] and built > 0
+    assert (layout is None) == (keep == "experts")
