@@ -291,8 +291,9 @@ def _add_files(checkpoint: Path, files: dict[str, bytes]) -> list[CardFile]:
 def _stage(
     src: Path, measurements: list[Measurements], options: PushOptions, checkpoint: Path, say: Callable[[str], None]
 ) -> tuple[EvaluationResult | None, str | None, list[str], list[CardPlot]]:
-    """Convert into ``checkpoint`` (replacing an earlier push's), validate, add the measurement files (their names
-    are returned too), evaluate, add the plots of the calibration and evaluation reports (returned for the card)."""
+    """Convert into ``checkpoint`` (replacing an earlier push's; with ``--calibrate``, calibrate and convert in one
+    step), validate, name the measurement files convert kept in it (returned), evaluate, add the plots of the
+    calibration and evaluation reports (returned for the card)."""
     reports: dict[str, Report] = {}
     if checkpoint.exists():  # _staging_dir made sure that an earlier push staged it
         shutil.rmtree(checkpoint)
