@@ -13,7 +13,7 @@ import pytest
 from tqdm import tqdm
 
 from hpu_fp8_loader.arch import describe
-from hpu_fp8_loader.cli.quality_commands import _shown_on
+from hpu_fp8_loader.cli.group import show_layer_progress
 from hpu_fp8_loader.engine.fp8 import EmulationOptions, Fp8Emulator, Fp8Parameters
 from hpu_fp8_loader.engine.layer_major import LayerProgress, run_layer_major
 from hpu_fp8_loader.engine.model import EngineConfig, ReferenceModel, forward
@@ -197,7 +197,7 @@ def test_calibration_progress_counts_up_to_a_known_total(source_factory):
 def test_the_cli_bar_shows_the_total_and_the_layer():
     out = io.StringIO()
     with tqdm(file=out, disable=False, unit="step") as bar:
-        show = _shown_on(bar)
+        show = show_layer_progress(bar)
         show(LayerProgress(3, 12, 1, 4))
         bar.refresh()
         assert bar.total == 12 and bar.n == 3 and "3/12" in out.getvalue() and "layer 2/4" in out.getvalue()
