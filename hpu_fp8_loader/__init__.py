@@ -28,10 +28,11 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "hpu_fp8_loader.sources.synth": ("preset_config", "synthesize"),
     "hpu_fp8_loader.sources.measurements": ("load_measurement_sets", "load_measurements", "read_measurements", "write_measurements"),
     "hpu_fp8_loader.spec.measurements": ("Measurements",),
-    "hpu_fp8_loader.spec.config": ("KvCacheScheme", "QuantizationConfig", "Target"),
-    "hpu_fp8_loader.quality.calibrate": ("CalibrationResult", "calibrate"),
+    "hpu_fp8_loader.spec.config": ("Bf16Group", "KvCacheScheme", "QuantizationConfig", "Target"),
+    "hpu_fp8_loader.quality.calibrate": ("CalibrationOptions", "CalibrationResult", "calibrate"),
     "hpu_fp8_loader.conversion.plan": ("ConvertOptions",),
     "hpu_fp8_loader.conversion.convert": ("ConvertResult", "convert"),
+    "hpu_fp8_loader.quality.quantize": ("QuantizeResult", "quantize"),
     "hpu_fp8_loader.conversion.compressed_tensors": ("CompressedTensorsImportResult", "import_compressed_tensors"),
     "hpu_fp8_loader.conversion.legacy_import": ("LegacyImportResult", "import_legacy"),
     "hpu_fp8_loader.conversion.retarget": ("RetargetResult", "retarget"),
@@ -114,10 +115,13 @@ if TYPE_CHECKING:  # what type checkers and editors see; the same names __getatt
     from hpu_fp8_loader.fastdeploy.plan import describe_model as describe_model
     from hpu_fp8_loader.fastdeploy.plan import plan_deployment as plan_deployment
     from hpu_fp8_loader.fastdeploy.rankfiles import rank_parameters as rank_parameters
+    from hpu_fp8_loader.quality.calibrate import CalibrationOptions as CalibrationOptions
     from hpu_fp8_loader.quality.calibrate import CalibrationResult as CalibrationResult
     from hpu_fp8_loader.quality.calibrate import calibrate as calibrate
     from hpu_fp8_loader.quality.evaluate import EvaluationResult as EvaluationResult
     from hpu_fp8_loader.quality.evaluate import evaluate as evaluate
+    from hpu_fp8_loader.quality.quantize import QuantizeResult as QuantizeResult
+    from hpu_fp8_loader.quality.quantize import quantize as quantize
     from hpu_fp8_loader.quality.report import Report as Report
     from hpu_fp8_loader.sources.measurements import load_measurement_sets as load_measurement_sets
     from hpu_fp8_loader.sources.measurements import load_measurements as load_measurements
@@ -126,6 +130,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; the same names __getatt
     from hpu_fp8_loader.sources.synth import preset_config as preset_config
     from hpu_fp8_loader.sources.synth import synthesize as synthesize
     from hpu_fp8_loader.sources.tiny_models import TINY_MODELS as TINY_MODELS
+    from hpu_fp8_loader.spec.config import Bf16Group as Bf16Group
     from hpu_fp8_loader.spec.config import KvCacheScheme as KvCacheScheme
     from hpu_fp8_loader.spec.config import QuantizationConfig as QuantizationConfig
     from hpu_fp8_loader.spec.config import Target as Target

@@ -280,5 +280,5 @@ def test_measurements_and_calibrate_together_are_refused_before_any_work(tmp_pat
     measurement.write_text("{}")
     args = ["import", str(DYNAMIC), str(tmp_path / "out"), "--measurements", str(measurement), "--calibrate"]
     result = CliRunner().invoke(main, args)
-    assert result.exit_code == 2 and "--measurements and --calibrate both given" in result.output
+    assert result.exit_code == 1 and "--measurements and --calibrate both given" in result.output
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from enum import Enum
 
 from hpu_fp8_loader.spec import names
+from hpu_fp8_loader.spec.choices import Bf16Group
 
-__all__ = ["LINEAR_ROLES", "Layout", "ModelDescriptor", "MoeConfig", "Role", "SourcePart", "WeightTensor"]
+__all__ = ["LINEAR_ROLES", "Layout", "ModelDescriptor", "MoeConfig", "Role", "SourcePart", "WeightTensor", "linear_group"]
 
 
 class Role(str, Enum):
@@ -58,6 +59,16 @@ LINEAR_ROLES = frozenset(
     }
 )
 _FLOAT32_ROLES = frozenset({Role.ROUTER, Role.ROUTER_BIAS})
+
+
+def linear_group(role: Role) -> Bf16Group | None:
+    """The group FastDeploy quantizes a linear of ``role`` with: the routed experts, or every other linear
+    (docs/fastdeploy.md section 3, "Keeping linears in BF16"); None for a role that is no linear."""
+    if role not in LINEAR_ROLES:
+        return None
+    return Bf16Group.EXPERTS if role in (Role.EXPERT_UP_GATE, Role.EXPERT_DOWN) else Bf16Group.DENSE
+
+
 _TORCH_PREFIX = "model"
 
 
@@ -88,6 +99,15 @@ class WeightTensor:
     @property
     def module(self) -> str:
         return self.name.rpartition(".")[0]
+
+    @property
+    def group(self) -> Bf16Group | None:
+        """The group FastDeploy quantizes this linear with (routed experts, or every other linear); None for the rest."""
+        return linear_group(self.role)
+
+    def quantized(self, kept_bf16: frozenset[Bf16Group]) -> bool:
+        """Stored in FP8: a linear whose group is not kept in BF16."""
+        return self.is_linear and self.group not in kept_bf16
 
     @property
     def source_dtype(self) -> str:
@@ -211,19 +231,25 @@ class ModelDescriptor:
         return out
 
     def act_modules(self, attention_fp8: bool, ignore: frozenset[str] = frozenset()) -> list[str]:
-        """Every module whose input needs an act_amax / act_scale, in model order."""
+        """Every module whose input needs an act_amax / act_scale, in model order.
+
+        The attention points follow ``attention_fp8`` alone: FastDeploy's FP8 KV cache method does not depend on
+        whether qkv_proj is FP8 (docs/fastdeploy.md section 3, "Keeping linears in BF16").
+        """
         out: list[str] = []
         for w in self.weights():
-            if not w.is_linear or w.module in ignore:
+            if not w.is_linear:
                 continue
             assert w.layer is not None  # every linear weight belongs to a decoder layer
+            if w.role is Role.ATTN_QKV and attention_fp8:
+                out.extend(names.attention_point(self.prefix, w.layer, p) for p in names.ATTENTION_POINTS)
+            if w.module in ignore:
+                continue
             if w.role is Role.EXPERT_UP_GATE:
                 shared = names.shared_expert_input(self.prefix, w.layer)
                 if shared not in out:
                     out.append(shared)
                 continue
-            if w.role is Role.ATTN_QKV and attention_fp8:
-                out.extend(names.attention_point(self.prefix, w.layer, p) for p in names.ATTENTION_POINTS)
             out.append(w.module)
         return out
 

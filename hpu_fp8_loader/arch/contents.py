@@ -6,11 +6,55 @@ alone (docs/spec.md section 3, "Tensors").
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from hpu_fp8_loader.arch.base import ModelDescriptor
 from hpu_fp8_loader.spec import names
+from hpu_fp8_loader.spec.choices import Bf16Group
 from hpu_fp8_loader.spec.config import KvCacheScheme, QuantizationConfig
 
-__all__ = ["expected_tensors"]
+__all__ = ["bf16_modules", "bf16_problems", "expected_tensors"]
+
+
+def bf16_modules(descriptor: ModelDescriptor, groups: Collection[Bf16Group]) -> list[str]:
+    """The linear modules of ``groups``, in model order: what ``quantization_config.ignore`` lists for them."""
+    return [w.module for w in descriptor.weights() if w.is_linear and w.group in groups]
+
+
+def bf16_problems(descriptor: ModelDescriptor, qc: QuantizationConfig) -> list[str]:
+    """Why FastDeploy could not serve this config's BF16 linears as ``ignore`` declares them (empty: it can).
+
+    FastDeploy keeps linears in BF16 by group only: ``dense_quant_type`` absent builds every linear outside the
+    routed experts in BF16, ``moe_quant_type`` absent every routed expert (docs/fastdeploy.md section 3, "Keeping
+    linears in BF16"). So ``ignore`` must list exactly the linears of the groups whose type is absent, and at
+    least one linear must stay in FP8.
+    """
+    kept = qc.kept_bf16
+    if descriptor.moe is None:
+        kept = kept - {Bf16Group.EXPERTS}  # FastDeploy builds no MoE layer, so it never reads moe_quant_type
+    problems = []
+    ignored = set(qc.ignore)
+    partial = [m for m in bf16_modules(descriptor, set(Bf16Group) - kept) if m in ignored]
+    if partial:
+        group = next(w.group for w in descriptor.weights() if w.module == partial[0]) or Bf16Group.DENSE
+        key = "moe_quant_type" if group is Bf16Group.EXPERTS else "dense_quant_type"
+        problems.append(
+            f"ignore lists {len(partial)} linear(s) of the {group.value!r} group, e.g. {partial[0]}, but {key} is set: "
+            f"FastDeploy builds every linear of that group in FP8 or every one in BF16 (leave {key} out and list "
+            "them all, or none)"
+        )
+    missing = [m for m in bf16_modules(descriptor, kept) if m not in ignored]
+    if missing:
+        keys = " and ".join(
+            k for g, k in ((Bf16Group.DENSE, "dense_quant_type"), (Bf16Group.EXPERTS, "moe_quant_type")) if g in kept
+        )
+        problems.append(
+            f"{keys} absent, so FastDeploy builds those linears in BF16, but ignore misses {len(missing)} of them, "
+            f"e.g. {missing[0]}"
+        )
+    if not any(w.quantized(kept) for w in descriptor.weights()):
+        problems.append("no linear is left in FP8: serve the BF16 model itself")
+    return problems
 
 
 def expected_tensors(descriptor: ModelDescriptor, qc: QuantizationConfig) -> dict[str, tuple[str, tuple[int, ...]]]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from hpu_fp8_loader.arch import ModelDescriptor, describe
-from hpu_fp8_loader.arch.contents import expected_tensors
+from hpu_fp8_loader.arch.contents import bf16_problems, expected_tensors
 from hpu_fp8_loader.errors import CheckpointNotFoundError, HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.io.checkpoint import INDEX_FILE, Checkpoint, read_config, read_index, safe_member
 from hpu_fp8_loader.io.manifest import check_manifest
@@ -353,6 +353,9 @@ def _check_config(config: dict, qc: QuantizationConfig, descriptor: ModelDescrip
     for module in qc.ignore:
         if module not in linear_modules:
             report.add("config.ignore", "quantization_config.ignore", f"{module!r} is not a linear module of this model")
+    if set(qc.ignore) <= linear_modules:  # otherwise the entries above are the problem
+        for problem in bf16_problems(descriptor, qc):
+            report.add("config.ignore", "quantization_config.ignore", problem)
     act = set(descriptor.act_modules(qc.kv_cache_scheme is KvCacheScheme.FP8, frozenset(qc.ignore)))
     for module in qc.calibration.overrides:
         if module not in act:

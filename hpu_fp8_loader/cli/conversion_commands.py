@@ -9,12 +9,16 @@ from typing import TYPE_CHECKING
 import click
 
 from hpu_fp8_loader.cli.group import (
+    BUILTIN_CALIBRATION_TEXT,
     COUNT,
     DEFAULT_WORKERS,
     EnumChoice,
+    calibration_given_alone,
+    calibration_options,
     dead_experts_option,
     force_option,
     json_option,
+    keep_bf16_option,
     kv_cache_option,
     layer_steps,
     main,
@@ -28,7 +32,7 @@ from hpu_fp8_loader.cli.group import (
     warn_each,
 )
 from hpu_fp8_loader.console import Progress, emit_json, human_bytes, human_rate
-from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, ScaleRounding, Target
+from hpu_fp8_loader.spec.choices import Bf16Group, DeadExpertPolicy, KvCacheScheme, ScaleRounding, Target
 
 if TYPE_CHECKING:
     from hpu_fp8_loader.spec.measurements import Measurements
@@ -38,11 +42,19 @@ if TYPE_CHECKING:
 @click.argument("src")
 @click.argument("out", type=click.Path(path_type=Path))
 @measurements_option(
-    required=True,
     help="Activation amax: an hpu-fp8 measurement file (JSON, whatever its name) or a directory of them (each file one "
     "source, in name order), or FastDeploy's model_measurement.txt, its per-rank model_measurement_{rank}.txt set, or "
-    "a directory holding them. Repeat to combine sources (max per point).",
+    "a directory holding them. Repeat to combine sources (max per point). Or --calibrate.",
 )
+@click.option(
+    "--calibrate",
+    "run_calibration",
+    is_flag=True,
+    help="Calibrate SRC with the reference engine first (the dataset options below), instead of --measurements. An "
+    "interrupted run reuses the calibration it left in OUT.partial.",
+)
+@calibration_options(BUILTIN_CALIBRATION_TEXT)
+@keep_bf16_option()
 @target_option()
 @kv_cache_option()
 @click.option(
@@ -59,10 +71,15 @@ if TYPE_CHECKING:
 @force_option()
 @quiet_option()
 @json_option()
+@click.pass_context
 def convert(
+    ctx: click.Context,
     src: str,
     out: Path,
     measurement_paths: tuple[Path, ...],
+    run_calibration: bool,
+    calibration: dict,
+    keep_bf16: tuple[Bf16Group, ...],
     target: Target,
     kv_cache: KvCacheScheme,
     scale_rounding: ScaleRounding,
@@ -78,13 +95,19 @@ def convert(
 
     SRC is a directory (Paddle or Hugging Face torch layout; BF16, FP16, FP32, or compressed-tensors FP8), a tiny model
     shipped with hpu-fp8 (ernie-moe-bytes, qwen2-bytes) or a Hub repo id (the local cache is used offline), tried in
-    that order. Output is written into OUT.partial and renamed when complete;
-    after an interruption the same command resumes, reusing finished shards whose sha256 still matches.
+    that order. Activation statistics come from --measurements files, or from a calibration of SRC with --calibrate
+    (as `hpu-fp8 calibrate` runs it). OUT keeps them as hpu_fp8_measurements.json. Output is written into OUT.partial
+    and renamed when complete; after an interruption the same command resumes, reusing the calibration and the
+    finished shards whose sha256 still matches.
 
     \b
     Examples:
-      # An ERNIE MoE from the Hub, with the amax `hpu-fp8 calibrate` wrote, in two worker processes
-      hpu-fp8 convert baidu/ERNIE-4.5-21B-A3B-Paddle ernie-fp8 --measurements amax.json --workers 2
+      # One step from the Hub: calibrate on 64 windows of the built-in text, then convert
+      hpu-fp8 convert baidu/ERNIE-4.5-21B-A3B-Paddle ernie-fp8 --calibrate --samples 64
+
+    \b
+      # The amax `hpu-fp8 calibrate` wrote, the routed experts kept in BF16 (no moe_quant_type)
+      hpu-fp8 convert ./ERNIE-4.5-21B-A3B-Paddle ernie-fp8 --measurements m.json --keep-bf16 experts
 
     \b
       # FastDeploy's per-rank measurement files in fd-amax/, plus our own for Qwen2's MLP
@@ -93,35 +116,64 @@ def convert(
     \b
       # For Gaudi3: the FP8 range ±448 instead of the ±240 FastDeploy serves on Gaudi2
       hpu-fp8 convert ./ERNIE-4.5-21B-A3B-PT ernie-g3 --measurements amax.json --target gaudi3
-
-    \b
-      # Attention and the KV cache left in BF16 (safer for Qwen2)
-      hpu-fp8 convert ./Qwen2-7B-Instruct qwen2-fp8 --measurements amax.json --kv-cache none
     """
     from hpu_fp8_loader.conversion.convert import convert as run_convert
     from hpu_fp8_loader.conversion.plan import ConvertOptions
+    from hpu_fp8_loader.quality.calibrate import CalibrationOptions, one_source_of_statistics
+    from hpu_fp8_loader.quality.quantize import quantize
     from hpu_fp8_loader.sources.resolve import resolve_checkpoint
 
-    options = ConvertOptions(target, kv_cache, scale_rounding, parse_size(max_shard_size), force, workers, dead_experts)
+    calibration_given_alone(ctx, run_calibration)
     with user_errors():
+        one_source_of_statistics(bool(measurement_paths), run_calibration)
+        options = ConvertOptions(
+            target,
+            kv_cache,
+            scale_rounding,
+            parse_size(max_shard_size),
+            force,
+            workers,
+            dead_experts,
+            keep_bf16=frozenset(keep_bf16),
+        )
         source = resolve_checkpoint(src, revision)
-        measurements = _measurement_sets(measurement_paths)
-        with Progress("convert", quiet=quiet, bar=not as_json) as progress:
+        with (
+            Progress("calibrate", quiet=quiet or not run_calibration, bar=not as_json, unit="step") as steps,
+            Progress("convert", quiet=quiet, bar=not as_json) as progress,
+        ):
 
             def show(p) -> None:
                 progress.show(p.bytes_done, p.bytes_total, detail=f"{p.tensors_done}/{p.tensors_total} tensors")
 
-            result = run_convert(source, out, measurements, options, progress=show)
+            if run_calibration:
+                quantized = quantize(source, out, CalibrationOptions(**calibration), options, show, layer_steps(steps))
+                result, calibrated = quantized.conversion, quantized.calibration
+            else:
+                result, calibrated = run_convert(source, out, _measurement_sets(measurement_paths), options, show), None
     if as_json:
-        emit_json({**dataclasses.asdict(result), "ratio": result.ratio, "target": target, "kv_cache": kv_cache})
+        emit_json(
+            {
+                **dataclasses.asdict(result),
+                "ratio": result.ratio,
+                "target": target,
+                "kv_cache": kv_cache,
+                "keep_bf16": sorted(options.keep_bf16),
+                "calibration": None if calibrated is None else {"tokens": calibrated.tokens, "seconds": calibrated.seconds},
+            }
+        )
         return
+    if calibrated is not None:
+        calibration_note = f"; calibrated on {calibrated.tokens:,} tokens ({calibrated.tokenizer}) in {calibrated.seconds:.1f} s"
+    else:
+        calibration_note = "; reused the calibration an interrupted run left" if run_calibration else ""
+    kept = f"; kept in BF16: {', '.join(sorted(options.keep_bf16))}" if options.keep_bf16 else ""
     filled = f"; {len(result.filled_experts)} dead expert(s) given their siblings' max" if result.filled_experts else ""
     reused = f"; resumed, {result.reused_shards} shard(s) reused" if result.reused_shards else ""
     click.echo(
         f"{out}: hpu-fp8 v1 ({target.value}, KV cache {kv_cache.value}) from {result.layout.value} layout; "
         f"{result.tensors_quantized} tensors quantized, {result.tensors_kept} kept; "
         f"{human_bytes(result.bytes_in)} -> {human_bytes(result.bytes_out)} ({result.ratio:.3f}); "
-        f"{result.seconds:.1f} s, {human_rate(result.bytes_in, result.seconds)}{filled}{reused}"
+        f"{result.seconds:.1f} s, {human_rate(result.bytes_in, result.seconds)}{filled}{reused}{kept}{calibration_note}"
     )
 
 
@@ -137,20 +189,24 @@ def convert(
     "--calibrate",
     "run_calibration",
     is_flag=True,
-    help="Calibrate the dequantized model with the reference engine for the missing points.",
+    help="Calibrate the dequantized model with the reference engine for the missing points (the dataset options below).",
 )
+@calibration_options(BUILTIN_CALIBRATION_TEXT)
 @dead_experts_option()
 @shard_size_option()
 @revision_option("SRC")
 @force_option()
 @json_option()
+@click.pass_context
 def import_command(
+    ctx: click.Context,
     src: str,
     out: Path,
     target: Target,
     kv_cache: KvCacheScheme,
     measurement_paths: tuple[Path, ...],
     run_calibration: bool,
+    calibration: dict,
     dead_experts: DeadExpertPolicy,
     max_shard_size: str,
     revision: str | None,
@@ -178,10 +234,10 @@ def import_command(
     """
     from hpu_fp8_loader.conversion.compressed_tensors import compressed_tensors_scheme, import_compressed_tensors
     from hpu_fp8_loader.conversion.plan import ConvertOptions
+    from hpu_fp8_loader.quality.calibrate import CalibrationOptions, one_source_of_statistics
     from hpu_fp8_loader.sources.resolve import resolve_checkpoint
 
-    if run_calibration and measurement_paths:
-        raise click.UsageError("--measurements and --calibrate both given: pass one source of activation statistics")
+    calibration_given_alone(ctx, run_calibration)
     options = ConvertOptions(
         target=target,
         kv_cache=kv_cache,
@@ -191,14 +247,13 @@ def import_command(
         workers=DEFAULT_WORKERS,
     )
     with user_errors():
+        one_source_of_statistics(bool(measurement_paths), run_calibration, required=False)
         source = resolve_checkpoint(src, revision)
         extra = _measurement_sets(measurement_paths)
         if run_calibration:
-            from hpu_fp8_loader.quality.calibrate import calibrate
-
             compressed_tensors_scheme(source)  # a scheme that does not import is refused before the calibration runs
             with Progress("calibrate", bar=not as_json, unit="step") as progress:
-                extra.append(calibrate(source, progress=layer_steps(progress)).measurements)
+                extra.append(CalibrationOptions(**calibration).run(source, progress=layer_steps(progress)).measurements)
         result = import_compressed_tensors(source, out, options, extra)
     warn_each(result.warnings)
     if as_json:

@@ -16,6 +16,7 @@ from hpu_fp8_loader.cli.group import (
     fail,
     force_option,
     json_option,
+    keep_bf16_option,
     kv_cache_option,
     main,
     parse_size,
@@ -26,7 +27,7 @@ from hpu_fp8_loader.cli.group import (
     warn_each,
 )
 from hpu_fp8_loader.console import emit_json, human_bytes, human_count
-from hpu_fp8_loader.spec.choices import KvCacheScheme, Target
+from hpu_fp8_loader.spec.choices import Bf16Group, KvCacheScheme, Target
 
 
 @main.command(short_help="Size a deployment: bytes per rank, KV cache on a Gaudi.")
@@ -49,6 +50,7 @@ from hpu_fp8_loader.spec.choices import KvCacheScheme, Target
     help="With --device: the --max-model-len to serve (default: the model's max_position_embeddings, shortened to "
     "what one sequence's KV blocks fit); --max-num-seqs is suggested for it.",
 )
+@keep_bf16_option(help="Size this group of linears as BF16, as `convert --keep-bf16` keeps it: dense or experts.")
 @json_option(help="Print the plan as JSON.")
 def plan(
     model: str,
@@ -58,6 +60,7 @@ def plan(
     kv_cache: KvCacheScheme,
     device: Target | None,
     max_model_len: int | None,
+    keep_bf16: tuple[Bf16Group, ...],
     as_json: bool,
 ) -> None:
     """Size a deployment from MODEL's config.json: bytes per rank, KV per token, and with --device the KV-cache tokens
@@ -93,8 +96,8 @@ def plan(
       hpu-fp8 plan ./Qwen2-7B-Instruct/config.json --tp 4 --kv-cache none --json
 
     \b
-      # A model on the Hub: only its config.json is downloaded
-      hpu-fp8 plan baidu/ERNIE-4.5-21B-A3B-Paddle --tp 4
+      # A model on the Hub (only its config.json is downloaded), its routed experts kept in BF16
+      hpu-fp8 plan baidu/ERNIE-4.5-21B-A3B-Paddle --tp 4 --keep-bf16 experts
     """
     from hpu_fp8_loader.fastdeploy.plan import describe_model_config, plan_deployment
 
@@ -102,12 +105,15 @@ def plan(
         raise click.UsageError("--max-model-len sizes the KV cache of a --device: pass --device gaudi2 or gaudi3")
     with user_errors():
         descriptor, config = describe_model_config(model, revision)
-        result = plan_deployment(descriptor, tp, ep, kv_cache, device, max_model_len, config.get("max_position_embeddings"))
+        result = plan_deployment(
+            descriptor, tp, ep, kv_cache, device, max_model_len, config.get("max_position_embeddings"), frozenset(keep_bf16)
+        )
     capacity = result.capacity
     if as_json:
         emit_json(result.to_dict())
     else:
-        click.echo(f"{result.model_type}: {human_count(result.parameters)} parameters; TP {tp} x EP {ep}; per rank:")
+        kept = f"; {', '.join(result.keep_bf16)} in BF16" if result.keep_bf16 else ""
+        click.echo(f"{result.model_type}: {human_count(result.parameters)} parameters; TP {tp} x EP {ep}{kept}; per rank:")
         for group, size in result.bytes_per_rank.items():
             if size:
                 click.echo(f"  {group:<15}{human_bytes(size):>10}")

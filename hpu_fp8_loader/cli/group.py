@@ -7,6 +7,7 @@ here once.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -24,7 +25,7 @@ from hpu_fp8_loader import __version__
 from hpu_fp8_loader.console import LEVELS, LOGGER, Progress, configure
 from hpu_fp8_loader.errors import HpuFp8Error, command_line
 from hpu_fp8_loader.quality.tokenizer import BYTE_VOCAB_LIMIT, TOKENIZER_CHOICES
-from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, Target
+from hpu_fp8_loader.spec.choices import Bf16Group, DeadExpertPolicy, KvCacheScheme, Target, unservable_bf16_choice
 
 if TYPE_CHECKING:
     from hpu_fp8_loader.engine.layer_major import LayerProgress
@@ -253,6 +254,83 @@ def dataset_options(dataset_help: str) -> Callable[[FC], FC]:
         return command
 
     return decorate
+
+
+BUILTIN_CALIBRATION_TEXT = "builtin: Python's own documentation, offline (its last 10% is held out for eval)."
+# CalibrationOptions' fields, as the options of calibration_options() name them.
+CALIBRATION_FIELDS = (
+    "dataset", "text_field", "chat_template", "dataset_revision", "tokenizer", "samples", "seq_len", "batch_size",
+    "all_experts",
+)  # fmt: skip
+
+
+def calibration_options(dataset_help: str) -> Callable[[FC], FC]:
+    """How a calibration runs, declared once for calibrate, convert --calibrate and import --calibrate: the
+    :func:`dataset_options`, ``--samples``, ``--seq-len``, ``--batch-size`` and ``--all-experts``. The command
+    receives them as one dict ``calibration`` (CalibrationOptions' fields)."""
+    options = [
+        dataset_options(dataset_help),
+        click.option("--samples", default=32, type=COUNT, show_default=True, help="Windows of --seq-len tokens to run."),
+        click.option(
+            "--seq-len", default=256, type=COUNT, show_default=True, help="Tokens per window (at most max_position_embeddings)."
+        ),
+        click.option("--batch-size", default=4, type=COUNT, show_default=True, help="Windows run through a layer at a time."),
+        click.option(
+            "--all-experts",
+            is_flag=True,
+            help="Also run every token through every expert, for the statistics only (never the forward): no expert "
+            "stays uncalibrated, but expert ranges get wider and the expert work grows about E/k times.",
+        ),
+    ]
+
+    def decorate(command: FC) -> FC:
+        @functools.wraps(command)
+        def gathered(*args: Any, **kwargs: Any) -> Any:
+            kwargs["calibration"] = {name: kwargs.pop(name) for name in CALIBRATION_FIELDS}
+            return command(*args, **kwargs)
+
+        wrapped: Any = gathered
+        for option in reversed(options):
+            wrapped = option(wrapped)
+        return wrapped
+
+    return decorate
+
+
+def calibration_given_alone(ctx: click.Context, run_calibration: bool) -> None:
+    """Refuse calibration options without ``--calibrate``: they would be silently ignored."""
+    if run_calibration:
+        return
+    given = [name for name in CALIBRATION_FIELDS if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise click.UsageError(f"{flag} applies to the calibration: pass --calibrate too, or leave it out")
+
+
+class Bf16GroupChoice(click.ParamType):
+    """A :class:`Bf16Group` by value; anything else refused with why FastDeploy cannot serve it (not just the list)."""
+
+    name = "group"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> Bf16Group:
+        if isinstance(value, Bf16Group):
+            return value
+        try:
+            return Bf16Group(value)
+        except ValueError:
+            self.fail(unservable_bf16_choice(str(value)), param, ctx)
+
+
+keep_bf16_option = _shared_option(
+    "--keep-bf16",
+    "keep_bf16",
+    multiple=True,
+    type=Bf16GroupChoice(),
+    metavar="GROUP",
+    help="Keep a group of linears in BF16, as FastDeploy serves them: dense (attention, dense MLPs and shared experts) "
+    "or experts (every routed expert). FastDeploy keeps whole groups only; anything else is refused, saying why. "
+    "Repeatable.",
+)
 
 
 def revision_option(argument: str, flag: str = "--revision") -> Callable[[FC], FC]:

@@ -8,8 +8,10 @@ from pathlib import Path
 import click
 
 from hpu_fp8_loader.cli.group import (
+    BUILTIN_CALIBRATION_TEXT,
     COUNT,
     EXIT_INVALID,
+    calibration_options,
     dataset_options,
     force_option,
     json_option,
@@ -90,22 +92,7 @@ def demo(work_dir: Path, model: str, kv_cache: KvCacheScheme, force: bool, as_js
 @click.argument("model")
 @revision_option("MODEL")
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Measurement file to write (JSON).")
-@dataset_options("builtin: Python's own documentation, offline (its last 10% is held out for eval).")
-@click.option("--samples", default=32, type=COUNT, show_default=True, help="Windows of --seq-len tokens to run.")
-@click.option(
-    "--seq-len",
-    default=256,
-    type=COUNT,
-    show_default=True,
-    help="Tokens per window (at most max_position_embeddings).",
-)
-@click.option("--batch-size", default=4, type=COUNT, show_default=True, help="Windows run through a layer at a time.")
-@click.option(
-    "--all-experts",
-    is_flag=True,
-    help="Also run every token through every expert, for the statistics only (never the forward): no expert stays "
-    "uncalibrated, but expert ranges get wider and the expert work grows about E/k times.",
-)
+@calibration_options(BUILTIN_CALIBRATION_TEXT)
 @click.option(
     "--fastdeploy-format",
     "fastdeploy_file",
@@ -120,15 +107,7 @@ def calibrate(
     model: str,
     revision: str | None,
     out: Path,
-    dataset: str,
-    text_field: str,
-    chat_template: bool,
-    dataset_revision: str | None,
-    tokenizer: str,
-    samples: int,
-    seq_len: int,
-    batch_size: int,
-    all_experts: bool,
+    calibration: dict,
     fastdeploy_file: Path | None,
     report_dir: Path | None,
     force: bool,
@@ -169,8 +148,7 @@ def calibrate(
       # A Hub model at a pinned commit, on the x field of a Hub dataset
       hpu-fp8 calibrate Qwen/Qwen2-7B --revision a1b2c3d -o q.json --dataset ORG/DATA --text-field x
     """
-    from hpu_fp8_loader.quality.calibrate import calibrate as run_calibration
-    from hpu_fp8_loader.quality.calibrate import check_outputs, write_fastdeploy_file
+    from hpu_fp8_loader.quality.calibrate import CalibrationOptions, check_outputs, write_fastdeploy_file
     from hpu_fp8_loader.sources.measurements import write_measurements
     from hpu_fp8_loader.sources.resolve import SOURCE_PATTERNS, local_or_hub
 
@@ -178,24 +156,11 @@ def calibrate(
         raise click.BadParameter(f"{fastdeploy_file} is also the -o file; name another", param_hint="--fastdeploy-format")
     with user_errors():
         source = local_or_hub(model, revision, SOURCE_PATTERNS)
-        check_outputs(source, dataset, [out, *([fastdeploy_file] if fastdeploy_file else [])], force)
+        options = CalibrationOptions(**calibration)
+        check_outputs(source, options.dataset, [out, *([fastdeploy_file] if fastdeploy_file else [])], force)
         report = start_report(report_dir, force, [source])
         with Progress("calibrate", quiet=quiet, bar=not as_json, unit="step") as progress:
-            result = run_calibration(
-                source,
-                dataset,
-                samples,
-                seq_len,
-                batch_size,
-                all_experts,
-                progress=layer_steps(progress),
-                scratch_dir=out.parent,
-                tokenizer=tokenizer,
-                text_field=text_field,
-                chat_template=chat_template,
-                dataset_revision=dataset_revision,
-                report=report,
-            )
+            result = options.run(source, progress=layer_steps(progress), scratch_dir=out.parent, report=report)
         write_measurements(out, result.measurements, force)
         if fastdeploy_file:
             write_fastdeploy_file(fastdeploy_file, result.measurements, force)

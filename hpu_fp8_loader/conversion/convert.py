@@ -25,8 +25,9 @@ import numpy as np
 
 from hpu_fp8_loader import __version__
 from hpu_fp8_loader.arch import Layout, WeightTensor, describe
+from hpu_fp8_loader.arch.contents import bf16_modules
 from hpu_fp8_loader.conversion.activations import merge_measurements, resolve_act_amax
-from hpu_fp8_loader.conversion.journal import JOURNAL, conversion_fingerprint, reusable_shards, save_journal
+from hpu_fp8_loader.conversion.journal import STAGING_ONLY, conversion_fingerprint, reusable_shards, save_journal
 from hpu_fp8_loader.conversion.plan import (
     ConvertOptions,
     output_config,
@@ -43,7 +44,7 @@ from hpu_fp8_loader.numerics import scales
 from hpu_fp8_loader.sources.source_tensors import check_source, detect_layout
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import ExpertRef, KvCacheScheme
-from hpu_fp8_loader.spec.measurements import Measurements
+from hpu_fp8_loader.spec.measurements import Measurements, measurement_files
 
 __all__ = ["ConvertProgress", "ConvertResult", "convert"]
 
@@ -68,7 +69,8 @@ class ConvertResult:
         out: the published hpu-fp8 v1 checkpoint directory.
         layout: the source's layout as detected: ``Layout.PADDLE`` or ``Layout.TORCH`` (Hugging Face).
         tensors_quantized: linear weights stored in FP8 (each with its weight scale).
-        tensors_kept: weights kept at their source precision (embeddings, norms, biases, router, lm_head).
+        tensors_kept: weights kept at their source precision (embeddings, norms, biases, router, lm_head, and the
+            linears of ``options.keep_bf16``).
         bytes_in: bytes of the source's tensors.
         bytes_out: bytes of the checkpoint's tensors.
         seconds: wall time of the conversion.
@@ -172,7 +174,7 @@ def convert(
         log.warning("%s: %s", src, note)
     copied_source_files(src)
     attention_fp8 = options.kv_cache is KvCacheScheme.FP8
-    modules = descriptor.act_modules(attention_fp8)
+    modules = descriptor.act_modules(attention_fp8, frozenset(bf16_modules(descriptor, options.keep_bf16)))
     amax, origin, sources = merge_measurements(measurements, descriptor)
     act, filled = resolve_act_amax(modules, amax, options.dead_experts)
     qc = quantization_config_for(descriptor, options, act, origin, sources, filled)
@@ -216,7 +218,8 @@ def convert(
             if shard_of in files:
                 files[shard_of].write(name, np.asarray(array, np.float32).reshape(1))
     requantized = _run_jobs(checkpoint, descriptor, context, shards, done, fingerprint, progress)
-    (staging / JOURNAL).unlink()
+    for name in STAGING_ONLY:
+        (staging / name).unlink(missing_ok=True)
     finish_output(
         staging,
         out,
@@ -224,14 +227,15 @@ def convert(
         output_config(checkpoint.config, descriptor, qc),
         copy_from=src,
         digests={name: (entry["size"], entry["sha256"]) for name, entry in done.items()},
+        files=measurement_files(measurements),  # the amax behind every scale stay with the checkpoint
     )
     log.info("%s: published", out)
     weights = descriptor.weights()
     return ConvertResult(
         out=out,
         layout=layout,
-        tensors_quantized=sum(w.is_linear for w in weights),
-        tensors_kept=sum(not w.is_linear for w in weights),
+        tensors_quantized=sum(w.quantized(options.keep_bf16) for w in weights),
+        tensors_kept=sum(not w.quantized(options.keep_bf16) for w in weights),
         bytes_in=sum(info.nbytes for info in checkpoint.tensors.values()),
         bytes_out=sum(s.nbytes for s in shards),
         seconds=time.perf_counter() - started,
@@ -259,7 +263,8 @@ def _run_jobs(
         bytes_in, error = outcome
         if error is not None:
             requantized[weight.name] = error
-        outputs = [weight.name] + ([names.tensor(weight.module, names.WEIGHT_SCALE)] if weight.is_linear else [])
+        quantized = weight.quantized(context.options.keep_bf16)
+        outputs = [weight.name] + ([names.tensor(weight.module, names.WEIGHT_SCALE)] if quantized else [])
         for name in outputs:
             shard = owner[name]
             if shard in pending_in_shard:

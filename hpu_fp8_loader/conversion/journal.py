@@ -2,7 +2,9 @@
 
 ``OUT.partial/.hpu_fp8_progress.json`` records each finished shard's size and sha256 under a fingerprint
 of the source files, the plan, the config and every amax; a re-run reuses a shard only when the
-fingerprint is equal and the shard's bytes still hash to what was recorded.
+fingerprint is equal and the shard's bytes still hash to what was recorded. A one-step conversion
+(``quantize``) keeps its calibration there too (``CALIBRATION``), under its own key, so that a re-run
+after an interruption neither calibrates again nor loses it when the conversion itself starts afresh.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ from hpu_fp8_loader.io.manifest import file_digest
 from hpu_fp8_loader.io.writer import Shard, clear_staging
 from hpu_fp8_loader.spec.config import QuantizationConfig
 
-__all__ = ["JOURNAL", "conversion_fingerprint", "reusable_shards", "save_journal"]
+__all__ = ["CALIBRATION", "JOURNAL", "STAGING_ONLY", "conversion_fingerprint", "reusable_shards", "save_journal"]
 
 JOURNAL = ".hpu_fp8_progress.json"
+CALIBRATION = ".hpu_fp8_calibration.json"
+# What OUT.partial holds besides the checkpoint: removed before it is published.
+STAGING_ONLY = (JOURNAL, CALIBRATION)
 
 
 def conversion_fingerprint(checkpoint: Checkpoint, shards: list[Shard], qc: QuantizationConfig, act: dict[str, float]) -> str:
@@ -45,7 +50,7 @@ def reusable_shards(staging: Path, fingerprint: str) -> dict[str, dict]:
     except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
         recorded = {}
     if recorded.get("fingerprint") != fingerprint:
-        clear_staging(staging)
+        clear_staging(staging, keep={CALIBRATION})  # keyed on its own: it outlives a changed conversion
         return {}
     reusable = {}
     for name, entry in recorded.get("shards", {}).items():

@@ -10,13 +10,15 @@ from dataclasses import dataclass
 
 from hpu_fp8_loader import __version__
 from hpu_fp8_loader.arch import ModelDescriptor
-from hpu_fp8_loader.arch.contents import expected_tensors
+from hpu_fp8_loader.arch.contents import bf16_modules, expected_tensors
 from hpu_fp8_loader.errors import ConfigError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.safetensors_file import BLOCK_ELEMENTS
 from hpu_fp8_loader.io.writer import PlannedTensor
+from hpu_fp8_loader.spec.choices import unservable_bf16_choice
 from hpu_fp8_loader.spec.config import (
     FP8_MAX_BY_TARGET,
+    Bf16Group,
     Calibration,
     CalibrationSource,
     DeadExpertPolicy,
@@ -33,6 +35,7 @@ from hpu_fp8_loader.spec.config import (
 
 __all__ = [
     "ConvertOptions",
+    "check_keep_bf16",
     "output_config",
     "planned_tensors",
     "quantization_config_for",
@@ -59,10 +62,14 @@ class ConvertOptions:
             ``sibling-max`` (each gets the largest amax of its layer's other experts).
         block_elements: elements per row block when a tensor is streamed (bounds a worker's memory).
         whole_tensor_bytes: a source tensor of at most this many bytes is read whole (fast path for fused experts).
+        keep_bf16: the groups of linears kept in BF16, as FastDeploy can serve them: ``"dense"`` (attention, dense
+            MLPs and shared experts) and ``"experts"`` (every routed expert); empty by default.
         fp8_max: the FP8 range of ``target`` (read-only): 240.0 or 448.0.
 
     Raises:
         ValueError: a string that is no value of its enum, or ``workers`` below 1.
+        ConfigError: a ``keep_bf16`` entry that is no group FastDeploy can serve in BF16 (a single expert, one
+            layer, lm_head ...), saying why.
 
     Example:
         >>> from hpu_fp8_loader import ConvertOptions, convert
@@ -82,6 +89,7 @@ class ConvertOptions:
     block_elements: int = BLOCK_ELEMENTS  # elements per row block when a tensor is streamed
     # Tensors whose source is at most this many bytes are read whole (fast path for fused experts).
     whole_tensor_bytes: int = 64 << 20
+    keep_bf16: frozenset[Bf16Group] = frozenset()
 
     def __post_init__(self) -> None:
         # Accept the plain strings the CLI and Python callers pass ("gaudi2", "fp8", "pow2").
@@ -89,6 +97,12 @@ class ConvertOptions:
         object.__setattr__(self, "kv_cache", KvCacheScheme(self.kv_cache))
         object.__setattr__(self, "scale_rounding", ScaleRounding(self.scale_rounding))
         object.__setattr__(self, "dead_experts", DeadExpertPolicy(self.dead_experts))
+        if isinstance(self.keep_bf16, str):
+            raise ConfigError(f"keep_bf16 takes a collection of groups, not the string {self.keep_bf16!r}")
+        unservable = [c for c in self.keep_bf16 if c not in set(Bf16Group)]
+        if unservable:
+            raise ConfigError(unservable_bf16_choice(str(unservable[0])))
+        object.__setattr__(self, "keep_bf16", frozenset(Bf16Group(c) for c in self.keep_bf16))
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
 
@@ -119,21 +133,45 @@ def quantization_config_for(
     sources: list[CalibrationSource],
     filled: list[ExpertRef],
 ) -> QuantizationConfig:
-    """The quantization_config of a checkpoint made with ``options`` from these activation sources."""
+    """The quantization_config of a checkpoint made with ``options`` from these activation sources.
+
+    Raises:
+        ConfigError: ``options.keep_bf16`` is not servable for this model (experts of a model without them, or
+            no linear left in FP8).
+    """
     attention_fp8 = options.kv_cache is KvCacheScheme.FP8
     default = sources[0].id
+    kept = options.keep_bf16
+    check_keep_bf16(descriptor, kept)
     return QuantizationConfig(
+        dense_quant_type=None if Bf16Group.DENSE in kept else "tensor_wise_fp8",
+        moe_quant_type=None if Bf16Group.EXPERTS in kept else "tensor_wise_fp8",
         kv_cache_quant_type="float8_e4m3" if attention_fp8 else None,
         fp8_max=options.fp8_max,
         target=options.target,
         kv_cache_scheme=options.kv_cache,
         scale_rounding=options.scale_rounding,
+        ignore=bf16_modules(descriptor, kept),
         moe=MoePolicy(dead_experts=DeadExperts(policy=options.dead_experts, filled=filled)) if descriptor.moe else None,
         calibration=Calibration(
             sources=sources, default_source=default, overrides={m: origin[m] for m in act if origin.get(m, default) != default}
         ),
         producer=Producer(name="hpu-fp8-loader", version=__version__),
     )
+
+
+def check_keep_bf16(descriptor: ModelDescriptor, kept: frozenset[Bf16Group]) -> None:
+    """Refuse groups this model cannot keep in BF16: experts it does not have, or every linear it has.
+
+    Raises:
+        ConfigError: naming the groups and why.
+    """
+    if Bf16Group.EXPERTS in kept and descriptor.moe is None:
+        raise ConfigError(f"keep_bf16 'experts': this {descriptor.model_type} model has no routed experts")
+    if kept and not any(w.quantized(kept) for w in descriptor.weights()):
+        raise ConfigError(
+            f"keep_bf16 {', '.join(sorted(g.value for g in kept))}: no linear is left in FP8; serve the BF16 model itself"
+        )
 
 
 def output_config(source_config: dict, descriptor: ModelDescriptor, qc: QuantizationConfig) -> dict:

@@ -150,14 +150,15 @@ def convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
     options = context.options
     parts = weight.source_parts(context.layout, context.prefix)
     target = _worker["location"].get(weight.name)
-    scale_name = names.tensor(weight.module, names.WEIGHT_SCALE) if weight.is_linear else None
+    quantized = weight.quantized(options.keep_bf16)
+    scale_name = names.tensor(weight.module, names.WEIGHT_SCALE) if quantized else None
     bytes_in = sum(source.tensors[p.name].nbytes for p in parts)
     if target is None and (scale_name is None or scale_name not in _worker["location"]):
         return bytes_in, None  # everything it writes lives in shards reused from an interrupted run
     whole = bytes_in <= options.whole_tensor_bytes
-    if _requantizes_by_tables(source, weight, parts):
+    if quantized and _requantizes_by_tables(source, weight, parts):
         return bytes_in, _requantize_fp8(source, weight, parts, target, options, whole)
-    errors = _ErrorSum() if weight.is_linear and any(source.tensors[p.name].dtype == "F8_E4M3" for p in parts) else None
+    errors = _ErrorSum() if quantized and any(source.tensors[p.name].dtype == "F8_E4M3" for p in parts) else None
     # Small tensors are read once and kept; large ones are read in row blocks, once per pass.
     arrays = [source_rows(source, p.name, 0, p.shape[0]) for p in parts] if whole else []
 
@@ -165,7 +166,7 @@ def convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
         return [(0, arrays[k])] if whole else _streamed_blocks(source, parts[k], options.block_elements)
 
     amaxes = [_part_amax(p, blocks(k), weight.channel_wise) for k, p in enumerate(parts)]  # also refuses NaN/inf
-    scale = _write_weight_scale(weight, amaxes, options) if weight.is_linear else None
+    scale = _write_weight_scale(weight, amaxes, options) if quantized else None
     if target is not None and whole:
         # One contiguous copy serves the cast and the error report (quantize would copy a transposed view anyway).
         values = fuse_columns(arrays, [p.transpose for p in parts])

@@ -145,8 +145,14 @@ class Fp8Emulator:
     # ------------------------------------------------------------------ ops
 
     def _linear(self, p: dict, module: str, x: np.ndarray, descale_name: str | None = None) -> np.ndarray:
-        """An FP8 linear: cast x with act_scale, fp8 GEMM, descales, bf16 out (docs/fastdeploy.md section 5, "Linear layers")."""
-        weight, weight_scale = p[names.tensor(module, names.WEIGHT)], p[names.tensor(module, WEIGHT_SCALE_PARAMETER)][0]
+        """An FP8 linear: cast x with act_scale, fp8 GEMM, descales, bf16 out (docs/fastdeploy.md section 5, "Linear layers").
+
+        A linear kept in BF16 (no weight_scale: FastDeploy's unquantized layer) is a BF16 GEMM, bf16 out.
+        """
+        weight = p[names.tensor(module, names.WEIGHT)]
+        if names.tensor(module, WEIGHT_SCALE_PARAMETER) not in p:
+            return self.round(x @ weight)
+        weight_scale = p[names.tensor(module, WEIGHT_SCALE_PARAMETER)][0]
         if self.options.weights_only:
             return x @ (weight * weight_scale)
         multiplier = p[names.tensor(module, ACT_SCALE_PARAMETER)][0]
@@ -210,6 +216,8 @@ class Fp8Emulator:
     def _experts(self, p: dict, layer: int, flat: np.ndarray, chosen: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """This rank's share of the routed experts (docs/fastdeploy.md section 5, "MoE")."""
         prefix = self.d.prefix
+        if expert_parameter(prefix, layer, EXPERT_PARAMETERS[2]) not in p:
+            return self._bf16_experts(p, layer, flat, chosen, weights)
         up, down, up_scale, down_scale, in_scale, down_in = (p[expert_parameter(prefix, layer, n)] for n in EXPERT_PARAMETERS)
         in_scale, down_in = in_scale[0], down_in[:, 0]
         point = names.shared_expert_input(prefix, layer)
@@ -234,6 +242,20 @@ class Fp8Emulator:
                 * down_scale[e]
             )
             out[rows] = bf16(out[rows] + bf16(weights[rows, slot][:, None] * y))
+        return out
+
+    def _bf16_experts(self, p: dict, layer: int, flat: np.ndarray, chosen: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """Routed experts kept in BF16 (FastDeploy's unquantized MoE method): BF16 GEMMs, bf16 between the ops."""
+        up, down = (p[expert_parameter(self.d.prefix, layer, n)] for n in EXPERT_PARAMETERS[:2])
+        out = np.zeros_like(flat)
+        for e in range(up.shape[0]):
+            rows, slot = np.nonzero(chosen == e)
+            if not rows.size:
+                continue
+            gate_up = self.round(flat[rows] @ up[e])
+            half = gate_up.shape[-1] // 2
+            y = self.round(self.round(silu(gate_up[:, :half]) * gate_up[:, half:]) @ down[e])
+            out[rows] = self.round(out[rows] + self.round(weights[rows, slot][:, None] * y))
         return out
 
     # ------------------------------------------------------------------ forward

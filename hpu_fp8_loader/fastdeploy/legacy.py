@@ -215,9 +215,10 @@ def export_legacy(
         amax = float(np.asarray(checkpoint.get(names.tensor(module, names.ACT_AMAX)), np.float32)[0])
         writer.write(key, amax_to_legacy(key, amax))
     config = {k: v for k, v in checkpoint.config.items() if k != "quantization_config"}
-    config["quantization_config"] = {
-        k: v for k, v in LEGACY_QUANTIZATION_CONFIG.items() if attention or k != "kv_cache_quant_type"
-    }
+    # the types FastDeploy reads as absent build their group unquantized, from the ``P.weight`` keys written above
+    absent = {"kv_cache_quant_type": not attention, "dense_quant_type": qc.dense_quant_type is None}
+    absent["moe_quant_type"] = qc.moe_quant_type is None
+    config["quantization_config"] = {k: v for k, v in LEGACY_QUANTIZATION_CONFIG.items() if not absent.get(k)}
     writer.finish(config, copy_from=Path(src))
     report = LegacyExportResult(Path(out), len(planned))
     if descriptor.model_type == "qwen2":

@@ -19,13 +19,14 @@ from typing import Any
 import numpy as np
 
 from hpu_fp8_loader.arch import ModelDescriptor, Role, WeightTensor
+from hpu_fp8_loader.arch.contents import bf16_problems
 from hpu_fp8_loader.checks.validate import check_values
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.safetensors_file import SafetensorsFile, TensorInfo, row_blocks
 from hpu_fp8_loader.numerics import e4m3
 from hpu_fp8_loader.spec import names
-from hpu_fp8_loader.spec.config import KvCacheScheme, QuantizationConfig, ScaleRounding
+from hpu_fp8_loader.spec.config import Bf16Group, KvCacheScheme, QuantizationConfig, ScaleRounding
 from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX, act_amax_problem
 
 __all__ = [
@@ -298,15 +299,21 @@ def fastdeploy_name(d: ModelDescriptor, w: WeightTensor) -> str:
     return w.name
 
 
-def parameter_specs(d: ModelDescriptor, kv_cache: KvCacheScheme, par: Parallelism) -> dict[str, ParameterSpec]:
-    """Every parameter FastDeploy's HPU FP8 model has on this rank, with dtype and shape."""
+def parameter_specs(
+    d: ModelDescriptor, kv_cache: KvCacheScheme, par: Parallelism, kept_bf16: frozenset[Bf16Group] = frozenset()
+) -> dict[str, ParameterSpec]:
+    """Every parameter FastDeploy's HPU FP8 model has on this rank, with dtype and shape.
+
+    The linears of ``kept_bf16`` are FastDeploy's unquantized layers: a BF16 ``weight`` and no scales, and for
+    the routed experts the two stacked BF16 weights alone (docs/fastdeploy.md section 3, "Keeping linears in BF16").
+    """
     check_parallelism(d, par)
     specs: dict[str, ParameterSpec] = {}
     for w in d.weights():
         if w.role in (Role.EXPERT_UP_GATE, Role.EXPERT_DOWN):
             continue
         shape = share_shape(d, w, par)
-        if w.is_linear:
+        if w.quantized(kept_bf16):
             specs[w.name] = ParameterSpec("F8_E4M3", shape)
             for suffix in (WEIGHT_SCALE_PARAMETER, ACT_SCALE_PARAMETER, ACT_SCALE_INV_PARAMETER):
                 specs[names.tensor(w.module, suffix)] = ParameterSpec("BF16", (1,))
@@ -319,11 +326,13 @@ def parameter_specs(d: ModelDescriptor, kv_cache: KvCacheScheme, par: Parallelis
         e = len(local_experts(d, par))
         inter = d.moe.intermediate_size // _expert_tp(par)
         h = d.hidden_size
+        weight = "BF16" if Bf16Group.EXPERTS in kept_bf16 else "F8_E4M3"
         shapes: list[tuple[str, tuple[int, ...]]] = [
-            ("F8_E4M3", (e, h, 2 * inter)), ("F8_E4M3", (e, inter, h)), ("BF16", (e, 2 * inter)), ("BF16", (e, h)),
+            (weight, (e, h, 2 * inter)), (weight, (e, inter, h)), ("BF16", (e, 2 * inter)), ("BF16", (e, h)),
             ("BF16", (1,)), ("BF16", (e, 1)),
         ]  # fmt: skip
-        for parameter, (dtype, shape) in zip(EXPERT_PARAMETERS, shapes, strict=True):
+        parameters = EXPERT_PARAMETERS[:2] if weight == "BF16" else EXPERT_PARAMETERS
+        for parameter, (dtype, shape) in zip(parameters, shapes, strict=False):
             specs[expert_parameter(d.prefix, layer, parameter)] = ParameterSpec(dtype, shape)
     if kv_cache is KvCacheScheme.FP8:
         for layer in range(d.num_layers):
@@ -505,10 +514,14 @@ def _moe_pieces(
         up, down = experts[(e, Role.EXPERT_UP_GATE)], experts[(e, Role.EXPERT_DOWN)]
         yield MappedPiece(up_weight, rank_share(checkpoint, d, up, par), i)
         yield MappedPiece(down_weight, rank_share(checkpoint, d, down, par), i)
+        if Bf16Group.EXPERTS in qc.kept_bf16:
+            continue  # FastDeploy's unquantized MoE method holds the two stacked BF16 weights only
         yield MappedPiece(up_scale, _bf16(scale_share(checkpoint, d, up, par)), i)
         yield MappedPiece(down_scale, _bf16(scale_share(checkpoint, d, down, par)), i)
         # the stored amax / 240 as it is, a descale (docs/fastdeploy.md section 5, "MoE")
         down_in.append(arithmetic.array(arithmetic.operand(_activation_scale(checkpoint, down.module, qc)[0]), "BF16"))
+    if Bf16Group.EXPERTS in qc.kept_bf16:
+        return
     s, _ = _activation_scale(checkpoint, names.shared_expert_input(d.prefix, layer), qc)
     yield MappedPiece(up_in, arithmetic.array(1.0 / arithmetic.operand(s), "BF16"))
     yield MappedPiece(down_in_scale, np.stack(down_in))
@@ -575,11 +588,11 @@ def _pieces(
             f"fp8_max is {qc.fp8_max:g}, but FastDeploy's HPU path assumes 240 in every formula; "
             "make a 240 checkpoint with `hpu-fp8 retarget --target gaudi2`"
         )
-    if qc.ignore:
-        raise HpuFp8Error(
-            f"FastDeploy's mix_quant builds every linear in FP8; modules kept in BF16 ({qc.ignore[:3]}) cannot be served"
-        )
+    problems = bf16_problems(d, qc)
+    if problems:
+        raise HpuFp8Error(f"quantization_config.ignore: {problems[0]}")
     check_parallelism(d, par)
+    kept = qc.kept_bf16
     # built once: a large MoE model has tens of thousands of expert weights
     weights = d.weights() if selected is None else list(selected)
     experts: dict[int, dict[tuple[int, Role], WeightTensor]] = {}
@@ -592,19 +605,20 @@ def _pieces(
             if w.layer in experts:
                 yield from _moe_pieces(checkpoint, d, qc, w.layer, experts.pop(w.layer), par, arithmetic)
             continue
-        if not w.is_linear:
+        if not w.quantized(kept):  # kept in BF16 (a linear of a kept group too: FastDeploy's unquantized layer)
             value = rank_share(checkpoint, d, w, par)
             value = value if w.source_dtype == "F32" else value.astype(e4m3.BF16_DTYPE, copy=False)
             yield MappedPiece(fastdeploy_name(d, w), value)
             if w.role is Role.EMBEDDING and d.tie_word_embeddings:
                 yield MappedPiece(LM_HEAD_PARAMETER, np.ascontiguousarray(value.T))
-            continue
-        yield MappedPiece(w.name, rank_share(checkpoint, d, w, par))
-        yield MappedPiece(names.tensor(w.module, WEIGHT_SCALE_PARAMETER), _bf16(scale_share(checkpoint, d, w, par)))
-        s, raw = _activation_scale(checkpoint, w.module, qc)
-        multiplier, descale = _linear_act_scales(arithmetic.operand(s), raw)
-        yield MappedPiece(names.tensor(w.module, ACT_SCALE_PARAMETER), arithmetic.array(multiplier, "BF16"))
-        yield MappedPiece(names.tensor(w.module, ACT_SCALE_INV_PARAMETER), arithmetic.array(descale, "BF16"))
+        else:
+            yield MappedPiece(w.name, rank_share(checkpoint, d, w, par))
+            yield MappedPiece(names.tensor(w.module, WEIGHT_SCALE_PARAMETER), _bf16(scale_share(checkpoint, d, w, par)))
+            s, raw = _activation_scale(checkpoint, w.module, qc)
+            multiplier, descale = _linear_act_scales(arithmetic.operand(s), raw)
+            yield MappedPiece(names.tensor(w.module, ACT_SCALE_PARAMETER), arithmetic.array(multiplier, "BF16"))
+            yield MappedPiece(names.tensor(w.module, ACT_SCALE_INV_PARAMETER), arithmetic.array(descale, "BF16"))
+        # FastDeploy's FP8 KV cache method does not depend on qkv_proj's: its scales follow the weight either way
         if w.role is Role.ATTN_QKV and qc.kv_cache_scheme is KvCacheScheme.FP8:
             assert w.layer is not None  # every linear weight belongs to a decoder layer
             yield from _attention_pieces(checkpoint, d, qc, w.layer, arithmetic)

@@ -19,7 +19,7 @@ from hpu_fp8_loader.io.jsonfile import read_json_object
 from hpu_fp8_loader.io.safetensors_file import ITEMSIZES
 from hpu_fp8_loader.sources.resolve import CONFIG_PATTERNS, local_or_hub
 from hpu_fp8_loader.spec.choices import Target
-from hpu_fp8_loader.spec.config import KvCacheScheme
+from hpu_fp8_loader.spec.config import Bf16Group, KvCacheScheme
 
 __all__ = ["DeploymentPlan", "describe_model", "describe_model_config", "parameter_group", "plan_deployment"]
 
@@ -63,6 +63,7 @@ class DeploymentPlan:
         capacity: with a ``device``: the KV-cache tokens a rank gets from FastDeploy's HPU worker after the weights,
             and ``--max-model-len`` / ``--max-num-seqs`` that fit (a :class:`~hpu_fp8_loader.fastdeploy.capacity.KvCapacity`:
             ``kv_tokens``, ``blocks``, ``max_model_len``, ``max_num_seqs``, ``fits``, ``problem``, ...); else ``None``.
+        keep_bf16: the groups of linears sized as BF16 (``"dense"``, ``"experts"``), sorted; empty by default.
 
     Example:
         >>> from hpu_fp8_loader import describe_model, plan_deployment
@@ -83,6 +84,7 @@ class DeploymentPlan:
     kv_bytes_per_token_per_rank: int = 0
     kv_bytes_per_token_per_rank_bf16: int = 0
     capacity: KvCapacity | None = None
+    keep_bf16: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -96,6 +98,7 @@ def plan_deployment(
     device: Target | str | None = None,
     max_model_len: int | None = None,
     max_position_embeddings: int | None = None,
+    keep_bf16: frozenset[Bf16Group] = frozenset(),
 ) -> DeploymentPlan:
     """Bytes a rank holds at ``tp`` x ``ep`` (rank 0; every rank holds the same), and its KV cache per token.
 
@@ -111,6 +114,8 @@ def plan_deployment(
         max_model_len: with ``device``, the ``--max-model-len`` to serve (default: suggested from the memory left).
         max_position_embeddings: with ``device``, the model's (config.json's; :func:`describe_model_config`), the
             longest ``max_model_len`` suggested.
+        keep_bf16: groups of linears kept in BF16 (``{"experts"}``, ``{"dense"}``): sized as FastDeploy's unquantized
+            layers, two bytes a weight and no scales.
 
     Returns:
         A :class:`~hpu_fp8_loader.DeploymentPlan`.
@@ -129,10 +134,11 @@ def plan_deployment(
     kv_cache = KvCacheScheme(kv_cache)
     if max_model_len is not None and device is None:
         raise ConfigError(f"max_model_len {max_model_len} is given without a device to size it for")
+    keep_bf16 = frozenset(Bf16Group(group) for group in keep_bf16)
     par = Parallelism(tp, 0, ep, 0)
     check_parallelism(d, par)
     by_group = dict.fromkeys(GROUPS, 0)
-    for name, spec in parameter_specs(d, kv_cache, par).items():
+    for name, spec in parameter_specs(d, kv_cache, par, keep_bf16).items():
         by_group[parameter_group(name)] += math.prod(spec.shape) * ITEMSIZES[spec.dtype]
     per_token = 2 * d.num_layers * (d.num_kv_heads // tp) * d.head_dim  # K and V values
     kv_bytes = per_token * (1 if kv_cache is KvCacheScheme.FP8 else 2)
@@ -151,6 +157,7 @@ def plan_deployment(
         kv_bytes_per_token_per_rank=kv_bytes,
         kv_bytes_per_token_per_rank_bf16=per_token * 2,
         capacity=capacity,
+        keep_bf16=sorted(group.value for group in keep_bf16),
     )
 
 

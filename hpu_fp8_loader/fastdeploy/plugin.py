@@ -175,12 +175,13 @@ def paddle_arithmetic():
 
 
 def moe_layout(model) -> str | None:
-    """Which way this FastDeploy model holds ``down_proj_in_scale``; None without MoE layers."""
+    """Which way this FastDeploy model holds ``down_proj_in_scale``; None without FP8 MoE layers (none at all, or
+    experts kept in BF16: FastDeploy's unquantized MoE method has no scales)."""
     parameters = dict(model.named_parameters())
-    layers = [name for name in parameters if name.endswith(".mlp.experts.up_gate_proj_weight")]
+    layers = [name for name in parameters if name.endswith(".mlp.experts.up_gate_proj_weight_scale")]
     if not layers:
         return None
-    has_parameter = [name.replace("up_gate_proj_weight", _DOWN_IN_SCALE) in parameters for name in layers]
+    has_parameter = [name.replace("up_gate_proj_weight_scale", _DOWN_IN_SCALE) in parameters for name in layers]
     if all(has_parameter):
         return MOE_PARAMETER_LAYOUT
     if not any(has_parameter):
@@ -202,7 +203,7 @@ def fill_model(model, root: str | Path, par) -> int:
     checkpoint = Checkpoint.open(root)
     qc = parse_quantization_config(checkpoint.config, f"{root}/config.json")
     descriptor = describe(checkpoint.config)
-    specs = parameter_specs(descriptor, qc.kv_cache_scheme, par)
+    specs = parameter_specs(descriptor, qc.kv_cache_scheme, par, qc.kept_bf16)
     parameters = dict(model.named_parameters())
     as_lists = moe_layout(model) == MOE_LIST_LAYOUT
     sublayers = dict(model.named_sublayers()) if as_lists else {}

@@ -101,9 +101,8 @@ def mismatches(checkpoint: str | Path, tp: int = 1, rank: int = 0) -> tuple[list
     built = {name: (tuple(p.shape), str(p.dtype).removeprefix("paddle.")) for name, p in model.named_parameters()}
     layout = moe_layout(model)
     opened = Checkpoint.open(checkpoint)
-    specs = parameter_specs(
-        describe(opened.config), parse_quantization_config(opened.config).kv_cache_scheme, Parallelism(tp, rank)
-    )
+    qc = parse_quantization_config(opened.config)
+    specs = parameter_specs(describe(opened.config), qc.kv_cache_scheme, Parallelism(tp, rank), qc.kept_bf16)
     dtypes = {"F8_E4M3": "float8_e4m3fn", "BF16": "bfloat16", "F32": "float32"}
     expected = {
         name: (spec.shape, dtypes[spec.dtype])

@@ -94,7 +94,7 @@ def write_rank_file(src: str | Path, out: str | Path, par: Parallelism, force: b
     check_output_file(out, force)
     opened = open_validated(src)
     checkpoint, qc, descriptor = opened.checkpoint, opened.qc, opened.descriptor
-    specs = parameter_specs(descriptor, qc.kv_cache_scheme, par)
+    specs = parameter_specs(descriptor, qc.kv_cache_scheme, par, qc.kept_bf16)
     with atomic_file(out, replace=force) as staging:  # never a fixed FILE.partial, which may be a planted link
         shard = Shard(staging.name, tuple(PlannedTensor(name, spec.dtype, spec.shape) for name, spec in specs.items()))
         metadata = {"format": "pd", "tp": f"{par.tp_rank}/{par.tp_size}", "ep": f"{par.ep_rank}/{par.ep_size}"}

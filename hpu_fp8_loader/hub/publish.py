@@ -35,8 +35,9 @@ from hpu_fp8_loader.io.checkpoint import read_config, source_file
 from hpu_fp8_loader.io.manifest import MANIFEST_FILE, write_manifest
 from hpu_fp8_loader.io.writer import check_apart
 from hpu_fp8_loader.quality import DEFAULT_EVAL_SAMPLES, DEFAULT_EVAL_SEQ_LEN
-from hpu_fp8_loader.quality.calibrate import calibrate
+from hpu_fp8_loader.quality.calibrate import one_source_of_statistics
 from hpu_fp8_loader.quality.evaluate import EvaluationResult, evaluate
+from hpu_fp8_loader.quality.quantize import quantize
 from hpu_fp8_loader.quality.report import REPORT_FILE, Report
 from hpu_fp8_loader.sources.measurements import load_measurement_sets
 from hpu_fp8_loader.sources.resolve import (
@@ -48,7 +49,7 @@ from hpu_fp8_loader.sources.resolve import (
     resolve_checkpoint,
 )
 from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
-from hpu_fp8_loader.spec.measurements import Measurements
+from hpu_fp8_loader.spec.measurements import MEASUREMENTS_FILE, Measurements, measurement_file_names
 
 __all__ = [
     "MEASUREMENTS_FILE",
@@ -62,8 +63,6 @@ __all__ = [
 ]
 
 CARD = "README.md"
-# The activation statistics the checkpoint was made from, uploaded beside it (llm-compressor uploads its recipe.yaml).
-MEASUREMENTS_FILE = "hpu_fp8_measurements.json"
 STAGED = "checkpoint"
 # The report plots uploaded beside the checkpoint and shown in the card: report-eval-linear_error.png, ... (flat
 # names at the top of the repository, which `pull` downloads and checks against the manifest like every file).
@@ -206,14 +205,6 @@ def _publishable(measurements: Measurements) -> Measurements:
     return measurements.model_copy(update={"provenance": public})
 
 
-def measurement_file_names(count: int) -> list[str]:
-    """Names of the uploaded measurement files: one ``hpu_fp8_measurements.json``, or numbered as the sources are."""
-    if count == 1:
-        return [MEASUREMENTS_FILE]
-    stem = MEASUREMENTS_FILE.removesuffix(".json")
-    return [f"{stem}-{i}.json" for i in range(1, count + 1)]
-
-
 def _write_problem(me: dict, repo_id: str) -> str | None:
     """Why the account ``whoami`` describes cannot write to ``repo_id``, or None when nothing says it cannot."""
     namespace = repo_id.split("/")[0]
@@ -295,10 +286,7 @@ def _checked_options(options: PushOptions) -> list[Measurements]:
         _check_commit_message(options.commit_message)
     if options.create_pr and options.revision:
         raise HpuFp8Error("--create-pr and --revision both given: a pull request is opened against the default branch")
-    if options.calibrate and options.measurements:
-        raise HpuFp8Error("--measurements and --calibrate both given: pass one source of activation statistics")
-    if not (options.calibrate or options.measurements):
-        raise HpuFp8Error("no activation statistics: pass --measurements FILE or --calibrate")
+    one_source_of_statistics(bool(options.measurements), options.calibrate)
     return [_publishable(s.measurements) for p in options.measurements for s in load_measurement_sets(p)]
 
 
@@ -318,28 +306,26 @@ def _add_files(checkpoint: Path, files: dict[str, bytes]) -> list[CardFile]:
 def _stage(
     src: Path, measurements: list[Measurements], options: PushOptions, checkpoint: Path, say: Callable[[str], None]
 ) -> tuple[EvaluationResult | None, str | None, list[str], list[CardPlot]]:
-    """Convert into ``checkpoint`` (replacing an earlier push's), validate, add the measurement files (their names
-    are returned too), evaluate, add the plots of the calibration and evaluation reports (returned for the card)."""
+    """Convert into ``checkpoint`` (replacing an earlier push's; with ``--calibrate``, calibrate and convert in one
+    step), validate, name the measurement files convert kept in it (returned), evaluate, add the plots of the
+    calibration and evaluation reports (returned for the card)."""
     reports: dict[str, Report] = {}
+    if checkpoint.exists():  # _staging_dir made sure that an earlier push staged it
+        shutil.rmtree(checkpoint)
     if options.calibrate:
         say("calibrating with the reference engine on the built-in text ...")
         reports["calibrate"] = Report()
-        measurements = [_publishable(calibrate(src, report=reports["calibrate"]).measurements)]
-    if checkpoint.exists():  # _staging_dir made sure that an earlier push staged it
-        shutil.rmtree(checkpoint)
-    convert(src, checkpoint, measurements, options.convert)
+        quantized = quantize(src, checkpoint, options=options.convert, report=reports["calibrate"])
+        measurements = [quantized.measurements]
+        if quantized.calibration is None:  # an interrupted push's calibration, reused: no report of its forwards
+            del reports["calibrate"]
+    else:  # convert keeps the measurement files in the checkpoint, which uploads them
+        convert(src, checkpoint, measurements, options.convert)
     report = validate(checkpoint)
     if not report.valid:
         listing = "; ".join(f"[{v.rule}] {v.where}: {v.message}" for v in report.violations[:5])
         raise HpuFp8Error(f"the converted checkpoint is not valid, so nothing is uploaded: {listing}")
     names = measurement_file_names(len(measurements))
-    _add_files(
-        checkpoint,
-        {
-            name: (m.model_dump_json(indent=2, exclude_none=True) + "\n").encode()
-            for name, m in zip(names, measurements, strict=True)
-        },
-    )
     say(f"converted and validated: {checkpoint if options.work_dir else 'in a temporary directory'}")
     from hpu_fp8_loader.arch import describe
 

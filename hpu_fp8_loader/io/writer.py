@@ -19,7 +19,7 @@ import shutil
 import struct
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -263,10 +263,10 @@ def _release_lock(partial: Path) -> None:
         os.close(fd)
 
 
-def clear_staging(partial: Path) -> None:
-    """Empty ``OUT.partial`` for a fresh start, keeping only the lock holder's note."""
+def clear_staging(partial: Path, keep: Collection[str] = ()) -> None:
+    """Empty ``OUT.partial`` for a fresh start, keeping only the lock holder's note (and the files named in ``keep``)."""
     for child in partial.iterdir():
-        if child.name != _HOLDER_FILE:
+        if child.name != _HOLDER_FILE and child.name not in keep:
             shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
 
 
@@ -347,8 +347,10 @@ def finish_output(
     config: dict,
     copy_from: Path | None = None,
     digests: dict[str, tuple[int, str]] | None = None,
+    files: Mapping[str, bytes] | None = None,
 ) -> Path:
-    """Index, config.json, the source's other files, the manifest (last), then publish ``OUT``.
+    """Index, config.json, the source's other files, ``files`` (name -> content), the manifest (last), then publish
+    ``OUT``.
 
     ``copy_from``'s tokenizer and generation files (``spec.names.COPIED_SOURCE_FILES``, by name) are
     copied unchanged, never through a link out of the source. ``digests`` are shard sha256s already computed.
@@ -357,6 +359,8 @@ def finish_output(
     try:
         write_index(staging, shards)
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        for name, data in (files or {}).items():
+            (staging / name).write_bytes(data)
         if copy_from is not None:
             for name, source in copied_source_files(Path(copy_from)).items():
                 shutil.copyfile(source, staging / name)

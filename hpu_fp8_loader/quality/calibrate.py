@@ -10,6 +10,7 @@ of wider expert ranges and about E/k times the expert work.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import time
@@ -24,7 +25,7 @@ from hpu_fp8_loader import __version__
 from hpu_fp8_loader.engine.layer_major import LayerProgress, run_layer_major
 from hpu_fp8_loader.engine.model import EngineConfig, Observer, ReferenceModel
 from hpu_fp8_loader.engine.weights import open_weights
-from hpu_fp8_loader.errors import NonFiniteError
+from hpu_fp8_loader.errors import MeasurementError, NonFiniteError
 from hpu_fp8_loader.io.file_output import check_output_file, write_text_atomically
 from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, dataset_tokens, token_windows
 from hpu_fp8_loader.spec import names
@@ -34,7 +35,15 @@ from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements
 if TYPE_CHECKING:
     from hpu_fp8_loader.quality.report import Report
 
-__all__ = ["AmaxObserver", "CalibrationResult", "calibrate", "check_outputs", "write_fastdeploy_file"]
+__all__ = [
+    "AmaxObserver",
+    "CalibrationOptions",
+    "CalibrationResult",
+    "calibrate",
+    "check_outputs",
+    "one_source_of_statistics",
+    "write_fastdeploy_file",
+]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +99,65 @@ class CalibrationResult:
     tokens: int
     seconds: float
     dead_experts: list[tuple[int, int]] = field(default_factory=list)  # (layer, expert) without a routed token
+
+
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """How :func:`calibrate` runs, as one value: what ``hpu-fp8 calibrate``, ``convert --calibrate`` and
+    ``import --calibrate`` take from the same options, and what :func:`~hpu_fp8_loader.quantize` records to resume.
+
+    Attributes:
+        dataset: ``"builtin"`` (Python's own documentation, its last 10% held out for eval), a ``.txt``,
+            ``.jsonl`` or ``.parquet`` file, a directory of them, or a Hub dataset repo id ``ORG/NAME``.
+        samples: windows of ``seq_len`` tokens to run.
+        seq_len: tokens per window (at most the model's max_position_embeddings).
+        batch_size: windows run through a layer at a time (memory, not the result).
+        all_experts: also run every token through every routed expert, for the statistics only.
+        tokenizer: ``"auto"`` (the model's own) or ``"bytes"``.
+        text_field: the JSONL key or parquet column of each record's text.
+        chat_template: render each record's ``messages`` through the model's chat template instead.
+        dataset_revision: the branch, tag or commit of a Hub ``dataset``.
+
+    Example:
+        >>> from hpu_fp8_loader import TINY_MODELS, CalibrationOptions
+        >>> options = CalibrationOptions(samples=8, seq_len=64)
+        >>> options.run(TINY_MODELS["qwen2-bytes"]).tokens
+        512
+    """
+
+    dataset: str = BUILTIN
+    samples: int = 32
+    seq_len: int = 256
+    batch_size: int = 4
+    all_experts: bool = False
+    tokenizer: str = "auto"
+    text_field: str = "text"
+    chat_template: bool = False
+    dataset_revision: str | None = None
+
+    def run(
+        self,
+        model: str | Path,
+        progress: Callable[[LayerProgress], object] | None = None,
+        scratch_dir: str | Path | None = None,
+        report: Report | None = None,
+    ) -> CalibrationResult:
+        """:func:`calibrate` ``model`` with these options (the other arguments as :func:`calibrate` takes them)."""
+        fields = dataclasses.asdict(self)
+        return calibrate(model, progress=progress, scratch_dir=scratch_dir, report=report, **fields)
+
+
+def one_source_of_statistics(measurements: bool, calibration: bool, required: bool = True) -> None:
+    """Refuse both of the two sources of activation statistics (measurement files, a calibration), and neither when
+    one is ``required`` (import reads a static checkpoint's own input scales without either).
+
+    Raises:
+        MeasurementError: both given, or neither when one is required.
+    """
+    if measurements and calibration:
+        raise MeasurementError("--measurements and --calibrate both given: pass one source of activation statistics")
+    if required and not (measurements or calibration):
+        raise MeasurementError("no activation statistics: pass --measurements FILE or --calibrate")
 
 
 def calibrate(

@@ -36,12 +36,15 @@ import numpy as np
 
 from hpu_fp8_loader import __version__
 from hpu_fp8_loader.arch import ModelDescriptor, Role, WeightTensor
+from hpu_fp8_loader.arch.base import linear_group
+from hpu_fp8_loader.conversion.plan import check_keep_bf16
 from hpu_fp8_loader.engine.model import Observer
-from hpu_fp8_loader.errors import OutputExistsError, UnsafePathError, WriteFailedError, force_flag
+from hpu_fp8_loader.errors import ConfigError, OutputExistsError, UnsafePathError, WriteFailedError, force_flag
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.writer import check_apart, publish_output_dir
 from hpu_fp8_loader.numerics import e4m3, scales
 from hpu_fp8_loader.spec import names
+from hpu_fp8_loader.spec.choices import Bf16Group
 from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX
 
 if TYPE_CHECKING:
@@ -357,6 +360,26 @@ class Report:
                     starved.append([layer, e])
         return {"moe_layers": moe_layers, "tokens": tokens, "dead": dead, "starved": starved, "starved_below": STARVED_SHARE}
 
+    def _keep_bf16(self) -> dict:
+        """Per group FastDeploy can keep in BF16, its worst linear; and the ``--keep-bf16`` choice that would keep the
+        worst linear of all in BF16, when this model can serve it (None when keeping its group leaves no FP8 linear)."""
+        d = self.descriptor
+        assert d is not None
+        groups: dict[str, dict] = {}
+        for row in self.worst():
+            group = linear_group(Role(row["role"]))
+            if group is not None and group.value not in groups:
+                groups[group.value] = {"worst_module": row["module"], "relative_error": row["relative_error"]}
+        suggestion = None
+        if groups:
+            worst = max(groups, key=lambda g: groups[g]["relative_error"])
+            try:
+                check_keep_bf16(d, frozenset({Bf16Group(worst)}))
+                suggestion = f"--keep-bf16 {worst}"
+            except ConfigError:
+                pass  # its group is every linear this model has
+        return {"groups": groups, "suggestion": suggestion}
+
     def _evaluation(self) -> dict | None:
         if self.evaluation is None:
             return None
@@ -386,6 +409,7 @@ class Report:
             "layers": self._layers(),
             "amax_points": self._amax_points(),
             "experts": self._experts(),
+            "keep_bf16": self._keep_bf16(),
             "evaluation": self._evaluation(),
         }
 

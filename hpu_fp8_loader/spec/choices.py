@@ -1,4 +1,4 @@
-"""The format's enumerations: target, KV-cache scheme, scale rounding, amax provenance, dead-expert policy.
+"""The format's enumerations: target, KV-cache scheme, scale rounding, amax provenance, dead-expert policy, BF16 groups.
 
 Plain enums without pydantic, so that the command line can offer their values as choices without
 importing the config schema (:mod:`hpu_fp8_loader.spec.config` builds on them).
@@ -6,9 +6,18 @@ importing the config schema (:mod:`hpu_fp8_loader.spec.config` builds on them).
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 
-__all__ = ["AmaxSourceKind", "DeadExpertPolicy", "KvCacheScheme", "ScaleRounding", "Target"]
+__all__ = [
+    "AmaxSourceKind",
+    "Bf16Group",
+    "DeadExpertPolicy",
+    "KvCacheScheme",
+    "ScaleRounding",
+    "Target",
+    "unservable_bf16_choice",
+]
 
 
 class Target(str, Enum):
@@ -75,3 +84,50 @@ class DeadExpertPolicy(str, Enum):
 
     ERROR = "error"
     SIBLING_MAX = "sibling-max"
+
+
+class Bf16Group(str, Enum):
+    """A group of linears FastDeploy builds in FP8 or in BF16 as one: the only units a checkpoint can keep in BF16.
+
+    FastDeploy's ``mix_quant`` picks one quantization per kind of layer, never per module: ``dense_quant_type``
+    for every linear outside the routed experts and ``moe_quant_type`` for every fused MoE layer; a type left
+    out builds that group in BF16 (docs/fastdeploy.md section 3, "Keeping linears in BF16"). A plain string
+    works wherever a Bf16Group is taken.
+
+    Attributes:
+        DENSE: ``"dense"``: attention's qkv_proj and o_proj, the dense MLPs and the shared experts, in every layer.
+        EXPERTS: ``"experts"``: every routed expert of every MoE layer (MoE models only).
+
+    Example:
+        >>> from hpu_fp8_loader import ConvertOptions
+        >>> ConvertOptions(keep_bf16=["experts"]).keep_bf16
+        frozenset({<Bf16Group.EXPERTS: 'experts'>})
+    """
+
+    DENSE = "dense"
+    EXPERTS = "experts"
+
+
+def unservable_bf16_choice(choice: str) -> str:
+    """Why keeping ``choice`` (anything but a :class:`Bf16Group` value) in BF16 is no choice FastDeploy can serve.
+
+    Read from the name alone, so that the command line says why before any file is read.
+    """
+    groups = " or ".join(repr(g.value) for g in Bf16Group)
+    if re.search(r"(^|\.)experts\.\d+(\.|$)", choice) or re.fullmatch(r"(.*\.)?layers\.\d+\.mlp\.experts", choice):
+        why = (
+            "FastDeploy builds the routed experts of every MoE layer with one method (mix_quant's moe_quant_type): "
+            "all of them in FP8 or all in BF16, never one expert or one layer"
+        )
+    elif re.search(r"(^|[._])(lm_head|embed_tokens|embedding|norm|layernorm|gate|router)(\.weight)?$", choice):
+        why = "it is never quantized: the embedding, norms, router and lm_head stay in their source dtype"
+    elif re.search(r"(^|\.)(attn|attention|kv|kv_cache|cache_k|cache_v|q|s|softmax)$", choice):
+        why = "attention's FP8 (the KV cache, q and the softmax) is chosen with --kv-cache none, not kept per module"
+    elif re.search(r"(^|\.)(self_attn|mlp|shared_experts|qkv_proj|o_proj|up_gate_proj|down_proj)(\.|$)", choice):
+        why = (
+            "FastDeploy builds every linear outside the routed experts with one method (mix_quant's "
+            "dense_quant_type; skip_quant is fixed in its model code, for the router only): all in FP8 or all in BF16"
+        )
+    else:
+        why = "it names no group FastDeploy quantizes as one"
+    return f"{choice!r} cannot be kept in BF16: {why}; choose {groups}"

@@ -15,13 +15,14 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from hpu_fp8_loader.errors import ConfigError, NotHpuFp8CheckpointError, UnsupportedFormatVersionError
 from hpu_fp8_loader.spec import FORMAT_VERSION
-from hpu_fp8_loader.spec.choices import AmaxSourceKind, DeadExpertPolicy, KvCacheScheme, ScaleRounding, Target
+from hpu_fp8_loader.spec.choices import AmaxSourceKind, Bf16Group, DeadExpertPolicy, KvCacheScheme, ScaleRounding, Target
 from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX, GAUDI3_FP8_MAX
 
 __all__ = [
     "FASTDEPLOY_ARCHITECTURES",
     "FP8_MAX_BY_TARGET",
     "AmaxSourceKind",
+    "Bf16Group",
     "Calibration",
     "CalibrationSource",
     "DeadExpertPolicy",
@@ -184,12 +185,16 @@ class QuantizationConfig(_Strict):
     not listed below; docs/spec.md section 2 describes every key.
 
     Attributes:
+        dense_quant_type: ``"tensor_wise_fp8"``, or None when every linear outside the routed experts is kept in BF16
+            (FastDeploy's key; ``ignore`` then lists those linears).
+        moe_quant_type: ``"tensor_wise_fp8"``, or None when every routed expert is kept in BF16 (FastDeploy's key).
         kv_cache_quant_type: ``"float8_e4m3"`` exactly when ``kv_cache_scheme`` is FP8 (FastDeploy's key), else None.
         fp8_max: the FP8 range the values are stored at: 240.0 (Gaudi2) or 448.0 (Gaudi3/OCP).
         target: the Gaudi generation the checkpoint is made for; ``gaudi2`` requires fp8_max 240.
         kv_cache_scheme: whether attention and the KV cache run in FP8 or stay BF16.
         scale_rounding: ``none``, or ``pow2`` when every stored scale was rounded up to a power of two.
-        ignore: linear modules kept in BF16.
+        ignore: linear modules kept in BF16: exactly those of the groups whose FastDeploy type is None.
+        kept_bf16: those groups (read-only), from the two FastDeploy types.
         moe: the MoE policy (shared-expert input, dead experts filled from siblings); present exactly for MoE models.
         calibration: where each act_amax came from: the sources, the default one and per-module overrides.
         producer: the name and version of the tool that wrote the checkpoint.
@@ -205,8 +210,9 @@ class QuantizationConfig(_Strict):
     """
 
     quantization: Literal["mix_quant"] = "mix_quant"
-    dense_quant_type: Literal["tensor_wise_fp8"] = "tensor_wise_fp8"
-    moe_quant_type: Literal["tensor_wise_fp8"] = "tensor_wise_fp8"
+    # absent means None, as FastDeploy reads them: that group is built in BF16
+    dense_quant_type: Literal["tensor_wise_fp8"] | None = None
+    moe_quant_type: Literal["tensor_wise_fp8"] | None = None
     kv_cache_quant_type: Literal["float8_e4m3"] | None = None
     is_quantized: Annotated[Literal[True], _exact_type(True)] = True
 
@@ -245,6 +251,12 @@ class QuantizationConfig(_Strict):
                 f"(got {self.kv_cache_quant_type!r} with scheme {self.kv_cache_scheme.value!r})"
             )
         return self
+
+    @property
+    def kept_bf16(self) -> frozenset[Bf16Group]:
+        """The groups FastDeploy builds in BF16 from this config: those whose mix_quant type is absent."""
+        types = {Bf16Group.DENSE: self.dense_quant_type, Bf16Group.EXPERTS: self.moe_quant_type}
+        return frozenset(group for group, kind in types.items() if kind is None)
 
     @property
     def servable_by_fastdeploy(self) -> bool:

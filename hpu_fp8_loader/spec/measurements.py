@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -17,13 +18,35 @@ from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import Provenance as MeasurementProvenance
 
 __all__ = [
+    "MEASUREMENTS_FILE",
     "MeasurementProvenance",
     "Measurements",
     "ModelIdentity",
     "check_module_numbers",
+    "measurement_file_names",
+    "measurement_files",
 ]
 
 FORMAT: Final = "hpu-fp8-measurements"
+# The activation statistics a checkpoint was made from, kept inside it (docs/spec.md section 1); numbered when
+# several sets were merged (llm-compressor keeps its recipe.yaml beside its checkpoints alike).
+MEASUREMENTS_FILE: Final = "hpu_fp8_measurements.json"
+
+
+def measurement_file_names(count: int) -> list[str]:
+    """Names of a checkpoint's measurement files: one ``hpu_fp8_measurements.json``, or numbered as the sets are."""
+    if count == 1:
+        return [MEASUREMENTS_FILE]
+    stem = MEASUREMENTS_FILE.removesuffix(".json")
+    return [f"{stem}-{i}.json" for i in range(1, count + 1)]
+
+
+def measurement_files(measurements: Sequence[Measurements]) -> dict[str, bytes]:
+    """Each set as the file a checkpoint keeps it in, by :func:`measurement_file_names`."""
+    texts = [m.model_dump_json(indent=2, exclude_none=True) + "\n" for m in measurements]
+    return {name: text.encode("utf-8") for name, text in zip(measurement_file_names(len(texts)), texts, strict=True)}
+
+
 _PLAIN_NUMBER = re.compile(names.PLAIN_NUMBER)
 
 

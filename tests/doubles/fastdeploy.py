@@ -116,8 +116,9 @@ class StandInModel(paddle.nn.Layer):
         from hpu_fp8_loader.spec.config import parse_quantization_config
 
         config, parallel = fd_config.model_config.config, fd_config.parallel_config
-        specs = parameter_specs(describe(config), parse_quantization_config(config).kv_cache_scheme,
-                                Parallelism(parallel.tensor_parallel_size, parallel.tensor_parallel_rank))
+        qc = parse_quantization_config(config)
+        specs = parameter_specs(describe(config), qc.kv_cache_scheme,
+                                Parallelism(parallel.tensor_parallel_size, parallel.tensor_parallel_rank), qc.kept_bf16)
         for name, spec in specs.items():
             if getattr(fd_config, "moe_list_layout", False) and name.endswith(".down_proj_in_scale"):
                 continue  # FastDeploy before PR 5855 sets a per-expert list instead

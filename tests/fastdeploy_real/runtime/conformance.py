@@ -176,6 +176,15 @@ def _all_zero(entries: dict) -> list[str]:
     return out
 
 
+def bf16_linear_weights(model) -> dict[str, int]:
+    """Linear weights FastDeploy built unquantized (BF16), routed experts apart: which groups are kept in BF16."""
+    counts = {"experts": 0, "dense": 0}
+    for name, parameter in model.named_parameters():
+        if name.endswith(("_proj.weight", "_proj_weight")) and parameter.dtype == paddle.bfloat16:
+            counts["experts" if name.endswith("_proj_weight") else "dense"] += 1
+    return counts
+
+
 def run(case: dict) -> dict:
     if case.get("import_first"):  # e.g. FastDeploy's loader package before its models package ran the plugins
         importlib.import_module(case["import_first"])
@@ -209,6 +218,7 @@ def run(case: dict) -> dict:
         "differences": compare_states(oracle, hook),
         "kernel_calls": len(oracle_calls),
         "kernel_differences": compare_kernel_arguments(oracle_calls, hook_calls),
+        "bf16_weights": bf16_linear_weights(hook_model),
         "rounded_values": TOLERANCE["values"],
         "largest_relative_difference": TOLERANCE["largest"],
     }
