@@ -49,7 +49,7 @@ def test_an_existing_out_is_refused_before_the_calibration_runs(tmp_path, monkey
     (tmp_path / "out" / "notes.txt").write_text("mine")
     ran = []
     monkeypatch.setattr(calibrate_module, "calibrate", lambda *a, **k: ran.append(a))
-    with pytest.raises(OutputExistsError, match="already exists; pass --force"):
+    with pytest.raises(OutputExistsError, match="already exists; pass force=True"):
         quantize(SOURCE, tmp_path / "out", OPTIONS)
     assert ran == [] and (tmp_path / "out" / "notes.txt").read_text() == "mine"
 
