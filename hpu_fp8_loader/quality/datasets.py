@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpu_fp8_loader.errors import DatasetError, HpuFp8Error, HubError, one_line
+from hpu_fp8_loader.errors import DatasetError, HpuFp8Error, HubError, one_line, require_optional
 from hpu_fp8_loader.io.jsonfile import JsonFormatError, parse_json, read_regular_file
 from hpu_fp8_loader.quality.tokenizer import load_tokenizer
 from hpu_fp8_loader.sources.resolve import check_repo_id, check_revision, download_snapshot
@@ -224,6 +224,7 @@ def _jsonl_records(path: Path, text: str, field: str, render) -> Iterator[str]:
 
 def _parquet_records(path: Path, field: str, render) -> Iterator[str]:
     """Each row's ``field`` string (or, with ``render``, its rendered ``messages``) of a parquet file."""
+    require_optional("pyarrow", f"{path}: reading a parquet dataset")
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -37,7 +37,7 @@ import numpy as np
 from hpu_fp8_loader import __version__
 from hpu_fp8_loader.arch import ModelDescriptor, Role, WeightTensor
 from hpu_fp8_loader.engine.model import Observer
-from hpu_fp8_loader.errors import OutputExistsError, UnsafePathError, WriteFailedError
+from hpu_fp8_loader.errors import OutputExistsError, UnsafePathError, WriteFailedError, require_optional
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.writer import check_apart, publish_output_dir
 from hpu_fp8_loader.numerics import e4m3, scales
@@ -397,6 +397,7 @@ def check_report_dir(directory: str | Path, force: bool, sources: Iterable[str |
     """Refuse, before any work, a report directory that must not be written: one of ``sources`` (or inside or
     around one), a link or a file, a non-empty directory without ``force``, or with it one that holds no report."""
     out = Path(directory)
+    require_optional("matplotlib", f"{out}: the report's plots")
     check_apart(out, sources)
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise UnsafePathError(f"{out}: a link or a file; --report names a directory to write")
