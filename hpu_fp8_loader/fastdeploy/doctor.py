@@ -36,8 +36,9 @@ OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
 DEFAULT_TIMEOUT = 300.0
 """Seconds paddle's and FastDeploy's import, the routing and the model build may take together (``--timeout``)."""
 INSTALL_HINT = (
-    "pip install /path/to/hpu-fp8-loader (a clone) or a wheel built from it (python -m build; pip install dist/*.whl), "
-    "with FastDeploy's python; it leaves paddle and FastDeploy's requirements alone"
+    "with FastDeploy's python: pip install /path/to/hpu-fp8-loader (a clone), or a wheel built from one "
+    "(pip install build; python -m build; pip install dist/hpu_fp8_loader-*.whl); it leaves paddle and FastDeploy's "
+    "requirements alone"
 )
 """How to install what exists: no package index holds hpu-fp8-loader yet."""
 
