@@ -142,6 +142,7 @@ def test_fastdeploy_printing_on_import_leaves_json_and_text_output_clean(fastdep
     assert text.exit_code == 0 and "banner" not in text.output and "a warning" not in text.output
 
 
+@pytest.mark.slow
 def test_fastdeploy_hanging_on_import_is_stopped_at_the_deadline(fastdeploy_with):
     fastdeploy_with("hang-on-import")
     status, checks = doctor_json("--timeout", "3")
@@ -149,6 +150,7 @@ def test_fastdeploy_hanging_on_import_is_stopped_at_the_deadline(fastdeploy_with
     assert checks["fastdeploy import"]["detail"] == "import fastdeploy failed: did not finish within 3 s and was stopped"
 
 
+@pytest.mark.slow
 def test_fastdeploy_killing_its_process_on_import_is_a_failed_check(fastdeploy_with):
     fastdeploy_with("killed-on-import")
     status, checks = doctor_json()
@@ -193,6 +195,7 @@ def test_a_paddle_with_what_fastdeploy_calls_passes_that_check(fastdeploy_with):
     assert status == 0 and checks["paddle.compat.enable_torch_proxy"]["status"] == "ok"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("version_txt", "status", "says"),
     [

@@ -150,6 +150,8 @@ def _venv(python: Path, source: Path) -> Path:
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([str(python), "-m", "venv", str(venv)], check=True)
     (venv / "fastdeploy-requirements.txt").write_text(listed)
+    # Python 3.10's bundled pip (23.0) backtracks for tens of minutes over FastDeploy's unpinned list; a current one does not
+    subprocess.run([str(interpreter), "-m", "pip", "install", "-q", "--upgrade", "pip>=25"], check=True, capture_output=True)
     print(f"[fastdeploy_real] building {venv} from FastDeploy's requirements.txt (once; several minutes)", file=sys.stderr)
     install = subprocess.run(
         [
