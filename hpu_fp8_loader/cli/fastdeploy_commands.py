@@ -203,6 +203,7 @@ def export_legacy(src: Path, out: Path, tp: int, max_shard_size: str, force: boo
 @click.option(
     "--timeout",
     type=click.FloatRange(min=1),
+    metavar="SECONDS",
     default=DEFAULT_TIMEOUT,
     show_default=True,
     help="Seconds paddle's and FastDeploy's import, the routing and the model build may take together.",
