@@ -152,9 +152,6 @@ def run_steps(steps: Sequence[Step], timeout: float) -> dict[str, StepOutcome]:
         unfinished = [name for name, outcome in outcomes.items() if outcome.result is None and outcome.error is None]
         for name in unfinished:
             outcomes[name] = StepOutcome(name, ended=_how_it_ended(returncode, timeout, stderr))
-        if not events:  # the child never started its first step: our own start-up failed
-            if returncode == 0:
-                raise RuntimeError(f"internal error: the doctor's child process ran no step ({_last_line(stderr)})")
-            first = steps[0].name if steps else "start"
-            outcomes[first] = StepOutcome(first, ended=_how_it_ended(returncode, timeout, stderr))
+        if steps and not events:  # the child never reached its first step: our own start-up failed, not FastDeploy
+            raise RuntimeError(f"internal error: doctor's child process {_how_it_ended(returncode, timeout, stderr)}")
         return outcomes
