@@ -28,10 +28,13 @@ from dataclasses import dataclass
 
 __all__ = [
     "CHECKED_COMMITS",
+    "EXPORT_LEGACY_TP_COMMIT",
     "FASTDEPLOY_RELEASES",
     "FIRST_SUPPORTED_COMMIT",
     "PADDLE_CALLS",
     "PADDLE_MINIMUM",
+    "PR_5324",
+    "PR_5757",
     "SUPPORTED_BRANCH",
     "FastDeployCommit",
     "PaddleCall",
