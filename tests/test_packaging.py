@@ -166,6 +166,20 @@ def test_a_tokenizer_library_that_is_missing_is_named_with_its_extra(tmp_path: P
         load_tokenizer(tmp_path, 1000)
 
 
+@pytest.mark.slow
+def test_the_demo_needs_no_extra(tmp_path: Path):
+    """`pip install -e . && hpu-fp8 demo`, the README's first command, works without any extra: the demo runs with
+    every optional module absent (a None in sys.modules is how Python answers for a module that is not installed)."""
+    script = (
+        "import sys; from hpu_fp8_loader.errors import OPTIONAL_DEPENDENCIES\n"
+        "for module in OPTIONAL_DEPENDENCIES: sys.modules[module] = None\n"
+        "from hpu_fp8_loader.cli.main import main; sys.argv = ['hpu-fp8', 'demo', '--out', 'demo', '--json']; main()"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["validation"]["valid"]
+
+
 @pytest.fixture(scope="module")
 def installed_wheel(tmp_path_factory) -> Path:
     """The wheel built from this checkout, installed into a fresh virtual environment that borrows only the
