@@ -47,7 +47,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "hpu_fp8_loader.fastdeploy.legacy": ("LegacyExportResult", "export_legacy"),
     "hpu_fp8_loader.errors": (
         "CheckpointIndexError", "CheckpointNotFoundError", "ChecksumMismatchError", "ConfigError", "DatasetError",
-        "HpuFp8Error", "HubError", "MeasurementError", "NonFiniteError", "NotHpuFp8CheckpointError", "OutputExistsError",
+        "HpuFp8Error", "HubError", "MeasurementError", "MissingDependencyError", "NonFiniteError", "NotHpuFp8CheckpointError", "OutputExistsError",
         "OutputLockedError", "SafetensorsFormatError", "TokenizerError", "UnknownArchitectureError", "UnsafePathError",
         "UnsupportedFormatVersionError", "UploadError", "WorkerDiedError", "WriteFailedError",
     ),
@@ -95,6 +95,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; the same names __getatt
     from hpu_fp8_loader.errors import HpuFp8Error as HpuFp8Error
     from hpu_fp8_loader.errors import HubError as HubError
     from hpu_fp8_loader.errors import MeasurementError as MeasurementError
+    from hpu_fp8_loader.errors import MissingDependencyError as MissingDependencyError
     from hpu_fp8_loader.errors import NonFiniteError as NonFiniteError
     from hpu_fp8_loader.errors import NotHpuFp8CheckpointError as NotHpuFp8CheckpointError
     from hpu_fp8_loader.errors import OutputExistsError as OutputExistsError

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 __all__ = [
+    "OPTIONAL_DEPENDENCIES",
     "CheckpointIndexError",
     "CheckpointNotFoundError",
     "ChecksumMismatchError",
@@ -25,6 +26,7 @@ __all__ = [
     "HpuFp8Error",
     "HubError",
     "MeasurementError",
+    "MissingDependencyError",
     "NonFiniteError",
     "NotHpuFp8CheckpointError",
     "OutputExistsError",
@@ -40,6 +42,7 @@ __all__ = [
     "command_line",
     "force_flag",
     "one_line",
+    "require_optional",
     "spelled",
 ]
 
@@ -258,6 +261,46 @@ class OutputExistsError(HpuFp8Error):
         ... except OutputExistsError:
         ...     convert("qwen2-bf16", "qwen2-fp8", [measurements], ConvertOptions(force=True))
     """
+
+
+class MissingDependencyError(HpuFp8Error):
+    """A command needs a library that a plain install leaves out; the message names the extra that brings it.
+
+    The hook and the commands that make, check and serve checkpoints need only the package's own requirements, so
+    that installing it into FastDeploy's environment adds little; reading a real model's tokenizer, a parquet
+    dataset or drawing a report's plots needs an extra (:data:`OPTIONAL_DEPENDENCIES`).
+
+    Example:
+        >>> try:
+        ...     calibrate("./Qwen2-7B-Instruct")  # tokenizer.json, without the calibrate extra
+        ... except MissingDependencyError as exc:
+        ...     print(exc)  # "...tokenizer.json: reading it needs tokenizers, not installed: pip install 'hpu-fp8-loader[calibrate]'"
+    """
+
+
+OPTIONAL_DEPENDENCIES: dict[str, str] = {
+    "tokenizers": "calibrate",
+    "sentencepiece": "calibrate",
+    "pyarrow": "calibrate",
+    "matplotlib": "report",
+}
+"""Module (and PyPI project) -> the extra of pyproject.toml that installs it (tests/test_packaging.py holds them equal)."""
+
+
+def require_optional(module: str, needed_for: str) -> None:
+    """Raise :class:`MissingDependencyError` if ``module`` (a key of :data:`OPTIONAL_DEPENDENCIES`) is not installed.
+
+    Found without importing it, so a command checks before its work rather than failing at its end; ``needed_for``
+    names what needs it ("eval-report: the report's plots").
+    """
+    import importlib.util
+
+    extra = OPTIONAL_DEPENDENCIES[module]
+    if importlib.util.find_spec(module) is None:
+        raise MissingDependencyError(
+            f"{needed_for} needs {module}, which is not installed: pip install 'hpu-fp8-loader[{extra}]' "
+            f"(or pip install {module})"
+        )
 
 
 class WorkerDiedError(HpuFp8Error):

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 
 import pytest
 from click.testing import CliRunner
-from doubles.fastdeploy import forget_standin, write_standin
+from doubles.fastdeploy import forget_standin, write_broken_fastdeploy, write_paddle_standin, write_standin
 
 from hpu_fp8_loader.cli.main import main
-from hpu_fp8_loader.fastdeploy import plugin
+from hpu_fp8_loader.fastdeploy import plugin, support
 from hpu_fp8_loader.fastdeploy.doctor import doctor, fastdeploy_moe_layout
 
 
@@ -21,9 +22,11 @@ def by_name(report) -> dict:
 
 
 @pytest.fixture
-def no_fastdeploy(monkeypatch):
+def no_fastdeploy(monkeypatch, tmp_path):
+    """No FastDeploy; paddle stood in (doctor's checks here are about the hook's own setup, not paddle)."""
     forget_standin()
     monkeypatch.setattr(sys, "path", [p for p in sys.path if "fd" not in p.rsplit("/", 1)[-1]])
+    monkeypatch.syspath_prepend(str(write_paddle_standin(tmp_path / "paddle-standin")))
 
 
 def test_without_fastdeploy_every_problem_is_named_with_its_fix(no_fastdeploy):
@@ -85,3 +88,160 @@ def test_cli_doctor_exits_1_when_not_ready_and_prints_json(no_fastdeploy, monkey
     assert data["ok"] is False and {c["name"] for c in data["checks"]} >= {"fastdeploy", "FD_PLUGINS", "entry point"}
     text = CliRunner().invoke(main, ["doctor"])
     assert text.exit_code == 1 and "[fail] FD_PLUGINS" in text.stdout and "not ready" in text.stdout
+
+
+# ----------------------------------------------------------------------------- a broken FastDeploy
+
+CHECKED = support.CHECKED_COMMITS[-1]
+
+
+@pytest.fixture
+def fastdeploy_with(tmp_path, monkeypatch):
+    """Put a FastDeploy with one fault (tests/doubles/fastdeploy.py) and a paddle stand-in on sys.path."""
+    forget_standin()
+    monkeypatch.setenv("FD_PLUGINS", "hpu_fp8")
+    monkeypatch.setenv("FD_ATTENTION_BACKEND", "HPU_ATTN")
+
+    def make(fault: str, paddle_compat: bool = True, version_txt: str | None = None):
+        root = tmp_path / fault
+        monkeypatch.syspath_prepend(str(write_broken_fastdeploy(root / "fd", fault, version_txt)))
+        monkeypatch.syspath_prepend(str(write_paddle_standin(root / "paddle", compat=paddle_compat)))
+        return root / "fd" / "fastdeploy"
+
+    yield make
+    forget_standin()
+
+
+def doctor_json(*args: str) -> tuple[int, dict]:
+    """`hpu-fp8 doctor --json`: its exit status and the JSON on stdout (which must parse, whatever FastDeploy printed)."""
+    result = CliRunner().invoke(main, ["doctor", "--json", *args])
+    return result.exit_code, {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+
+
+def test_a_sound_fastdeploy_passes_every_check_in_the_child(fastdeploy_with):
+    fastdeploy_with("none", version_txt=f"fastdeploy GIT COMMIT ID: {CHECKED.commit}\nfastdeploy version: 2.4.0-dev\n")
+    status, checks = doctor_json()
+    assert status == 0, checks
+    assert checks["fastdeploy import"]["status"] == "ok" and checks["routing"]["status"] == "ok"
+    assert checks["fastdeploy commit"]["status"] == "ok" and CHECKED.short in checks["fastdeploy commit"]["detail"]
+
+
+def test_fastdeploy_calling_sys_exit_on_import_is_a_failed_check(fastdeploy_with):
+    fastdeploy_with("exit-on-import")
+    status, checks = doctor_json()
+    assert status == 1
+    assert checks["fastdeploy import"]["status"] == "fail"
+    assert "import fastdeploy failed: it called sys.exit(0)" in checks["fastdeploy import"]["detail"]
+    assert "routing" not in checks  # not run: the import it needs failed, and says so
+
+
+def test_fastdeploy_printing_on_import_leaves_json_and_text_output_clean(fastdeploy_with):
+    fastdeploy_with("print-on-import")
+    status, checks = doctor_json()
+    assert status == 0 and checks["fastdeploy import"]["status"] == "ok"
+    text = CliRunner().invoke(main, ["doctor"])
+    assert text.exit_code == 0 and "banner" not in text.output and "a warning" not in text.output
+
+
+@pytest.mark.slow
+def test_fastdeploy_hanging_on_import_is_stopped_at_the_deadline(fastdeploy_with):
+    fastdeploy_with("hang-on-import")
+    status, checks = doctor_json("--timeout", "3")
+    assert status == 1
+    assert checks["fastdeploy import"]["detail"] == "import fastdeploy failed: did not finish within 3 s and was stopped"
+
+
+@pytest.mark.slow
+def test_fastdeploy_killing_its_process_on_import_is_a_failed_check(fastdeploy_with):
+    fastdeploy_with("killed-on-import")
+    status, checks = doctor_json()
+    assert status == 1 and checks["fastdeploy import"]["detail"] == "import fastdeploy failed: was killed by SIGKILL"
+
+
+def test_get_model_loader_returning_none_is_a_failed_routing_check(fastdeploy_with):
+    fastdeploy_with("loader-none")
+    status, checks = doctor_json()
+    assert status == 1 and checks["routing"]["status"] == "fail"
+    assert "returned None" in checks["routing"]["detail"] and "hpu-fp8 doctor --json" in checks["routing"]["fix"]
+
+
+def test_a_base_exception_from_fastdeploy_is_a_failed_routing_check(fastdeploy_with):
+    fastdeploy_with("base-exception")
+    status, checks = doctor_json()
+    assert status == 1
+    assert checks["routing"]["detail"].endswith("failed: FastDeployStop: the worker was told to stop")
+
+
+def test_a_half_imported_base_loader_is_a_failed_routing_check(fastdeploy_with):
+    fastdeploy_with("half-imported-base-loader")
+    status, checks = doctor_json()
+    assert status == 1 and checks["routing"]["status"] == "fail"
+    assert "base_loader is only half-imported while FastDeploy runs its plugins" in checks["routing"]["detail"]
+
+
+def test_a_paddle_without_what_fastdeploy_calls_is_named_with_its_fix(fastdeploy_with):
+    """FastDeploy's __init__ calls paddle.compat.enable_torch_proxy; the paddle of its Gaudi guide (3.1.1) lacks it."""
+    fastdeploy_with("torch-proxy", paddle_compat=False)
+    status, checks = doctor_json()
+    assert status == 1
+    call = checks["paddle.compat.enable_torch_proxy"]
+    assert call["status"] == "fail" and "paddle 3.3.0 has no paddle.compat.enable_torch_proxy" in call["detail"]
+    assert f"paddlepaddle>={support.PADDLE_MINIMUM}" in call["fix"]
+    assert "AttributeError" in checks["fastdeploy import"]["detail"]  # the import itself fails the same way
+
+
+def test_a_paddle_with_what_fastdeploy_calls_passes_that_check(fastdeploy_with):
+    fastdeploy_with("torch-proxy", paddle_compat=True)
+    status, checks = doctor_json()
+    assert status == 0 and checks["paddle.compat.enable_torch_proxy"]["status"] == "ok"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("version_txt", "status", "says"),
+    [
+        (f"fastdeploy GIT COMMIT ID: {CHECKED.commit}\n", "ok", f"develop at {CHECKED.short}"),
+        ("fastdeploy GIT COMMIT ID: 0123456789abcdef0123456789abcdef01234567\n", "warn", "cannot tell whether it is older"),
+        ("fastdeploy version: 2.4.1\n", "fail", "release 2.4 does not carry PR 5324"),
+        ("fastdeploy version: 2.3.2\n", "fail", "release 2.3 does not carry PR 5324"),
+        ("fastdeploy version: 2.2.0\n", "fail", "predates the HPU FP8 path"),
+        ("fastdeploy version: 2.5.0\n", "warn", "release 2.5 is cut after 2026-01"),
+        ("fastdeploy version: 2.4.0-dev\n", "warn", "a develop build; not checked"),
+        (None, "warn", "FastDeploy unknown, commit unknown"),
+    ],
+)
+def test_fastdeploys_version_or_commit_is_compared_with_the_supported_range(fastdeploy_with, version_txt, status, says):
+    root = fastdeploy_with("none", version_txt=version_txt)
+    checks = {check.name: check for check in doctor(environ={}, build=False).checks}
+    assert checks["fastdeploy commit"].status == status and says in checks["fastdeploy commit"].detail, checks[
+        "fastdeploy commit"
+    ]
+    assert str(root) in checks["fastdeploy"].detail
+
+
+def _git(repo, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.mark.slow
+def test_in_a_fastdeploy_checkout_git_tells_older_between_and_newer(fastdeploy_with, monkeypatch):
+    """A FastDeploy source checkout without version.txt: git history places HEAD against PR 5324 and the checked
+    commit (here a made-up history of four commits standing for them)."""
+    package = fastdeploy_with("none")
+    repo = package.parent
+    _git(repo, "init", "-q")
+    commits = []
+    for name in ("older", "pr5324", "between", "checked", "newer"):
+        (repo / "history.txt").write_text(name)
+        _git(repo, "add", "-A")
+        _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", name)
+        commits.append(_git(repo, "rev-parse", "HEAD"))
+    older, pr5324, between, checked, newer = commits
+    monkeypatch.setattr(support, "FIRST_SUPPORTED_COMMIT", support.FIRST_SUPPORTED_COMMIT.__class__(pr5324, "", "", (), ""))
+    monkeypatch.setattr(support, "CHECKED_COMMITS", (support.CHECKED_COMMITS[-1].__class__(checked, "d", "t", (), "checked"),))
+    expected = {older: ("fail", "predates PR 5324"), between: ("warn", "lies between PR 5324"),
+                checked: ("ok", "checked"), newer: ("warn", "is newer than the checked")}  # fmt: skip
+    for commit, (status, says) in expected.items():
+        _git(repo, "checkout", "-q", commit)
+        check = {c.name: c for c in doctor(environ={}, build=False).checks}["fastdeploy commit"]
+        assert check.status == status and says in check.detail, (commit, check)

@@ -1,4 +1,5 @@
-"""What installing the package brings with it: its requirements, and a wheel that works without this checkout."""
+"""What installing the package brings with it: its requirements, the hook's footprint in FastDeploy's environment,
+the extras a command names when it lacks one, and a wheel that works without this checkout."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ from importlib.metadata import requires
 from pathlib import Path
 
 import pytest
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from hpu_fp8_loader.errors import OPTIONAL_DEPENDENCIES
 
 ROOT = Path(__file__).resolve().parents[1]
 # a PYTHONPATH naming a checkout would show pip and the interpreter that checkout instead of the wheel
@@ -28,6 +34,151 @@ def test_paddle_is_never_a_runtime_requirement():
     assert not [r for r in runtime if r.lower().startswith("paddle")], runtime
     dev = [r for r in requires("hpu-fp8-loader") or [] if 'extra == "dev"' in r]
     assert any(r.lower().startswith("paddlepaddle") for r in dev)
+
+
+def _requirements(extra: str = "") -> list[Requirement]:
+    """The package's requirements that apply with ``extra`` ("" for a plain install)."""
+    found = [Requirement(text) for text in requires("hpu-fp8-loader") or []]
+    return [r for r in found if r.marker is None or r.marker.evaluate({**default_environment(), "extra": extra})]
+
+
+def _closure(names: set[str]) -> set[str]:
+    """These distributions and everything they require here, by canonical name."""
+    from importlib.metadata import PackageNotFoundError
+
+    seen: set[str] = set()
+    todo = list(names)
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            todo += [r.name for r in map(Requirement, requires(name) or []) if r.marker is None or r.marker.evaluate()]
+        except PackageNotFoundError:
+            continue
+    return seen
+
+
+def test_the_extras_are_what_commands_name_when_one_is_missing():
+    """errors.OPTIONAL_DEPENDENCIES (what a command's one-line refusal names) and pyproject's extras agree, and
+    none of them is a plain requirement."""
+    plain = {canonicalize_name(r.name) for r in _requirements()}
+    for module, extra in OPTIONAL_DEPENDENCIES.items():
+        assert canonicalize_name(module) not in plain, module
+        assert canonicalize_name(module) in {canonicalize_name(r.name) for r in _requirements(extra)}, (module, extra)
+    (everything,) = [r for r in _requirements("all") if r.marker is not None]
+    assert canonicalize_name(everything.name) == "hpu-fp8-loader" and everything.extras == set(OPTIONAL_DEPENDENCIES.values())
+
+
+# Run as FastDeploy runs the hook, on the stand-in of its module chain (tests/doubles/fastdeploy.py) and the tests'
+# paddle: FastDeploy's side is imported first, then the plugin registered and one model filled; what the second
+# half imports is the hook's own footprint in FastDeploy's environment.
+_HOOK_IN_FASTDEPLOY = """
+import json, sys
+from types import SimpleNamespace
+import paddle
+import fastdeploy.worker.hpu_model_runner as runner_module
+before = set(sys.modules)
+from hpu_fp8_loader.fastdeploy import plugin
+plugin.register()
+checkpoint = sys.argv[1]
+config = json.load(open(checkpoint + "/config.json"))
+fd_config = SimpleNamespace(
+    load_config=SimpleNamespace(load_choices="hpu_fp8"),
+    model_config=SimpleNamespace(model=checkpoint, architectures=config["architectures"], config=config, lm_head_fp32=False),
+    parallel_config=SimpleNamespace(tensor_parallel_size=1, tensor_parallel_rank=0, expert_parallel_size=1,
+                                    expert_parallel_rank=0),
+)
+runner_module.HPUModelRunner(fd_config).load_model()
+print(json.dumps(sorted({name.split(".")[0] for name in set(sys.modules) - before})))
+"""
+
+# The same work without FastDeploy or paddle: the plugin imported, then every parameter of one rank mapped from the
+# checkpoint (numpy arithmetic): what the hook needs even where FastDeploy's side imported nothing yet.
+_HOOK_ALONE = """
+import json, sys
+before = set(sys.modules)
+from hpu_fp8_loader.fastdeploy import plugin
+from hpu_fp8_loader.arch import describe
+from hpu_fp8_loader.checks.load import load
+from hpu_fp8_loader.fastdeploy.mapping import Parallelism, map_rank
+from hpu_fp8_loader.io.checkpoint import Checkpoint
+from hpu_fp8_loader.spec.config import parse_quantization_config
+checkpoint = Checkpoint.open(load(sys.argv[1], hashes=False).path)
+pieces = list(map_rank(checkpoint, parse_quantization_config(checkpoint.config), describe(checkpoint.config), Parallelism(1, 0)))
+assert pieces and "paddle" not in sys.modules
+print(json.dumps(sorted({name.split(".")[0] for name in set(sys.modules) - before})))
+"""
+
+
+def _distributions_imported(script: str, checkpoint: Path, tmp_path: Path) -> set[str]:
+    """The third-party distributions (canonical names) whose modules ``script`` imported after its start."""
+    from importlib.metadata import packages_distributions
+
+    from doubles.fastdeploy import write_standin
+
+    standin = write_standin(tmp_path / "fd")
+    env = {**_WITHOUT_PYTHONPATH, "PYTHONPATH": os.pathsep.join([str(standin), str(ROOT / "tests")]), "FD_PLUGINS": ""}
+    done = subprocess.run([sys.executable, "-c", script, str(checkpoint)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    imported = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    standard = set(sys.stdlib_module_names) | {m for m in imported if m.startswith("_sysconfigdata")}  # the build's own
+    third_party = imported - standard - {"hpu_fp8_loader", "_distutils_hack"}
+    assert not third_party & set(OPTIONAL_DEPENDENCIES), third_party & set(OPTIONAL_DEPENDENCIES)
+    return {canonicalize_name(d) for module in third_party for d in packages_distributions().get(module, [module])}
+
+
+@pytest.mark.slow
+def test_the_hooks_footprint_is_its_plain_requirements(tmp_path: Path, spec_factory):
+    """Everything the hook imports, alone or while FastDeploy loads a model through it, belongs to the plain
+    requirements (or what they require, or the standard library); none of the extras (tokenizers, pyarrow, ...)."""
+    allowed = _closure({r.name for r in _requirements()})
+    alone = _distributions_imported(_HOOK_ALONE, spec_factory(), tmp_path / "alone")
+    assert alone <= allowed, alone - allowed
+    assert {"numpy", "ml-dtypes", "pydantic"} <= alone  # the measurement sees what the hook does use
+    in_fastdeploy = _distributions_imported(_HOOK_IN_FASTDEPLOY, spec_factory(), tmp_path / "in-fastdeploy")
+    assert in_fastdeploy <= allowed, in_fastdeploy - allowed
+    print("the hook imports:", ", ".join(sorted(alone)), "| beyond FastDeploy's and paddle's:", ", ".join(sorted(in_fastdeploy)))
+
+
+def test_a_missing_extra_is_named_in_one_line_before_any_work(tmp_path: Path, monkeypatch):
+    """calibrate --report without matplotlib: refused before calibrating, naming the extra that brings it."""
+    from hostile.refusal import assert_refused, run_cli
+
+    from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what Python does for a module that is not installed
+    result = run_cli(
+        "calibrate", TINY_MODELS["qwen2-bytes"], "-o", tmp_path / "m.json", "--report", tmp_path / "rep", "--samples", "1"
+    )
+    line = assert_refused(result, "rep", "matplotlib", "pip install 'hpu-fp8-loader[report]'")
+    assert not (tmp_path / "m.json").exists() and not (tmp_path / "rep").exists(), line
+
+
+def test_a_tokenizer_library_that_is_missing_is_named_with_its_extra(tmp_path: Path, monkeypatch):
+    from hpu_fp8_loader.errors import MissingDependencyError
+    from hpu_fp8_loader.quality.tokenizer import load_tokenizer
+
+    (tmp_path / "tokenizer.json").write_text("{}")
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    with pytest.raises(MissingDependencyError, match=r"tokenizer\.json: reading it needs tokenizers, which is not installed: "
+                       r"pip install 'hpu-fp8-loader\[calibrate\]'"):  # fmt: skip
+        load_tokenizer(tmp_path, 1000)
+
+
+@pytest.mark.slow
+def test_the_demo_needs_no_extra(tmp_path: Path):
+    """`pip install -e . && hpu-fp8 demo`, the README's first command, works without any extra: the demo runs with
+    every optional module absent (a None in sys.modules is how Python answers for a module that is not installed)."""
+    script = (
+        "import sys; from hpu_fp8_loader.errors import OPTIONAL_DEPENDENCIES\n"
+        "for module in OPTIONAL_DEPENDENCIES: sys.modules[module] = None\n"
+        "from hpu_fp8_loader.cli.main import main; sys.argv = ['hpu-fp8', 'demo', '--out', 'demo', '--json']; main()"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["validation"]["valid"]
 
 
 @pytest.fixture(scope="module")

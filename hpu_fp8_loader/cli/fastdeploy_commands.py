@@ -27,6 +27,7 @@ from hpu_fp8_loader.cli.group import (
     warn_each,
 )
 from hpu_fp8_loader.console import emit_json, human_bytes, human_count
+from hpu_fp8_loader.fastdeploy.doctor import DEFAULT_TIMEOUT
 from hpu_fp8_loader.spec.choices import Bf16Group, KvCacheScheme, Target
 
 
@@ -272,8 +273,16 @@ def export_legacy(src: Path, out: Path, tp: int, max_shard_size: str, force: boo
 @click.option(
     "--no-build", is_flag=True, help="Skip having FastDeploy build CHECKPOINT's model (at meta shapes, no weight memory)."
 )
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    metavar="SECONDS",
+    default=DEFAULT_TIMEOUT,
+    show_default=True,
+    help="Seconds paddle's and FastDeploy's import, the routing and the model build may take together.",
+)
 @json_option(help="Print every check as JSON.")
-def doctor(checkpoint: str | None, tp: int, ep: int, revision: str | None, no_build: bool, as_json: bool) -> None:
+def doctor(checkpoint: str | None, tp: int, ep: int, revision: str | None, no_build: bool, timeout: float, as_json: bool) -> None:
     """Check that `--load-choices hpu_fp8` will work here: run it in FastDeploy's environment on the Gaudi box.
 
     Reports FastDeploy's version and commit and which MoE layout it builds, whether the hpu_fp8 entry
@@ -282,6 +291,10 @@ def doctor(checkpoint: str | None, tp: int, ep: int, revision: str | None, no_bu
     CHECKPOINT (a directory or a Hub repo id), also its quick validation, whether TP x EP can serve
     it, and FastDeploy building its model at meta shapes (no weight memory) with every parameter
     compared with what the hook fills. Every problem comes with its fix; exit 1 if any check fails.
+
+    FastDeploy's commit (its version.txt) is compared with the supported range (docs/fastdeploy.md section 1),
+    and paddle with what that FastDeploy calls of it. paddle, FastDeploy and the model build run in a child
+    process: if FastDeploy exits, raises, prints or hangs there (past --timeout), that check fails, naming it.
 
     \b
     Examples:
@@ -298,7 +311,7 @@ def doctor(checkpoint: str | None, tp: int, ep: int, revision: str | None, no_bu
     """
     from hpu_fp8_loader.fastdeploy.doctor import doctor as run_doctor
 
-    report = run_doctor(checkpoint, tp, ep, revision, build=not no_build)
+    report = run_doctor(checkpoint, tp, ep, revision, build=not no_build, timeout=timeout)
     if as_json:
         emit_json(report.to_dict())
     else:

@@ -6,9 +6,12 @@ up as FastDeploy's own loader failing on an hpu-fp8 checkpoint. Each check is a 
 what was found and, where something is wrong, the fix.
 
 FastDeploy's version, commit and MoE layout are read from its files (``version.txt``, its sources)
-without importing it; only the routing check imports FastDeploy's loader package, as its worker does.
-The MoE layout reported here is informational: the hook itself decides on the model FastDeploy builds
-(docs/fastdeploy.md section 5, "Two MoE layouts").
+without importing it, and compared with the supported range (:mod:`.support`). Everything that runs
+paddle's or FastDeploy's code (paddle and what FastDeploy calls of it, ``import fastdeploy``, the
+routing through its own ``get_model_loader``, building a checkpoint's model) runs in a child process
+with a deadline (:mod:`.isolation`), so that no behaviour of FastDeploy's can end, hang or garble
+this one. The MoE layout reported here is informational: the hook itself decides on the model
+FastDeploy builds (docs/fastdeploy.md section 5, "Two MoE layouts").
 """
 
 from __future__ import annotations
@@ -17,20 +20,28 @@ import importlib.util
 import os
 import subprocess
 import sys
-import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from types import SimpleNamespace
 
 from hpu_fp8_loader.console import human_bytes
 from hpu_fp8_loader.errors import HpuFp8Error
+from hpu_fp8_loader.fastdeploy import support
+from hpu_fp8_loader.fastdeploy.isolation import Step, StepOutcome, run_steps
 
-__all__ = ["PLUGIN_GROUP", "Check", "DoctorReport", "doctor", "fastdeploy_moe_layout"]
+__all__ = ["DEFAULT_TIMEOUT", "INSTALL_HINT", "PLUGIN_GROUP", "Check", "DoctorReport", "doctor", "fastdeploy_moe_layout"]
 
 PLUGIN_GROUP = "fastdeploy.model_register_plugins"
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
+DEFAULT_TIMEOUT = 300.0
+"""Seconds paddle's and FastDeploy's import, the routing and the model build may take together (``--timeout``)."""
+INSTALL_HINT = (
+    "with FastDeploy's python: pip install /path/to/hpu-fp8-loader (a clone), or a wheel built from one "
+    "(pip install build; python -m build; pip install dist/hpu_fp8_loader-*.whl); it leaves paddle and FastDeploy's "
+    "requirements alone"
+)
+"""How to install what exists: no package index holds hpu-fp8-loader yet."""
 
 
 @dataclass(frozen=True)
@@ -57,31 +68,49 @@ class DoctorReport:
 
 
 def _fastdeploy_root() -> Path | None:
-    spec = importlib.util.find_spec("fastdeploy")
+    """Where ``fastdeploy`` would be imported from, found without importing it (its ``__init__`` runs code)."""
+    try:
+        spec = importlib.util.find_spec("fastdeploy")
+    except (ImportError, ValueError):  # a broken sys.modules entry or path hook: as if absent, the child says more
+        return None
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _version_and_commit(root: Path) -> tuple[str, str]:
-    """From the ``version.txt`` FastDeploy's build writes, else from git for a source checkout."""
-    version, commit = "unknown", "unknown"
+@dataclass(frozen=True)
+class _BuildInfo:
+    version: str  # "unknown" without version.txt
+    commit: str  # full or short hex; "" when unknown
+    paddle: str  # the paddle FastDeploy was built with; "" when unknown
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(["git", "-C", str(root.parent), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _in_fastdeploy_checkout(root: Path) -> bool:
+    """Whether ``root`` is the ``fastdeploy/`` of a FastDeploy git checkout (not a package that merely lies in some repo)."""
+    found = _git(root, "rev-parse", "--show-toplevel")
+    return found is not None and found.returncode == 0 and Path(found.stdout.strip()).resolve() == root.parent.resolve()
+
+
+def _build_info(root: Path) -> _BuildInfo:
+    """From the ``version.txt`` FastDeploy's build writes (``build.sh``, ``setup.py``), else git for a source checkout."""
+    values = {}
     text = (root / "version.txt").read_text(errors="replace") if (root / "version.txt").is_file() else ""
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key.strip().lower() == "fastdeploy version":
-            version = value.strip()
-        elif key.strip().lower() == "fastdeploy git commit id":
-            commit = value.strip()
-    if commit == "unknown":
-        try:
-            found = subprocess.run(
-                ["git", "-C", str(root), "rev-parse", "--short=8", "HEAD"], capture_output=True, text=True, timeout=10
-            )
-            commit = found.stdout.strip() if found.returncode == 0 and found.stdout.strip() else commit
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return version, commit
+        values[key.strip().lower()] = value.strip()
+    commit = values.get("fastdeploy git commit id", "")
+    if not commit and _in_fastdeploy_checkout(root):
+        found = _git(root, "rev-parse", "HEAD")
+        commit = found.stdout.strip() if found is not None and found.returncode == 0 else ""
+    commit = commit.lower() if len(commit) >= 7 and all(c in "0123456789abcdefABCDEF" for c in commit) else ""
+    return _BuildInfo(values.get("fastdeploy version") or "unknown", commit, values.get("paddle version", ""))
 
 
 def fastdeploy_moe_layout(root: Path) -> str | None:
@@ -109,20 +138,150 @@ def _check_python(report: DoctorReport) -> None:
         )  # fmt: skip
 
 
-def _check_paddle(report: DoctorReport) -> None:
-    if importlib.util.find_spec("paddle") is None:
-        report.add("paddle", FAIL, "paddle is not installed", "install FastDeploy's paddle (its Gaudi guide: paddlepaddle 3.1.1)")
-        return
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # paddle's "No ccache found" on import
-            import paddle
+_RUN_DOCTOR_ON_A_CHECKPOINT = "`hpu-fp8 doctor CKPT` has this FastDeploy build the model and compares every parameter"
 
-        devices = list(paddle.device.get_all_custom_device_type() or [])
-    except Exception as exc:  # a broken paddle install: say what it raised
-        report.add("paddle", FAIL, f"import paddle failed: {type(exc).__name__}: {exc}", "repair FastDeploy's paddle install")
+
+def _check_out() -> str:
+    """The fix for a FastDeploy outside the supported range: the last checked commit, built as its guide builds it."""
+    checked = support.CHECKED_COMMITS[-1]
+    return (
+        f"build FastDeploy {support.SUPPORTED_BRANCH} at {checked.short} from source (git checkout {checked.commit}; "
+        "bash build.sh, as its Gaudi guide does)"
+    )
+
+
+def _ancestor(root: Path, older: str, newer: str) -> bool | None:
+    """Whether ``older`` is an ancestor of ``newer`` in FastDeploy's checkout; None when git cannot tell."""
+    found = _git(root, "merge-base", "--is-ancestor", older, newer)
+    return None if found is None else {0: True, 1: False}.get(found.returncode)
+
+
+def _check_commit(report: DoctorReport, root: Path, info: _BuildInfo) -> None:
+    """Known good, too old, between, unknown-newer: FastDeploy's commit against support.py's range."""
+    short, checked = info.commit[:8], support.CHECKED_COMMITS[-1]
+    known = next((c for c in support.CHECKED_COMMITS if c.commit.startswith(info.commit)), None) if info.commit else None
+    first = support.FIRST_SUPPORTED_COMMIT
+    if known is not None:
+        report.add("fastdeploy commit", OK, f"{support.SUPPORTED_BRANCH} at {known.short} ({known.date}): {known.why}")
         return
-    report.add("paddle", OK, f"paddle {paddle.__version__}")
+    if info.commit:
+        has_5324 = _ancestor(root, first.commit, info.commit) if _in_fastdeploy_checkout(root) else None
+        past_checked = _ancestor(root, checked.commit, info.commit) if has_5324 else None
+        if has_5324 is False:
+            report.add(
+                "fastdeploy commit", FAIL, f"commit {short} predates PR 5324 ({first.short}, {first.date}): no HPU FP8 path",
+                _check_out(),
+            )  # fmt: skip
+        elif past_checked:
+            report.add(
+                "fastdeploy commit", WARN,
+                f"commit {short} is newer than the checked {checked.short} ({checked.date}) and was not checked; "
+                "it may carry PR 5855, whose MoE layout the hook supports",
+                _RUN_DOCTOR_ON_A_CHECKPOINT,
+            )  # fmt: skip
+        elif past_checked is False:
+            report.add(
+                "fastdeploy commit", WARN,
+                f"commit {short} lies between PR 5324 ({first.short}) and the checked {checked.short}: it has the HPU FP8 "
+                "path but was not checked itself",
+                f"{_RUN_DOCTOR_ON_A_CHECKPOINT}; or {_check_out()}",
+            )  # fmt: skip
+        else:
+            report.add(
+                "fastdeploy commit", WARN,
+                f"commit {short} is not the checked {checked.short}, and without FastDeploy's git history doctor cannot "
+                "tell whether it is older or newer",
+                f"{_RUN_DOCTOR_ON_A_CHECKPOINT}; or {_check_out()}",
+            )  # fmt: skip
+        return
+    verdict, release = support.release_verdict(info.version)
+    if release is not None and not release.carries_pr_5324:
+        report.add(
+            "fastdeploy commit", FAIL,
+            f"FastDeploy {info.version}: release {release.version} does not carry PR 5324 ({release.evidence})", _check_out(),
+        )  # fmt: skip
+    elif verdict == "older":
+        report.add("fastdeploy commit", FAIL, f"FastDeploy {info.version} predates the HPU FP8 path (PR 5324)", _check_out())
+    else:
+        said = {
+            "release": f"release {release.version if release else ''} is {release.evidence if release else ''}",
+            "newer": "a release newer than any this package knows",
+            "develop": "a develop build",
+        }.get(verdict, "a version this package does not know")
+        report.add(
+            "fastdeploy commit", WARN,
+            f"FastDeploy {info.version}, commit unknown (no commit in version.txt, no git checkout): {said}; not checked",
+            f"{_RUN_DOCTOR_ON_A_CHECKPOINT}; or {_check_out()}",
+        )  # fmt: skip
+
+
+def _check_fastdeploy(report: DoctorReport, root: Path | None) -> _BuildInfo | None:
+    if root is None:
+        report.add(
+            "fastdeploy", FAIL, "FastDeploy is not importable in this environment",
+            "run doctor in FastDeploy's environment (its Gaudi guide builds and installs it)",
+        )  # fmt: skip
+        return None
+    info = _build_info(root)
+    report.add("fastdeploy", OK, f"FastDeploy {info.version}, commit {info.commit[:8] or 'unknown'}, at {root}")
+    _check_commit(report, root, info)
+    layout = fastdeploy_moe_layout(root)
+    if layout is None:
+        report.add(
+            "moe layout", FAIL, "this FastDeploy has no HPU tensor-wise FP8 MoE method (it predates PR 5324)", _check_out()
+        )
+    else:
+        report.add("moe layout", OK, layout)
+    return info
+
+
+def _paddle_calls(root: Path | None) -> list[support.PaddleCall]:
+    """The calls of support.PADDLE_CALLS that this FastDeploy's sources make."""
+    if root is None:
+        return []
+    calls = []
+    for call in support.PADDLE_CALLS:
+        source = root / call.fastdeploy_file
+        if source.is_file() and call.attribute in source.read_text(errors="replace"):
+            calls.append(call)
+    return calls
+
+
+_PADDLE_FIX = (
+    f"install paddlepaddle>={support.PADDLE_MINIMUM} with a PaddleCustomDevice intel_hpu build made against it "
+    "(FastDeploy's Gaudi guide still names 3.1.1, which lacks it; docs/fastdeploy.md section 1)"
+)
+
+
+def _check_paddle(report: DoctorReport, outcome: StepOutcome | None, calls: list, info: _BuildInfo | None) -> None:
+    """paddle, its intel_hpu device, and what this FastDeploy calls of it."""
+    if outcome is None or not outcome.ok:
+        what = outcome.error or outcome.ended if outcome is not None else "it was not run"
+        report.add("paddle", FAIL, f"import paddle failed: {what}", "repair FastDeploy's paddle install")
+        return
+    facts = outcome.result or {}
+    if not facts.get("installed"):
+        report.add("paddle", FAIL, "paddle is not installed", _PADDLE_FIX)
+        return
+    version = str(facts.get("version"))
+    report.add("paddle", OK, f"paddle {version}")
+    if info is not None and info.paddle and info.paddle != version:
+        report.add(
+            "paddle build", WARN, f"FastDeploy was built against paddle {info.paddle}; this environment has {version}",
+            f"rebuild FastDeploy (bash build.sh) with this paddle, or install paddle {info.paddle}",
+        )  # fmt: skip
+    for call in calls:
+        where = f"fastdeploy/{call.fastdeploy_file}, from commit {call.since}"
+        if facts.get("attributes", {}).get(call.attribute):
+            report.add(call.attribute, OK, f"paddle {version} has it; this FastDeploy calls it ({where})")
+        else:
+            report.add(
+                call.attribute, FAIL,
+                f"paddle {version} has no {call.attribute}, which this FastDeploy calls on import ({where}); "
+                f"paddle >= {call.paddle_minimum} has it",
+                _PADDLE_FIX,
+            )  # fmt: skip
+    devices = [str(device) for device in facts.get("custom_devices") or []]
     if "intel_hpu" in devices:
         report.add("hpu device", OK, "paddle's custom device intel_hpu is available")
     else:
@@ -132,34 +291,10 @@ def _check_paddle(report: DoctorReport) -> None:
         )  # fmt: skip
 
 
-def _check_fastdeploy(report: DoctorReport) -> Path | None:
-    root = _fastdeploy_root()
-    if root is None:
-        report.add(
-            "fastdeploy", FAIL, "FastDeploy is not importable in this environment",
-            "run doctor in FastDeploy's environment (its Gaudi guide builds and installs it)",
-        )  # fmt: skip
-        return None
-    version, commit = _version_and_commit(root)
-    report.add("fastdeploy", OK, f"FastDeploy {version}, commit {commit}, at {root}")
-    layout = fastdeploy_moe_layout(root)
-    if layout is None:
-        report.add(
-            "moe layout", FAIL, "this FastDeploy has no HPU tensor-wise FP8 MoE method (it predates PR 5324)",
-            "use a FastDeploy that includes PR 5324 (develop from 2025-12-17); see docs/fastdeploy.md section 1",
-        )  # fmt: skip
-    else:
-        report.add("moe layout", OK, layout)
-    return root
-
-
 def _check_plugin_setup(report: DoctorReport, environ: Mapping[str, str]) -> None:
     points = [point for point in entry_points(group=PLUGIN_GROUP) if point.name == "hpu_fp8"]
     if not points:
-        report.add(
-            "entry point", FAIL, f"no hpu_fp8 entry point in {PLUGIN_GROUP}",
-            "pip install hpu-fp8-loader into FastDeploy's environment (it does not touch paddle)",
-        )  # fmt: skip
+        report.add("entry point", FAIL, f"no hpu_fp8 entry point in {PLUGIN_GROUP}", INSTALL_HINT)
     else:
         report.add("entry point", OK, f"hpu_fp8 -> {points[0].value}")
     named = [name.strip() for name in environ.get("FD_PLUGINS", "").split(",") if name.strip()]
@@ -182,34 +317,44 @@ def _check_plugin_setup(report: DoctorReport, environ: Mapping[str, str]) -> Non
         )  # fmt: skip
 
 
-def _check_routing(report: DoctorReport) -> None:
-    """Import FastDeploy's loader package as its worker does and ask it for the ``hpu_fp8`` loader."""
-    from hpu_fp8_loader.fastdeploy import plugin
+def _failed_step(outcome: StepOutcome) -> str:
+    return outcome.error or outcome.ended or "it gave no result"
 
-    try:
-        plugin.register()
-        from fastdeploy.model_executor.model_loader import get_model_loader
 
-        loader = get_model_loader(SimpleNamespace(load_choices=plugin.LOAD_CHOICE))
-    except HpuFp8Error as exc:
-        report.add("routing", FAIL, str(exc))
-        return
-    except Exception as exc:  # FastDeploy's own import failed: report it, do not hide it
+def _check_fastdeploy_steps(report: DoctorReport, outcomes: dict[str, StepOutcome]) -> None:
+    """The import of FastDeploy and the routing through its own get_model_loader, as its worker does them."""
+    imported = outcomes.get("fastdeploy import")
+    if imported is None:
+        return  # not run: paddle failed first, and says so
+    if not imported.ok:
         report.add(
-            "routing", FAIL, f"importing FastDeploy's model loader failed: {type(exc).__name__}: {exc}",
-            "fix FastDeploy's environment first (this is the import its worker does)",
+            "fastdeploy import", FAIL, f"import fastdeploy failed: {_failed_step(imported)}",
+            "fix FastDeploy's environment first: every FastDeploy process starts with this import",
         )  # fmt: skip
         return
-    if isinstance(loader, plugin.loader_class()):
+    report.add("fastdeploy import", OK, f"import fastdeploy works ({(imported.result or {}).get('file', '')})")
+    routed = outcomes.get("routing")
+    if routed is None:
+        return
+    if not routed.ok:
+        report.add(
+            "routing", FAIL, f"importing FastDeploy's model loader and asking it for hpu_fp8 failed: {_failed_step(routed)}",
+            "fix FastDeploy's environment first (this is the import its worker does); "
+            "if it persists, report it with `hpu-fp8 doctor --json`",
+        )  # fmt: skip
+        return
+    result = routed.result or {}
+    if result.get("ours"):
         report.add("routing", OK, "get_model_loader(load_choices='hpu_fp8') returns the hpu_fp8 loader")
     else:
         report.add(
-            "routing", FAIL, f"get_model_loader(load_choices='hpu_fp8') returned {type(loader).__name__}",
+            "routing", FAIL, f"get_model_loader(load_choices='hpu_fp8') returned {result.get('loader') or 'None'}",
             "this FastDeploy builds loaders the hook does not know; report it with `hpu-fp8 doctor --json`",
         )  # fmt: skip
 
 
-def _check_checkpoint(report: DoctorReport, checkpoint: str, tp: int, ep: int, revision: str | None) -> bool:
+def _check_checkpoint(report: DoctorReport, checkpoint: str, tp: int, ep: int, revision: str | None) -> Path | None:
+    """Quick validation, TP x EP and the 240 bound; the checkpoint's local path when FastDeploy could serve it."""
     from hpu_fp8_loader.arch import describe
     from hpu_fp8_loader.checks.load import load
     from hpu_fp8_loader.fastdeploy.mapping import FASTDEPLOY_FP8_MAX, Parallelism, check_parallelism
@@ -223,7 +368,7 @@ def _check_checkpoint(report: DoctorReport, checkpoint: str, tp: int, ep: int, r
         check_parallelism(descriptor, Parallelism(tp, 0, ep, 0))
     except HpuFp8Error as exc:
         report.add("checkpoint", FAIL, str(exc))
-        return False
+        return None
     report.add("checkpoint", OK, f"{loaded.path}: hpu-fp8 v1, {descriptor.model_type}, quick validation passed")
     if qc.fp8_max != FASTDEPLOY_FP8_MAX:
         report.add(
@@ -236,23 +381,21 @@ def _check_checkpoint(report: DoctorReport, checkpoint: str, tp: int, ep: int, r
         f"TP {tp} x EP {ep}: {human_bytes(plan.total_bytes_per_rank)} of parameters per rank, "
         f"KV cache {plan.kv_bytes_per_token_per_rank} bytes per token per rank ({qc.kv_cache_scheme.value})",
     )  # fmt: skip
-    return qc.fp8_max == FASTDEPLOY_FP8_MAX
+    return Path(loaded.path) if qc.fp8_max == FASTDEPLOY_FP8_MAX else None
 
 
-def _check_model(report: DoctorReport, checkpoint: str, tp: int) -> None:
-    """FastDeploy builds the model at meta shapes here; every parameter must be one the hook fills, alike."""
-    from hpu_fp8_loader.checks.load import load
-    from hpu_fp8_loader.fastdeploy.probe import mismatches
-
-    path = load(checkpoint, hashes=False).path
-    try:
-        problems, layout, built = mismatches(path, tp, 0)
-    except Exception as exc:  # FastDeploy's own config or model code failed: report it, do not hide it
+def _check_model(report: DoctorReport, outcome: StepOutcome | None, tp: int) -> None:
+    """FastDeploy builds the model at meta shapes; every parameter must be one the hook fills, alike."""
+    if outcome is None:
+        return  # not run: an earlier step failed, and says so
+    if not outcome.ok:
         report.add(
-            "model", FAIL, f"FastDeploy could not build the model: {type(exc).__name__}: {exc}",
+            "model", FAIL, f"FastDeploy could not build the model: {_failed_step(outcome)}",
             "run doctor where FastDeploy's worker runs (its environment and device settings)",
         )  # fmt: skip
         return
+    result = outcome.result or {}
+    problems = [str(problem) for problem in result.get("problems") or []]
     if problems:
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
         report.add(
@@ -260,8 +403,13 @@ def _check_model(report: DoctorReport, checkpoint: str, tp: int) -> None:
             "report it with `hpu-fp8 doctor --json`: this FastDeploy builds what the hook does not know",
         )  # fmt: skip
     else:
-        moe = f"; MoE {layout}" if layout else ""
-        report.add("model", OK, f"FastDeploy builds {built} parameters at TP {tp} rank 0; the hook fills each of them{moe}")
+        moe = f"; MoE {result['layout']}" if result.get("layout") else ""
+        report.add(
+            "model", OK, f"FastDeploy builds {result.get('built')} parameters at TP {tp} rank 0; the hook fills each of them{moe}"
+        )
+
+
+_PROBE = "hpu_fp8_loader.fastdeploy.probe"
 
 
 def doctor(
@@ -271,22 +419,34 @@ def doctor(
     revision: str | None = None,
     environ: Mapping[str, str] | None = None,
     build: bool = True,
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> DoctorReport:
     """Check this environment (and optionally a checkpoint at TP x EP) for serving with ``--load-choices hpu_fp8``.
 
-    With a checkpoint and FastDeploy importable, ``build`` has FastDeploy build the model at meta shapes
-    (no weight memory) and compares every parameter with what the hook fills (:mod:`.probe`).
+    paddle, FastDeploy's import, the routing and (with a checkpoint and ``build``) FastDeploy building the model at
+    meta shapes run in one child process (:mod:`.isolation`) that must finish within ``timeout`` seconds: whatever
+    FastDeploy does there (exit, raise, print, hang) is a failed check, never this process's end.
     """
     environ = os.environ if environ is None else environ
     report = DoctorReport()
     _check_python(report)
-    _check_paddle(report)
-    root = _check_fastdeploy(report)
+    root = _fastdeploy_root()
+    calls = _paddle_calls(root)
+    checkpoint_report = DoctorReport()
+    servable = _check_checkpoint(checkpoint_report, str(checkpoint), tp, ep, revision) if checkpoint is not None else None
+    steps = [Step("paddle", f"{_PROBE}:paddle_step", {"attributes": [call.attribute for call in calls]})]
+    if root is not None:
+        steps += [Step("fastdeploy import", f"{_PROBE}:fastdeploy_step", {}), Step("routing", f"{_PROBE}:routing_step", {})]
+        if servable is not None and build:
+            steps.append(Step("model", f"{_PROBE}:model_step", {"checkpoint": str(servable), "tp": tp}))
+    outcomes = run_steps(steps, timeout)
+    fastdeploy_report = DoctorReport()
+    info = _check_fastdeploy(fastdeploy_report, root)
+    _check_paddle(report, outcomes.get("paddle"), calls, info)
+    report.checks += fastdeploy_report.checks
     _check_plugin_setup(report, environ)
     if root is not None:
-        _check_routing(report)
-    if checkpoint is not None:
-        servable = _check_checkpoint(report, str(checkpoint), tp, ep, revision)
-        if servable and root is not None and build:
-            _check_model(report, str(checkpoint), tp)
+        _check_fastdeploy_steps(report, outcomes)
+    report.checks += checkpoint_report.checks
+    _check_model(report, outcomes.get("model"), tp)
     return report

@@ -1,6 +1,10 @@
-"""FastDeploy's model for a checkpoint, built in this process at meta shapes, beside what the hook would fill.
+"""What paddle and FastDeploy in this environment do, probed in the process that runs them: the steps
+``hpu-fp8 doctor`` runs in its child process (:mod:`.isolation`), and FastDeploy's model for a checkpoint built at
+meta shapes beside what the hook would fill.
 
-``hpu-fp8 doctor CKPT`` uses it on the Gaudi box: the FastDeploy installed there builds the model
+Each step returns a JSON-able dict and raises whatever paddle or FastDeploy raise; the child reports it.
+
+For ``hpu-fp8 doctor CKPT`` on the Gaudi box, the FastDeploy installed there builds the model
 from the checkpoint's config.json with its own worker code (``worker_process.parse_args`` and
 ``initialize_fd_config`` on the arguments its engine passes a worker), under ``paddle.LazyGuard`` so
 no weight memory is allocated whatever the model's size; every parameter's name, shape and dtype is
@@ -13,11 +17,14 @@ is built, by an object holding the rank and the size, which is all building the 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
-__all__ = ["OneProcessGroup", "fastdeploy_config", "mismatches"]
+__all__ = ["OneProcessGroup", "fastdeploy_config", "fastdeploy_step", "mismatches", "model_step", "paddle_step", "routing_step"]
 
 
 class OneProcessGroup:
@@ -117,3 +124,55 @@ def mismatches(checkpoint: str | Path, tp: int = 1, rank: int = 0) -> tuple[list
         if shape != want_shape or (dtype != want_dtype and not float32_lm_head):
             problems.append(f"{name}: FastDeploy builds {list(shape)} {dtype}, the hook fills {list(want_shape)} {want_dtype}")
     return problems, layout, len(built)
+
+
+# ----------------------------------------------------------------------------- doctor's steps
+
+
+def _has(module: object, dotted: str) -> bool:
+    """Whether ``paddle.compat.enable_torch_proxy`` (say) exists under ``module``, the first part naming it."""
+    node = module
+    for part in dotted.split(".")[1:]:
+        if not hasattr(node, part):
+            return False
+        node = getattr(node, part)
+    return True
+
+
+def paddle_step(attributes: list[str]) -> dict:
+    """paddle's version, its custom devices, and which of ``attributes`` (dotted from ``paddle``) it has."""
+    if importlib.util.find_spec("paddle") is None:
+        return {"installed": False}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # paddle's "No ccache found" on import
+        import paddle
+
+    devices = [str(device) for device in paddle.device.get_all_custom_device_type() or []]
+    present = {attribute: _has(paddle, attribute) for attribute in attributes}
+    return {"installed": True, "version": str(paddle.__version__), "custom_devices": devices, "attributes": present}
+
+
+def fastdeploy_step() -> dict:
+    """``import fastdeploy``, as every FastDeploy process does first: its ``__init__`` imports paddle and calls it."""
+    import fastdeploy
+
+    return {"file": str(getattr(fastdeploy, "__file__", ""))}
+
+
+def routing_step() -> dict:
+    """Register the hook and ask FastDeploy's own ``get_model_loader`` for ``hpu_fp8``, as its worker does."""
+    from hpu_fp8_loader.fastdeploy import plugin
+
+    plugin.register()
+    from fastdeploy.model_executor.model_loader import get_model_loader
+
+    loader = get_model_loader(SimpleNamespace(load_choices=plugin.LOAD_CHOICE))
+    if loader is None:
+        return {"loader": None, "ours": False}
+    return {"loader": type(loader).__name__, "ours": isinstance(loader, plugin.loader_class())}
+
+
+def model_step(checkpoint: str, tp: int) -> dict:
+    """FastDeploy builds ``checkpoint``'s model for TP rank 0 at meta shapes; what disagrees with the hook (:func:`mismatches`)."""
+    problems, layout, built = mismatches(checkpoint, tp, 0)
+    return {"problems": problems, "layout": layout, "built": built}

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from hpu_fp8_loader.errors import DatasetError, one_line
+from hpu_fp8_loader.errors import DatasetError, one_line, require_optional
 from hpu_fp8_loader.io.jsonfile import JsonFormatError, open_regular_file, parse_json
 from hpu_fp8_loader.quality.tokenizer import Continued
 
@@ -325,6 +325,7 @@ def _check_column(where: str, names: list[str], column: str) -> None:
 
 def _parquet_documents(path: Path, file: BinaryIO, field: str, render: Render | None) -> Iterator[str]:
     """Each row's ``field`` string (or, with ``render``, its rendered ``messages``), a batch of rows at a time."""
+    require_optional("pyarrow", f"{path}: reading a parquet dataset")
     import pyarrow as pa
     import pyarrow.parquet as pq
 

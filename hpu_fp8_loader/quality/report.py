@@ -39,7 +39,7 @@ from hpu_fp8_loader.arch import ModelDescriptor, Role, WeightTensor
 from hpu_fp8_loader.arch.base import linear_group
 from hpu_fp8_loader.conversion.plan import check_keep_bf16
 from hpu_fp8_loader.engine.model import Observer
-from hpu_fp8_loader.errors import ConfigError, OutputExistsError, UnsafePathError, WriteFailedError, force_flag
+from hpu_fp8_loader.errors import ConfigError, OutputExistsError, UnsafePathError, WriteFailedError, force_flag, require_optional
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.writer import check_apart, publish_output_dir
 from hpu_fp8_loader.numerics import e4m3, scales
@@ -435,6 +435,7 @@ def check_report_dir(directory: str | Path, force: bool, sources: Iterable[str |
     """Refuse, before any work, a report directory that must not be written: one of ``sources`` (or inside or
     around one), a link or a file, a non-empty directory without ``force``, or with it one that holds no report."""
     out = Path(directory)
+    require_optional("matplotlib", f"{out}: the report's plots")
     check_apart(out, sources)
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise UnsafePathError(f"{out}: a link or a file; --report names a directory to write")

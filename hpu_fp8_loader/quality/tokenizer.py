@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from hpu_fp8_loader.errors import TokenizerError, one_line
+from hpu_fp8_loader.errors import TokenizerError, one_line, require_optional
 from hpu_fp8_loader.io.jsonfile import JsonFormatError, read_json_object, read_regular_file
 
 __all__ = ["BYTE_VOCAB_LIMIT", "TOKENIZER_CHOICES", "Continued", "ModelTokenizer", "load_tokenizer"]
@@ -237,10 +237,9 @@ def _json_encoder(path: Path, _config: dict, _model_dir: Path) -> _Encoder:
     """tokenizer.json through the tokenizers library, read as strict JSON first: the library's own messages for a
     broken file are misleading (``{"not": 1}`` is "expected `,` or `}`")."""
     data = read_json_object(path, TokenizerError, "a link to nothing")
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:  # a runtime dependency; only a broken environment lacks it
-        raise TokenizerError(f"{path}: the tokenizers library is not installed (pip install tokenizers)") from None
+    require_optional("tokenizers", f"{path}: reading it")
+    from tokenizers import Tokenizer
+
     try:
         tokenizer = Tokenizer.from_str(json.dumps(data))
     except Exception as exc:  # the tokenizers library raises bare Exception
@@ -252,10 +251,9 @@ def _sentencepiece_encoder(path: Path, config: dict, model_dir: Path) -> _Encode
     """tokenizer.model through sentencepiece, with the special tokens of tokenizer_config.json matched in the text
     first (sentencepiece itself would split ``<|begin_of_sentence|>`` into pieces), as transformers does."""
     data = _read_bytes(path)
-    try:
-        import sentencepiece
-    except ImportError:  # a runtime dependency; only a broken environment lacks it
-        raise TokenizerError(f"{path}: the sentencepiece library is not installed (pip install sentencepiece)") from None
+    require_optional("sentencepiece", f"{path}: reading it")
+    import sentencepiece
+
     try:
         processor = sentencepiece.SentencePieceProcessor(model_proto=data)
     except Exception as exc:  # sentencepiece raises RuntimeError or OSError with C++ text

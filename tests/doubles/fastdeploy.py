@@ -8,6 +8,11 @@ importing the models package, which runs the plugins named by ``FD_PLUGINS``, ``
 PR 5324 MoE layout, casts a float32 lm_head, calls ``model.eval()``, and names what is missing or extra.
 Its model holds exactly the parameters the hook's own mapping expects, so it says nothing about
 FastDeploy's shapes or values.
+
+``write_broken_fastdeploy`` and ``write_paddle_standin`` give ``hpu-fp8 doctor`` a FastDeploy with one fault of the
+kinds a real one may have (exit, print, hang or die on import, a loader that is None or raises a BaseException, a
+half-imported base_loader) and a paddle of the version FastDeploy's Gaudi guide installs, which cannot be installed
+beside the tests' own.
 """
 
 from __future__ import annotations
@@ -157,3 +162,75 @@ def write_standin(root: Path) -> Path:
 def forget_standin() -> None:
     for name in [n for n in sys.modules if n == "fastdeploy" or n.startswith("fastdeploy.")]:
         del sys.modules[name]
+
+
+# ----------------------------------------------------------------------------- a broken FastDeploy, for doctor
+
+# The thinnest FastDeploy `hpu-fp8 doctor` can examine, with one fault of the kind a real one may have. Its models
+# package runs the plugins as FastDeploy's does; nothing imports paddle unless the fault says so, so these doubles
+# run with the paddle stand-in below. What a real FastDeploy does under doctor is the conformance suite's question.
+BROKEN_FASTDEPLOY_FAULTS = {
+    "none": ("", MODEL_LOADER),
+    "exit-on-import": ("import sys\nsys.exit(0)\n", MODEL_LOADER),
+    "print-on-import": ("import sys\nprint('FastDeploy banner on stdout')\nprint('a warning', file=sys.stderr)\n", MODEL_LOADER),
+    "hang-on-import": ("import time\ntime.sleep(3600)\n", MODEL_LOADER),
+    "killed-on-import": ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", MODEL_LOADER),
+    "torch-proxy": ("import paddle\npaddle.compat.enable_torch_proxy(scope={'triton'})\n", MODEL_LOADER),
+    "loader-none": ("", "def get_model_loader(load_config):\n    return None\n"),
+    "base-exception": (
+        "",
+        "class FastDeployStop(BaseException):\n    pass\n\n\n"
+        "def get_model_loader(load_config):\n    raise FastDeployStop('the worker was told to stop')\n",
+    ),
+    # base_loader imports the models package (which runs the plugins) before it defines BaseModelLoader
+    "half-imported-base-loader": ("", MODEL_LOADER),
+}
+
+HALF_IMPORTED_BASE_LOADER = "import fastdeploy.model_executor.models.model_base\n" + BASE_LOADER
+
+PLAIN_MODELS = """
+class ModelRegistry:
+    @staticmethod
+    def get_class(architecture):
+        raise KeyError(architecture)
+"""
+
+
+def write_broken_fastdeploy(root: Path, fault: str = "none", version_txt: str | None = None) -> Path:
+    """A FastDeploy package under ``root`` with ``fault`` (a key of BROKEN_FASTDEPLOY_FAULTS) and, if given, a
+    version.txt as FastDeploy's build.sh writes it; put ``root`` on sys.path to import it."""
+    init, model_loader = BROKEN_FASTDEPLOY_FAULTS[fault]
+    base_loader = HALF_IMPORTED_BASE_LOADER if fault == "half-imported-base-loader" else BASE_LOADER
+    files = {
+        "fastdeploy/__init__.py": init,
+        "fastdeploy/model_executor/__init__.py": "",
+        "fastdeploy/model_executor/model_loader/__init__.py": model_loader,
+        "fastdeploy/model_executor/model_loader/base_loader.py": base_loader,
+        "fastdeploy/model_executor/model_loader/default_loader.py": DEFAULT_LOADER,
+        "fastdeploy/model_executor/models/__init__.py": MODELS_PACKAGE,
+        "fastdeploy/model_executor/models/model_base.py": PLAIN_MODELS,
+        # what doctor reads of the sources: the HPU FP8 MoE method of PR 5324
+        "fastdeploy/model_executor/layers/backends/intel_hpu/moe/fused_moe_hpu_backend.py": "class HpuTensorWiseFP8MoEMethod: ...\n",
+    }
+    if version_txt is not None:
+        files["fastdeploy/version.txt"] = version_txt
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root
+
+
+def write_paddle_standin(root: Path, version: str = "3.3.0", compat: bool = True) -> Path:
+    """The paddle doctor asks for: a version, custom devices (none), and ``paddle.compat.enable_torch_proxy`` when
+    ``compat`` (paddle 3.3.0 on); without it, the paddle of FastDeploy's Gaudi guide (3.1.1 has no paddle.compat).
+    No paddle 3.1.1 installs beside the tests' own 3.3, so this stands in for it; put ``root`` first on sys.path."""
+    package = root / "paddle"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text(
+        f"__version__ = {version!r}\nfrom paddle import device\n" + ("from paddle import compat\n" if compat else "")
+    )
+    (package / "device.py").write_text("def get_all_custom_device_type():\n    return []\n")
+    if compat:
+        (package / "compat.py").write_text("def enable_torch_proxy(scope=None):\n    return None\n")
+    return root

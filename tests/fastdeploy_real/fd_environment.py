@@ -2,8 +2,11 @@
 
 FastDeploy is not on PyPI and its setup builds CUDA ops, so the suite never installs it: its source
 goes on ``PYTHONPATH`` of a Python 3.10 virtual environment (FastDeploy's Gaudi image runs 3.10)
-holding what FastDeploy imports (``requirements.txt``) plus this package, installed the way a user
-installs it into FastDeploy's environment. Nothing of FastDeploy is copied into this repository.
+holding FastDeploy's own ``requirements.txt`` at the commit under test (every package of it that
+installs here; ``fastdeploy_requirements_skipped.txt`` names the others and why) plus the suite's
+few pins where that list is not enough on a CPU (``requirements.txt``: paddle itself, and what
+replaces a skipped package), then this package, installed the way a user installs it into
+FastDeploy's environment. Nothing of FastDeploy is copied into this repository.
 
 Where the source comes from (the first that is set):
 
@@ -12,8 +15,8 @@ Where the source comes from (the first that is set):
 * nothing: the suite is skipped, saying so.
 
 The environment is built once and kept under ``HPU_FP8_FASTDEPLOY_CACHE`` (default
-``~/.cache/hpu-fp8-loader/fastdeploy``), keyed by a hash of ``requirements.txt`` and the Python
-version; the extracted source is keyed by its commit.
+``~/.cache/hpu-fp8-loader/fastdeploy``), keyed by a hash of FastDeploy's requirements, the suite's
+two files and the Python version; the extracted source is keyed by its commit.
 """
 
 from __future__ import annotations
@@ -26,9 +29,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 REQUIREMENTS = HERE / "requirements.txt"
+SKIPPED = HERE / "fastdeploy_requirements_skipped.txt"
 RUNTIME = HERE / "runtime"
 
 
@@ -94,11 +101,13 @@ def _source() -> tuple[Path, str]:
     ref = os.environ.get("HPU_FP8_FASTDEPLOY_REF", "develop")
     commit = _git(git_dir, "rev-parse", f"{ref}^{{commit}}").strip()
     target = _cache() / f"src-{commit[:12]}"
-    if not (target / ".complete").is_file():
+    if not ((target / ".complete").is_file() and (target / "requirements.txt").is_file()):
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
         archive = subprocess.run(
-            ["git", "--git-dir", str(git_dir), "archive", commit, "fastdeploy"], capture_output=True, check=True
+            ["git", "--git-dir", str(git_dir), "archive", commit, "fastdeploy", "requirements.txt"],
+            capture_output=True,
+            check=True,
         )
         subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
         # what FastDeploy's build.sh writes, so that `hpu-fp8 doctor` can name the commit
@@ -107,20 +116,62 @@ def _source() -> tuple[Path, str]:
     return target, commit[:8]
 
 
-def _venv(python: Path) -> Path:
-    key = hashlib.sha256(REQUIREMENTS.read_bytes() + str(python.resolve()).encode()).hexdigest()[:16]
+def skipped_requirements() -> dict[str, str]:
+    """FastDeploy requirements this suite does not install, by canonical name: why, from SKIPPED."""
+    skipped = {}
+    for line in SKIPPED.read_text().splitlines():
+        name, _, why = line.partition("#")
+        if name.strip():
+            skipped[canonicalize_name(name.strip())] = why.strip()
+    return skipped
+
+
+def fastdeploy_requirements(source: Path) -> list[Requirement]:
+    """FastDeploy's own requirements.txt at the source under test (a checkout's, or the one extracted with it)."""
+    listed = source / "requirements.txt"
+    if not listed.is_file():
+        raise FastDeployUnavailableError(f"{source} has no requirements.txt beside fastdeploy/ (FastDeploy's own list)")
+    lines = [line.split("#", 1)[0].strip() for line in listed.read_text().splitlines()]
+    return [Requirement(line) for line in lines if line]
+
+
+def _venv(python: Path, source: Path) -> Path:
+    """The environment: FastDeploy's requirements but the skipped ones, with the suite's pins, in one pip resolution."""
+    skipped = skipped_requirements()
+    wanted = [str(r) for r in fastdeploy_requirements(source) if canonicalize_name(r.name) not in skipped]
+    listed = "\n".join(wanted) + "\n"
+    key = hashlib.sha256(
+        listed.encode() + REQUIREMENTS.read_bytes() + SKIPPED.read_bytes() + str(python.resolve()).encode()
+    ).hexdigest()[:16]
     venv = _cache() / f"venv-{key}"
     interpreter = venv / "bin" / "python"
     if (venv / ".complete").is_file():
         return interpreter
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([str(python), "-m", "venv", str(venv)], check=True)
-    print(f"[fastdeploy_real] building {venv} from {REQUIREMENTS.name} (once; a few minutes)", file=sys.stderr)
+    (venv / "fastdeploy-requirements.txt").write_text(listed)
+    # Python 3.10's bundled pip (23.0) backtracks for tens of minutes over FastDeploy's unpinned list; a current one does not
+    subprocess.run([str(interpreter), "-m", "pip", "install", "-q", "--upgrade", "pip>=25"], check=True, capture_output=True)
+    print(f"[fastdeploy_real] building {venv} from FastDeploy's requirements.txt (once; several minutes)", file=sys.stderr)
     install = subprocess.run(
-        [str(interpreter), "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)], capture_output=True, text=True
+        [
+            str(interpreter),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "-r",
+            str(venv / "fastdeploy-requirements.txt"),
+            "-r",
+            str(REQUIREMENTS),
+        ],
+        capture_output=True,
+        text=True,
     )
     if install.returncode:
-        raise RuntimeError(f"pip install -r {REQUIREMENTS} failed:\n{install.stdout[-4000:]}\n{install.stderr[-4000:]}")
+        raise RuntimeError(
+            f"pip install of FastDeploy's requirements failed:\n{install.stdout[-4000:]}\n{install.stderr[-4000:]}"
+        )
     (venv / ".complete").write_text("ok")
     return interpreter
 
@@ -146,6 +197,6 @@ def install_this_package(python: Path) -> tuple[dict[str, str], dict[str, str]]:
 def prepare() -> tuple[FastDeployEnvironment, dict[str, str], dict[str, str]]:
     """The environment with this package installed, and the package versions before and after installing it."""
     source, commit = _source()
-    python = _venv(_python310())
+    python = _venv(_python310(), source)
     before, after = install_this_package(python)
     return FastDeployEnvironment(python, source, commit), before, after

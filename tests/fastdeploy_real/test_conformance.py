@@ -12,6 +12,7 @@ FastDeploy's source (``HPU_FP8_FASTDEPLOY_SRC``; see fd_environment.py).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -182,6 +183,13 @@ def test_qwen2_at_tp2_against_fastdeploys_presharded_loading(run_case, checkpoin
         assert_conforms(run_case({"oracle": tmp_path / "ranks", "hook": spec, "tp": 2, "rank": rank}))
 
 
+def doctor_path(environment) -> str:
+    """PYTHONPATH for a doctor run: its child interpreter starts with the CPU stand-ins too (runtime/doctor_site)."""
+    from fd_environment import RUNTIME
+
+    return os.pathsep.join([str(environment.source), str(RUNTIME), str(RUNTIME / "doctor_site")])
+
+
 def test_doctor_in_fastdeploys_environment(fastdeploy_env, checkpoints, tmp_path):
     """`hpu-fp8 doctor` where FastDeploy is: its commit and MoE layout, the entry point, FD_PLUGINS, routing
     through FastDeploy's own get_model_loader, and a checkpoint; without FD_PLUGINS it fails, naming the fix."""
@@ -191,7 +199,8 @@ def test_doctor_in_fastdeploys_environment(fastdeploy_env, checkpoints, tmp_path
     spec, _ = checkpoints("ernie-moe-tiny", True)
     command = ["-c", "import fd_bootstrap, sys; from hpu_fp8_loader.cli.main import main; sys.argv[0] = 'hpu-fp8'; main()",
                "doctor", str(spec), "--tp", "2", "--json"]  # fmt: skip
-    ready = environment.run(command, cwd=tmp_path, FD_PLUGINS="hpu_fp8", FD_ATTENTION_BACKEND="HPU_ATTN")
+    ready = environment.run(command, cwd=tmp_path, PYTHONPATH=doctor_path(environment), FD_PLUGINS="hpu_fp8",
+                            FD_ATTENTION_BACKEND="HPU_ATTN")  # fmt: skip
     checks = {c["name"]: c for c in json.loads(ready.stdout)["checks"]}
     assert ready.returncode == 0, ready.stdout + ready.stderr[-3000:]
     assert checks["python"]["status"] == "ok" and checks["routing"]["status"] == "ok"
@@ -200,7 +209,7 @@ def test_doctor_in_fastdeploys_environment(fastdeploy_env, checkpoints, tmp_path
     assert checks["moe layout"]["detail"].startswith("down_proj_in_scale as a per-expert list")
     assert checks["checkpoint"]["status"] == "ok" and checks["hpu device"]["status"] == "warn"  # no HPU here
     assert checks["model"]["status"] == "ok" and "the hook fills each of them" in checks["model"]["detail"], checks["model"]
-    not_ready = environment.run(command, cwd=tmp_path, FD_ATTENTION_BACKEND="HPU_ATTN")
+    not_ready = environment.run(command, cwd=tmp_path, PYTHONPATH=doctor_path(environment), FD_ATTENTION_BACKEND="HPU_ATTN")
     checks = {c["name"]: c for c in json.loads(not_ready.stdout)["checks"]}
     assert not_ready.returncode == 1 and checks["FD_PLUGINS"]["status"] == "fail"
     print("doctor in FastDeploy's environment:", ready.stdout)
@@ -227,3 +236,49 @@ def test_the_model_check_names_what_fastdeploy_builds_differently(fastdeploy_env
         f"ernie.layers.{i}.mlp.experts.gate_correction_bias: the hook fills it, FastDeploy does not build it" for i in (1, 2)
     ]
     assert layout.startswith("down_proj_in_scale as a per-expert list")
+
+
+def test_doctor_compares_fastdeploys_commit_and_paddle_with_the_supported_range(fastdeploy_env, tmp_path):
+    """At the checked commit with paddle 3.3.0: the commit is known good, paddle has what FastDeploy's __init__ calls,
+    and FastDeploy's own import ran in doctor's child process."""
+    import json
+
+    from hpu_fp8_loader.fastdeploy import support
+
+    environment = fastdeploy_env["environment"]
+    command = ["-c", "import sys; from hpu_fp8_loader.cli.main import main; sys.argv[0] = 'hpu-fp8'; main()",
+               "doctor", "--json"]  # fmt: skip
+    done = environment.run(command, cwd=tmp_path, PYTHONPATH=doctor_path(environment), FD_PLUGINS="hpu_fp8",
+                           FD_ATTENTION_BACKEND="HPU_ATTN")  # fmt: skip
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert checks["fastdeploy import"]["status"] == "ok" and checks["routing"]["status"] == "ok"
+    assert checks["paddle.compat.enable_torch_proxy"]["status"] == "ok", checks
+    if environment.commit != "checkout":
+        expected = "ok" if any(c.commit.startswith(environment.commit) for c in support.CHECKED_COMMITS) else "warn"
+        assert checks["fastdeploy commit"]["status"] == expected, checks["fastdeploy commit"]
+
+
+def test_installing_the_package_changes_no_fastdeploy_requirement(fastdeploy_env):
+    """The environment holds FastDeploy's own requirements.txt at the commit under test (all but the skipped ones,
+    each with its reason); installing this package leaves the version of every one of them as it was."""
+    from fd_environment import fastdeploy_requirements, skipped_requirements
+    from packaging.utils import canonicalize_name
+
+    before = {canonicalize_name(name): version for name, version in fastdeploy_env["before"].items()}
+    after = {canonicalize_name(name): version for name, version in fastdeploy_env["after"].items()}
+    skipped = skipped_requirements()
+    assert all(skipped.values()), skipped  # each skip says why
+    listed = {canonicalize_name(r.name): r for r in fastdeploy_requirements(fastdeploy_env["environment"].source)}
+    assert set(skipped) <= set(listed), set(skipped) - set(listed)  # a stale skip would hide nothing
+    installed = {name: requirement for name, requirement in listed.items() if name not in skipped}
+    missing = sorted(name for name in installed if name not in before)
+    assert missing == [], f"FastDeploy requirements the environment lacks: {missing}"
+    unmet = sorted(f"{r} (installed {before[name]})" for name, r in installed.items()
+                   if not r.specifier.contains(before[name], prereleases=True))  # fmt: skip
+    assert unmet == [], unmet
+    changed = {name: (before[name], after.get(name)) for name in installed if after.get(name) != before[name]}
+    assert changed == {}, changed
+    added = sorted(set(after) - set(before) - {"hpu-fp8-loader"})
+    print(f"{len(installed)} FastDeploy requirements unchanged by installing hpu-fp8-loader; skipped: {sorted(skipped)}; "
+          f"packages it added: {added or 'none'}")  # fmt: skip
