@@ -180,3 +180,12 @@ def test_no_help_recommends_bf16_attention_as_safer(command):
 def test_every_command_writing_a_checkpoint_states_the_bf16_attention_caveat(command):
     shown = re.sub(r"\s+", " ", CliRunner().invoke(main, [command, "--help"], terminal_width=200).output)
     assert "none: attention and KV cache in BF16, FP8 linears only (not yet seen working on a Gaudi" in shown
+
+
+def test_every_layout_of_the_recipe_gives_fastdeploy_one_device_per_worker():
+    """FastDeploy starts one worker per HPU_VISIBLE_DEVICES id, and needs TP x DP of them (DP is 1 here)."""
+    for layout in recipe.LAYOUTS:
+        assert len(layout.devices.split(",")) == layout.tp, layout
+        flags = recipe.server_arguments(layout)
+        assert flags[flags.index("--tensor-parallel-size") + 1] == str(layout.tp)
+        assert ("--enable-expert-parallel" in flags) == (layout.ep > 1)

@@ -172,9 +172,9 @@ def log_check_command() -> str:
     return f'grep "{ANNOUNCEMENT_PREFIX}" log/workerlog.*'
 
 
-def layouts_for(model_type: str | None, tp_sizes: tuple[int, ...] = (1, 2)) -> tuple[ServingLayout, ...]:
-    """The recipe's layouts a model can use: those whose TP size it divides into, EP only with experts."""
-    return tuple(layout for layout in LAYOUTS if layout.tp in tp_sizes and (layout.ep == 1 or model_type == "ernie4_5_moe"))
+def layouts_for(tp_sizes: tuple[int, ...], experts: bool) -> tuple[ServingLayout, ...]:
+    """The recipe's layouts a model can use: those whose TP size it divides into (``tp_sizes``), EP only with experts."""
+    return tuple(layout for layout in LAYOUTS if layout.tp in tp_sizes and (layout.ep == 1 or experts))
 
 
 def pulled(repo_id: str) -> tuple[str, str]:

@@ -145,7 +145,8 @@ def render_card(
         tags=[*_TAGS, *([model_type] if isinstance(model_type, str) and _IDENTIFIER.fullmatch(model_type) else [])],
     )
     # the serving block holds only our text and the repo id, which check_repo_id has kept to [A-Za-z0-9._-/]
-    layouts = recipe.layouts_for(model_type if isinstance(model_type, str) else None, tuple(valid_tp_sizes(describe(config))))
+    descriptor = describe(config)
+    layouts = recipe.layouts_for(tuple(valid_tp_sizes(descriptor)), experts=descriptor.moe is not None)
     serving = recipe.serving_block(recipe.pulled(repo_id), layouts)
     manifest = json.loads((root / MANIFEST_FILE).read_text())["files"]
     files = [CardFile(name, entry["size"], entry["sha256"]) for name, entry in sorted(manifest.items())]

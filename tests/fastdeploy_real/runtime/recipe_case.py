@@ -22,17 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import shlex
 import subprocess
-import sys
 import traceback
 import types
-from pathlib import Path
 
 import fd_bootstrap  # noqa: F401  (before fastdeploy)
-from fd_harness import fd_config, load, state
+from fd_harness import fd_config, load, report_case, state
 
 LAUNCHER = "paddle.distributed.launch"
 
@@ -165,9 +162,4 @@ def run(case: dict) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        report = run(json.loads(Path(sys.argv[1]).read_text()))
-    except Exception as exc:  # the report names the failure; the test prints the traceback
-        traceback.print_exc()
-        report = {"error": f"{type(exc).__name__}: {exc}"}
-    print(json.dumps(report))
+    report_case(run)
