@@ -5,7 +5,7 @@
 
 Regions lie between ``<!-- BEGIN name: ... -->`` and ``<!-- END name -->``: ``recipe`` is the serving block
 (hpu_fp8_loader/fastdeploy/recipe.py, which the model cards render too), ``matrix`` the support matrix
-(hpu_fp8_loader/fastdeploy/status.py). tests/test_readme.py checks that they match.
+(hpu_fp8_loader/fastdeploy/status.py). tests/test_serving_docs.py checks that they match.
 """
 
 from __future__ import annotations

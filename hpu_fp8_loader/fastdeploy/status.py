@@ -3,7 +3,7 @@
 Each cell is a model, a FastDeploy MoE layout, a parallel layout and a KV-cache scheme. Its status says what
 was done, never more: ``checked`` cells are cases of the FastDeploy conformance suite (FastDeploy's own code on
 a CPU, the hook's model equal to the bit to FastDeploy's own loading; docs/fastdeploy.md section 13), and
-``tests/test_support_matrix.py`` fails when one has no case there. Nothing has been seen served on a Gaudi.
+``tests/test_serving_docs.py`` fails when one has no case there. Nothing has been seen served on a Gaudi.
 """
 
 from __future__ import annotations
