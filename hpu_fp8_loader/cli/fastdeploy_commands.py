@@ -183,7 +183,7 @@ def map_command(
     found in the local cache offline).
 
     Names are FastDeploy's parameter paths (e.g. ernie.layers.0.self_attn.qkv_proj.act_scale,
-    ernie.layers.1.mlp.experts.up_gate_proj_weight); see the README for every name. With
+    ernie.layers.1.mlp.experts.up_gate_proj_weight); see docs/fastdeploy.md section 11 for every name. With
     --all-ranks, writes rank{r}/ folders FastDeploy's pre-sharded path loads without splitting.
 
     \b

@@ -188,7 +188,10 @@ def _enum_option(flag: str, enum: type[Enum], help: str) -> Callable[..., Callab
 
 target_option = _enum_option("--target", Target, "gaudi2: FP8 range ±240 (what FastDeploy serves); gaudi3: ±448.")
 kv_cache_option = _enum_option(
-    "--kv-cache", KvCacheScheme, "fp8: fp8 KV cache and fp8 attention; none: attention stays BF16 (safer for Qwen2)."
+    "--kv-cache",
+    KvCacheScheme,
+    "fp8: FP8 KV cache and FP8 attention (FastDeploy's cache_fp8_sdpa_fp8); none: attention and KV cache in BF16, "
+    "FP8 linears only (not yet seen working on a Gaudi; docs/spec.md section 5).",
 )
 measurements_option = _shared_option(
     "--measurements",

@@ -45,6 +45,7 @@ __all__ = [
     "amax_to_legacy",
     "export_legacy",
     "legacy_key",
+    "stock_fastdeploy_layouts",
 ]
 
 QUANT_WEIGHT = "quant_weight"
@@ -113,6 +114,18 @@ def _check_servable(descriptor: ModelDescriptor, tp: int) -> None:
             f"tensor parallelism {tp}: FastDeploy's v0 loader does not split Qwen2 FP8 tensors; "
             "export for TP 1, or serve the hpu-fp8 checkpoint with the hpu_fp8 loader hook"
         )
+
+
+def stock_fastdeploy_layouts(model_type: str) -> str:
+    """What an export of this model serves on stock FastDeploy, as :func:`_check_servable` and section 5 of
+    docs/fastdeploy.md have it (``export-legacy --help`` and the model cards say this)."""
+    if model_type == "qwen2":
+        return "tensor parallelism 1 only (FastDeploy's v0 loader does not split Qwen2 FP8 tensors); no expert parallelism"
+    return (
+        "any tensor-parallel size the model divides into (FastDeploy's v0 loader splits ERNIE's FP8 tensors since "
+        "44a13e45, on Python 3.10); no expert parallelism (FastDeploy's v0 expert-parallel loader drops the MoE input "
+        "scale this layout carries)"
+    )
 
 
 def _tied_lm_head_key(descriptor: ModelDescriptor) -> str | None:

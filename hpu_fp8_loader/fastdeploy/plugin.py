@@ -37,10 +37,21 @@ import numpy as np
 
 from hpu_fp8_loader.errors import HpuFp8Error
 
-__all__ = ["LOAD_CHOICE", "MOE_LIST_LAYOUT", "MOE_PARAMETER_LAYOUT", "fill_model", "is_registered", "moe_layout", "register"]
+__all__ = [
+    "ANNOUNCEMENT_PREFIX",
+    "LOAD_CHOICE",
+    "MOE_LIST_LAYOUT",
+    "MOE_PARAMETER_LAYOUT",
+    "fill_model",
+    "is_registered",
+    "moe_layout",
+    "register",
+]
 
 LOAD_CHOICE = "hpu_fp8"
 BASE_LOADER_MODULE = "fastdeploy.model_executor.model_loader.base_loader"
+# the INFO line each worker logs once the hook has filled the model: the recipe tells users to look for it
+ANNOUNCEMENT_PREFIX = "hpu_fp8: filled"
 MOE_LIST_LAYOUT = "down_proj_in_scale as a per-expert list (FastDeploy PR 5324 layout)"
 MOE_PARAMETER_LAYOUT = "down_proj_in_scale as an [E, 1] parameter (FastDeploy PR 5855 layout)"
 _DOWN_IN_SCALE = "down_proj_in_scale"
@@ -293,7 +304,7 @@ def loader_class():
             count = fill_model(model, checkpoint.path, par)
             layout = moe_layout(model)
             _announce(
-                "hpu_fp8: filled %d parameters of %s from %s (tp rank %d of %d, ep rank %d of %d%s)",
+                ANNOUNCEMENT_PREFIX + " %d parameters of %s from %s (tp rank %d of %d, ep rank %d of %d%s)",
                 count, architecture, checkpoint.path, par.tp_rank, par.tp_size, par.ep_rank, par.ep_size,
                 f"; MoE {layout}" if layout else "",
             )  # fmt: skip

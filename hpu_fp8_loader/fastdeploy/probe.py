@@ -21,10 +21,20 @@ import importlib.util
 import json
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
-__all__ = ["OneProcessGroup", "fastdeploy_config", "fastdeploy_step", "mismatches", "model_step", "paddle_step", "routing_step"]
+__all__ = [
+    "OneProcessGroup",
+    "fastdeploy_config",
+    "fastdeploy_step",
+    "mismatches",
+    "model_step",
+    "paddle_step",
+    "routing_step",
+    "worker_config",
+]
 
 
 class OneProcessGroup:
@@ -48,7 +58,7 @@ class OneProcessGroup:
 
 def _worker_arguments(model_dir: str, tp: int, load_choices: str) -> list[str]:
     argv = [
-        "worker_process", "--model", model_dir, "--tensor_parallel_size", str(tp), "--load_choices", load_choices,
+        "--model", model_dir, "--tensor_parallel_size", str(tp), "--load_choices", load_choices,
         "--max_model_len", "256", "--max_num_seqs", "4", "--max_num_batched_tokens", "1024", "--block_size", "128",
         "--graph_optimization_config", json.dumps({"use_cudagraph": False}),
     ]  # fmt: skip
@@ -63,6 +73,13 @@ _FLEET_READY = False
 
 def fastdeploy_config(model_dir: str | Path, tp: int = 1, rank: int = 0, load_choices: str = "hpu_fp8"):
     """FastDeploy's FDConfig for one rank of ``model_dir``, built by its worker's own argument parsing and config code."""
+    return worker_config(_worker_arguments(str(model_dir), tp, load_choices), tp, rank)
+
+
+def worker_config(worker_argv: Sequence[str], world_size: int, rank: int):
+    """FastDeploy's FDConfig for worker ``rank`` of the ``world_size`` processes ``paddle.distributed.launch`` starts,
+    from the arguments its engine passes that worker (``worker_argv``, without the script), through
+    ``worker_process.parse_args`` and ``initialize_fd_config`` as ``run_worker_proc`` calls them."""
     global _FLEET_READY
     import paddle.distributed as dist
     from fastdeploy.worker import worker_process
@@ -70,7 +87,7 @@ def fastdeploy_config(model_dir: str | Path, tp: int = 1, rank: int = 0, load_ch
     if not _FLEET_READY:
         worker_process.init_distributed_environment()  # FastDeploy's own; a world of one process here
         _FLEET_READY = True
-    if tp > 1:
+    if world_size > 1:
         from paddle.distributed.fleet.meta_parallel import get_rng_state_tracker
 
         tracker = get_rng_state_tracker()
@@ -78,15 +95,16 @@ def fastdeploy_config(model_dir: str | Path, tp: int = 1, rank: int = 0, load_ch
             tracker.add("model_parallel_rng", 20 + rank)
 
     def one_process_group(ranks: list[int] | None = None, *args: object, **kwargs: object) -> OneProcessGroup:
-        return OneProcessGroup(range(tp) if ranks is None else ranks, rank % tp)
+        members = list(range(world_size) if ranks is None else ranks)
+        return OneProcessGroup(members, rank % len(members))
 
     saved_argv, saved_new_group = sys.argv, dist.new_group
-    sys.argv = _worker_arguments(str(model_dir), tp, load_choices)
+    sys.argv = ["worker_process", *worker_argv]
     # paddle declares new_group to return its Group; ours returns a duck-typed stand-in (building the model reads only
     # the rank and the size, as the module docstring says), which its annotation cannot express
     dist.new_group = one_process_group  # type: ignore[assignment]
     try:
-        return worker_process.initialize_fd_config(worker_process.parse_args(), ranks=tp, local_rank=rank)
+        return worker_process.initialize_fd_config(worker_process.parse_args(), ranks=world_size, local_rank=rank)
     finally:
         sys.argv, dist.new_group = saved_argv, saved_new_group
 

@@ -18,7 +18,12 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from hpu_fp8_loader.arch import describe
 from hpu_fp8_loader.errors import HpuFp8Error, one_line
+from hpu_fp8_loader.fastdeploy import recipe
+from hpu_fp8_loader.fastdeploy.legacy import stock_fastdeploy_layouts
+from hpu_fp8_loader.fastdeploy.mapping import valid_tp_sizes
+from hpu_fp8_loader.fastdeploy.status import model_status
 from hpu_fp8_loader.io.checkpoint import read_config
 from hpu_fp8_loader.io.manifest import MANIFEST_FILE
 from hpu_fp8_loader.quality.evaluate import EvaluationResult
@@ -139,6 +144,10 @@ def render_card(
         datasets=datasets or None,
         tags=[*_TAGS, *([model_type] if isinstance(model_type, str) and _IDENTIFIER.fullmatch(model_type) else [])],
     )
+    # the serving block holds only our text and the repo id, which check_repo_id has kept to [A-Za-z0-9._-/]
+    descriptor = describe(config)
+    layouts = recipe.layouts_for(tuple(valid_tp_sizes(descriptor)), experts=descriptor.moe is not None)
+    serving = recipe.serving_block(recipe.pulled(repo_id), layouts)
     manifest = json.loads((root / MANIFEST_FILE).read_text())["files"]
     files = [CardFile(name, entry["size"], entry["sha256"]) for name, entry in sorted(manifest.items())]
     return (
@@ -154,6 +163,9 @@ def render_card(
             evaluation=evaluation,
             eval_note=eval_note,
             command=command,
+            serving=serving,
+            status=model_status(str(model_type), qc.kv_cache_scheme.value),
+            legacy=stock_fastdeploy_layouts(str(model_type)),
             files=files,
             measurement_files=list(measurement_files),
             plots=list(plots),

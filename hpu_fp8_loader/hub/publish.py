@@ -368,8 +368,9 @@ def _add_report_plots(checkpoint: Path, reports: dict[str, Report]) -> list[Card
 
 
 def reproduce_command(options: PushOptions, base_model: str, measurement_files: Sequence[str]) -> str:
-    """The card's reproduce line: repo ids and the uploaded files' names only, never a local path."""
-    statistics = ["--calibrate"] if options.calibrate else [arg for name in measurement_files for arg in ("--measurements", name)]
+    """The card's reproduce line: repo ids and the uploaded files' names only, never a local path. The statistics are
+    the uploaded measurement files, a calibration's too, so that the line makes the same checkpoint again."""
+    statistics = [arg for name in measurement_files for arg in ("--measurements", name)] or ["--calibrate"]
     settings = options.convert
     return shlex.join(
         [

@@ -389,7 +389,7 @@ class Report:
         return data
 
     def to_dict(self) -> dict:
-        """report.json's content (README.md, "Reports", lists every key)."""
+        """report.json's content (docs/guide.md, "Reports", lists every key)."""
         if self.kind is None or self.descriptor is None or self.errors is None:
             raise RuntimeError("nothing collected: pass the Report to calibrate or evaluate first")
         d = self.descriptor

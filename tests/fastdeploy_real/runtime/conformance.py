@@ -15,15 +15,11 @@ Prints one JSON report on the last line of stdout.
 from __future__ import annotations
 
 import importlib
-import json
-import sys
-import traceback
-from pathlib import Path
 
 import fd_bootstrap  # noqa: F401  (before fastdeploy)
 import numpy as np
 import paddle
-from fd_harness import bits, fd_config, load, state
+from fd_harness import bits, fd_config, load, report_case, state
 from paddle_custom_device import intel_hpu as hpu_ops
 
 
@@ -225,9 +221,4 @@ def run(case: dict) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        report = run(json.loads(Path(sys.argv[1]).read_text()))
-    except Exception as exc:  # the report names the failure; the test prints the traceback
-        traceback.print_exc()
-        report = {"error": f"{type(exc).__name__}: {exc}"}
-    print(json.dumps(report))
+    report_case(run)

@@ -9,6 +9,12 @@ Tensor-parallel ranks are simulated in one process (see the probe).
 
 from __future__ import annotations
 
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
 import fd_bootstrap  # noqa: F401  (before fastdeploy)
 import numpy as np
 import paddle
@@ -50,3 +56,14 @@ def state(model) -> dict[str, dict]:
         if isinstance(scales, list):
             out[f"{name}.down_proj_in_scale"] = {"list": scales}
     return out
+
+
+def report_case(run: Callable[[dict], dict]) -> None:
+    """Run the case named by argv[1] and print its JSON report as the last line of stdout; a failure becomes the
+    report's ``error`` (the traceback goes to stderr, which the test prints)."""
+    try:
+        report = run(json.loads(Path(sys.argv[1]).read_text()))
+    except Exception as exc:
+        traceback.print_exc()
+        report = {"error": f"{type(exc).__name__}: {exc}"}
+    print(json.dumps(report))

@@ -1,0 +1,121 @@
+"""What serving an hpu-fp8 checkpoint through the hook has been checked on: one table, rendered into the README.
+
+Each cell is a model, a FastDeploy MoE layout, a parallel layout and a KV-cache scheme. Its status says what
+was done, never more: ``checked`` cells are cases of the FastDeploy conformance suite (FastDeploy's own code on
+a CPU, the hook's model equal to the bit to FastDeploy's own loading; docs/fastdeploy.md section 13), and
+``tests/test_serving_docs.py`` fails when one has no case there. Nothing has been seen served on a Gaudi.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = ["CELLS", "LEGEND", "Cell", "Status", "model_status", "render_matrix"]
+
+
+class Status(Enum):
+    CHECKED = "checked"
+    UNCHECKED = "not checked"
+    UNSUPPORTED = "not supported"
+
+
+LEGEND = (
+    "**checked**: a case of the conformance suite runs FastDeploy's own code on a CPU, and the model the hook loads "
+    "equals FastDeploy's own loading to the bit; **not checked**: the hook maps it, no case runs it; "
+    "**not supported**: the note says why. Seen served on a Gaudi: none of them, yet."
+)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One combination and what is known of it. ``preset`` is the conformance suite's tiny model of that kind."""
+
+    model: str
+    model_type: str  # config.json's
+    preset: str
+    layout: str  # FastDeploy's MoE layout: "PR 5324" (develop up to 8c3513a4) or "PR 5855"; "any" for dense models
+    parallel: str  # "TP 1", "TP 2" or "EP 2"
+    kv_cache: str  # "fp8" or "none"
+    status: Status
+    notes: tuple[str, ...] = ()
+    # the conformance test that checks it (tests/fastdeploy_real/test_conformance.py); the first one runs its CASES
+    evidence: str = "test_the_hook_fills_what_fastdeploys_own_loading_fills"
+
+    @property
+    def tp(self) -> int:
+        return int(self.parallel.split()[1]) if self.parallel.startswith("TP") else 1
+
+
+_EP_BEFORE_5855 = "FastDeploy's HPU MoE raises on expert parallelism before PR 5855"
+_EP_5855 = "FastDeploy at 8c3513a4 builds GPU EP buffers first; the recipe's EP line is checked to the worker config"
+_QWEN2_TP2 = "against FastDeploy's pre-sharded loading: its v0 loader does not split FP8 Qwen2"
+_QWEN2 = (
+    "FastDeploy never measures Qwen2's MLP and no FP8 Qwen2 has been seen served; with FP8 attention Qwen2-7B lost "
+    "most of its GSM8K accuracy on another Gaudi stack (hpu-fp8-loader's docs/spec.md section 5)"
+)
+
+
+def _cells() -> tuple[Cell, ...]:
+    moe, dense, qwen2 = ("ERNIE-4.5 MoE", "ernie4_5_moe"), ("ERNIE-4.5 dense", "ernie4_5"), ("Qwen2", "qwen2")
+    checked, unchecked, unsupported = Status.CHECKED, Status.UNCHECKED, Status.UNSUPPORTED
+    presharded = "test_qwen2_at_tp2_against_fastdeploys_presharded_loading"
+    cells = []
+    for kv in ("fp8", "none"):
+        cells += [
+            Cell(*moe, "ernie-moe-tiny", "PR 5324", "TP 1", kv, checked),
+            Cell(*moe, "ernie-moe-tiny", "PR 5324", "TP 2", kv, checked),
+            Cell(*moe, "ernie-moe-tiny", "PR 5324", "EP 2", kv, unsupported, (_EP_BEFORE_5855,)),
+            Cell(*moe, "ernie-moe-tiny", "PR 5855", "TP 1", kv, checked if kv == "fp8" else unchecked),
+            Cell(*moe, "ernie-moe-tiny", "PR 5855", "TP 2", kv, checked if kv == "fp8" else unchecked),
+            Cell(*moe, "ernie-moe-tiny", "PR 5855", "EP 2", kv, unchecked, (_EP_5855,)),
+            Cell(*dense, "ernie-dense-tiny", "any", "TP 1", kv, unchecked),
+            Cell(*dense, "ernie-dense-tiny", "any", "TP 2", kv, checked if kv == "fp8" else unchecked),
+            Cell(*qwen2, "qwen2-tiny", "any", "TP 1", kv, checked, (_QWEN2,)),
+            Cell(
+                *qwen2, "qwen2-tiny", "any", "TP 2", kv, checked if kv == "fp8" else unchecked, (_QWEN2, _QWEN2_TP2), presharded
+            ),
+        ]
+    return tuple(cells)
+
+
+CELLS = _cells()
+
+
+def render_matrix() -> str:
+    """The README's support matrix: one row per model, layout and parallelism, one column per KV-cache scheme."""
+    rows: dict[tuple[str, str, str], dict[str, Cell]] = {}
+    for cell in CELLS:
+        rows.setdefault((cell.model, cell.layout, cell.parallel), {})[cell.kv_cache] = cell
+    notes: list[str] = []  # numbered in order of first use
+
+    def shown(cell: Cell) -> str:
+        notes.extend(note for note in cell.notes if note not in notes)
+        marks = "".join(f" ({notes.index(note) + 1})" for note in cell.notes)
+        return f"{cell.status.value}{marks}"
+
+    lines = ["| model | FastDeploy MoE layout | parallel | KV cache fp8 | KV cache none |", "|---|---|---|---|---|"]
+    for (model, layout, parallel), by_kv in rows.items():
+        lines.append(f"| {model} | {layout} | {parallel} | {shown(by_kv['fp8'])} | {shown(by_kv['none'])} |")
+    lines += ["", LEGEND, ""]
+    lines += [f"({i}) {note}." for i, note in enumerate(notes, 1)]
+    return "\n".join(lines) + "\n"
+
+
+# what a model card says beyond its checked cells (docs/spec.md section 5, docs/fastdeploy.md section 12)
+KV_NONE_CAVEAT = "FP8 linears with BF16 attention and KV cache (kv_cache_scheme none) have not been seen working on a Gaudi"
+
+
+def model_status(model_type: str, kv_cache: str) -> str:
+    """One paragraph for a model card: where serving such a checkpoint through the hook was checked, and its caveats."""
+    cells = [c for c in CELLS if c.model_type == model_type and c.kv_cache == kv_cache]
+    checked = [f"{c.parallel}{'' if c.layout == 'any' else f' ({c.layout})'}" for c in cells if c.status is Status.CHECKED]
+    done = (
+        f"checked on FastDeploy's own code on a CPU at {', '.join(checked)}: the model the hook loads equals "
+        "FastDeploy's own loading to the bit"
+        if checked
+        else "not checked on FastDeploy's code"
+    )
+    caveats = ([_QWEN2] if model_type == "qwen2" else []) + ([KV_NONE_CAVEAT] if kv_cache == "none" else [])
+    said = "".join(f" {caveat[0].upper()}{caveat[1:]}." for caveat in caveats)
+    return f"Serving this checkpoint through the hook is {done}; it has not yet been run on a Gaudi.{said}"

@@ -1,0 +1,191 @@
+"""What users read about serving says what the code holds: the README's generated regions, the model card's serving
+section, the support matrix against the conformance suite's cases, and help texts that recommend nothing unverified.
+
+The recipe's lines themselves go through FastDeploy's own parsing and loading in tests/fastdeploy_real/test_recipe.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helpers.shell_block import fenced_blocks, read_block
+
+from hpu_fp8_loader.cli.main import main
+from hpu_fp8_loader.conversion.convert import convert
+from hpu_fp8_loader.conversion.plan import ConvertOptions
+from hpu_fp8_loader.fastdeploy import recipe, status
+from hpu_fp8_loader.hub.cards import render_card
+from hpu_fp8_loader.hub.publish import PushOptions, reproduce_command
+from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+
+def _render_readme_script():
+    spec = importlib.util.spec_from_file_location("render_readme", ROOT / "scripts" / "render_readme.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readmes_generated_regions_are_what_the_package_renders():
+    text = README.read_text()
+    script = _render_readme_script()
+    assert set(script.regions()) == {"recipe", "matrix"}
+    assert script.render(text) == text, "a generated region differs: run python scripts/render_readme.py"
+
+
+def test_the_readme_region_check_fails_on_an_edited_block(tmp_path, monkeypatch):
+    script = _render_readme_script()
+    edited = README.read_text().replace(
+        "--load-choices hpu_fp8 --tensor-parallel-size 1", "--load-choices hpu-fp8 --tensor-parallel-size 1"
+    )
+    assert edited != README.read_text()
+    monkeypatch.setattr(script, "README", tmp_path / "README.md")
+    (tmp_path / "README.md").write_text(edited)
+    assert script.main(["--check"]) == 1
+    assert script.main([]) == 0 and script.main(["--check"]) == 0  # rewritten from the package
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_readme_is_a_user_path_with_contents_that_link_to_its_sections():
+    text = README.read_text()
+    lines = text.splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; design detail belongs in docs/"
+    # the first two commands a fresh clone runs: the demo, then exactly what CI runs (.ci/run's last line)
+    commands = [line.strip() for line in lines[:12] if line.startswith("    ")]
+    ci_command = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert commands[0].endswith("hpu-fp8 demo") and commands[1] == ci_command
+    headings = [m.group(1) for m in re.finditer(r"^## (.+)$", text, re.M)]
+    contents = re.findall(r"^\d+\. \[(.+?)\]\(#(.+?)\)$", text, re.M)
+    assert [title for title, _ in contents] == [h for h in headings if h != "Contents"]
+    assert all(anchor == _slug(title) for title, anchor in contents)
+    # the order a user follows
+    for earlier, later in [("Install", "Make an FP8 checkpoint"), ("Make an FP8 checkpoint", "Serve it with FastDeploy"),
+                           ("Serve it with FastDeploy", "Check its accuracy"), ("Check its accuracy", "Publish it"),
+                           ("Publish it", "Command reference")]:  # fmt: skip
+        assert headings.index(earlier) < headings.index(later)
+
+
+def test_the_readme_serves_what_it_makes():
+    """The serving block's $CKPT is the directory the "Make an FP8 checkpoint" step converts to."""
+    text = README.read_text()
+    converted = re.search(r"^\s+hpu-fp8 convert \S+ (\S+) --measurements", text, re.M)
+    block = next(b for b in fenced_blocks(text) if recipe.SERVER_MODULE in b)
+    assignment = next(c for c in read_block(block) if c.assigns == recipe.CHECKPOINT_VARIABLE)
+    assert converted and assignment.prefix[recipe.CHECKPOINT_VARIABLE] == "$PWD/" + converted[1].removeprefix("./")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """preset -> an hpu-fp8 checkpoint of it, for cards."""
+    made = {}
+    root = tmp_path_factory.mktemp("cards")
+    for preset, kv in (("ernie-moe-tiny", "fp8"), ("qwen2-tiny", "none")):
+        config = preset_config(preset)
+        synthesize(root / preset, config, seed=3)
+        convert(root / preset, root / f"{preset}-fp8", [synthetic_measurements(config)], ConvertOptions(kv_cache=kv))
+        made[preset] = root / f"{preset}-fp8"
+    return made
+
+
+def _card(checkpoint: Path, repo_id: str) -> str:
+    return render_card(checkpoint, repo_id, "acme/base", "apache-2.0", "hpu-fp8 push acme/base", measurement_files=["m.json"])
+
+
+def test_the_card_serves_with_the_readmes_variables_and_flags(checkpoints):
+    card = _card(checkpoints["ernie-moe-tiny"], "acme/ernie-fp8")
+    block = next(b for b in fenced_blocks(card) if recipe.SERVER_MODULE in b)
+    assert block == recipe.serving_block(recipe.pulled("acme/ernie-fp8"), recipe.LAYOUTS)
+    readme = next(b for b in fenced_blocks(README.read_text()) if recipe.SERVER_MODULE in b)
+    servers = {tuple(c.words): c.environment for c in read_block(readme) if c.words[:1] == ["python"]}
+    assert {tuple(c.words): c.environment for c in read_block(block) if c.words[:1] == ["python"]} == servers
+    pull = next(c for c in read_block(block) if c.assigns == recipe.CHECKPOINT_VARIABLE)
+    assert pull.words == ["hpu-fp8", "pull", "acme/ernie-fp8"]  # a local directory for --model, never the repo id
+    assert "--model acme/ernie-fp8" not in card and "pip install hpu-fp8-loader" not in card
+
+
+def test_the_card_offers_only_what_its_model_can_use_and_says_what_is_checked(checkpoints):
+    ernie = _card(checkpoints["ernie-moe-tiny"], "acme/ernie-fp8")
+    qwen2 = _card(checkpoints["qwen2-tiny"], "acme/qwen2-fp8")
+    assert "EP 2" in ernie and "EP 2" not in qwen2  # expert parallelism only for a model with experts
+    for card in (ernie, qwen2):
+        assert "it has not yet been run on a Gaudi" in card
+    assert "no FP8 Qwen2 has been seen served" in qwen2 and "no FP8 Qwen2" not in ernie
+    assert status.KV_NONE_CAVEAT in qwen2 and status.KV_NONE_CAVEAT not in ernie  # the Qwen2 one is KV none
+    # export-legacy: what _check_servable enforces (docs/fastdeploy.md section 9), not "TP 1 or EP only"
+    assert "tensor parallelism 1 only" in qwen2 and "any tensor-parallel size" in ernie
+    assert "no expert parallelism" in ernie and "or expert parallelism only" not in ernie
+
+
+def test_the_cards_reproduce_line_uses_the_uploaded_measurements():
+    """With --calibrate too: the calibration's measurements are uploaded, and calibrating again would not give
+    the same checkpoint."""
+    for calibrate in (True, False):
+        line = reproduce_command(PushOptions("acme/x-fp8", calibrate=calibrate), "acme/x", ["hpu_fp8_measurements.json"])
+        assert "--measurements hpu_fp8_measurements.json" in line and "--calibrate" not in line
+    assert "--calibrate" in reproduce_command(PushOptions("acme/x-fp8", calibrate=True), "acme/x", [])
+
+
+def _conformance_cases() -> tuple[set[tuple], set[str]]:
+    """(the (preset, kv, tp, layout) of every CASES entry, every test function) of the conformance suite."""
+    tree = ast.parse((ROOT / "tests" / "fastdeploy_real" / "test_conformance.py").read_text())
+    cases = next(n.value for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "CASES")
+    entries = {(p, kv, tp, layout) for p, _, kv, tp, layout in ast.literal_eval(cases)}
+    functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    return entries, functions
+
+
+LAYOUT_KEYS = {"PR 5324": "develop", "PR 5855": "pr5855", "any": "develop"}
+
+
+def test_every_checked_cell_of_the_support_matrix_is_a_conformance_case_and_every_case_a_checked_cell():
+    cases, functions = _conformance_cases()
+    checked = [cell for cell in status.CELLS if cell.status is status.Status.CHECKED]
+    for cell in checked:
+        assert cell.evidence in functions, cell
+        if cell.evidence == "test_the_hook_fills_what_fastdeploys_own_loading_fills":
+            assert (cell.preset, cell.kv_cache, cell.tp, LAYOUT_KEYS[cell.layout]) in cases, cell
+    covered = {(c.preset, c.kv_cache, c.tp, LAYOUT_KEYS[c.layout]) for c in checked}
+    assert cases <= covered, f"conformance cases the matrix does not claim: {sorted(cases - covered)}"
+
+
+def test_the_matrix_has_every_combination_once():
+    combinations = [(c.model, c.layout, c.parallel, c.kv_cache) for c in status.CELLS]
+    assert len(combinations) == len(set(combinations))
+    assert {c.kv_cache for c in status.CELLS} == {"fp8", "none"}
+    assert all(cell.notes for cell in status.CELLS if cell.status is status.Status.UNSUPPORTED)
+
+
+@pytest.mark.parametrize("command", sorted(main.commands))
+def test_no_help_recommends_bf16_attention_as_safer(command):
+    shown = re.sub(r"\s+", " ", CliRunner().invoke(main, [command, "--help"], terminal_width=200).output)
+    assert "safer" not in shown
+    if "none: attention and KV cache in BF16" in shown:  # the shared --kv-cache option of the commands that write one
+        assert "not yet seen working on a Gaudi" in shown
+
+
+@pytest.mark.parametrize("command", ["convert", "import", "push", "demo"])
+def test_every_command_writing_a_checkpoint_states_the_bf16_attention_caveat(command):
+    shown = re.sub(r"\s+", " ", CliRunner().invoke(main, [command, "--help"], terminal_width=200).output)
+    assert "none: attention and KV cache in BF16, FP8 linears only (not yet seen working on a Gaudi" in shown
+
+
+def test_every_layout_of_the_recipe_gives_fastdeploy_one_device_per_worker():
+    """FastDeploy starts one worker per HPU_VISIBLE_DEVICES id, and needs TP x DP of them (DP is 1 here)."""
+    for layout in recipe.LAYOUTS:
+        assert len(layout.devices.split(",")) == layout.tp, layout
+        flags = recipe.server_arguments(layout)
+        assert flags[flags.index("--tensor-parallel-size") + 1] == str(layout.tp)
+        assert ("--enable-expert-parallel" in flags) == (layout.ep > 1)
