@@ -116,10 +116,6 @@ def convert(
     \b
       # For Gaudi3: the FP8 range ±448 instead of the ±240 FastDeploy serves on Gaudi2
       hpu-fp8 convert ./ERNIE-4.5-21B-A3B-PT ernie-g3 --measurements amax.json --target gaudi3
-
-    \b
-      # Attention and the KV cache left in BF16, FP8 linears only (not yet seen working on a Gaudi)
-      hpu-fp8 convert ./Qwen2-7B-Instruct qwen2-fp8 --measurements amax.json --kv-cache none
     """
     from hpu_fp8_loader.conversion.convert import convert as run_convert
     from hpu_fp8_loader.conversion.plan import ConvertOptions
