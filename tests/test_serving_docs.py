@@ -38,8 +38,21 @@ def _render_readme_script():
 def test_the_readmes_generated_regions_are_what_the_package_renders():
     text = README.read_text()
     script = _render_readme_script()
-    assert set(script.regions()) == {"recipe", "matrix"}
+    assert set(script.regions()) == {"recipe", "matrix", "versions"}
     assert script.render(text) == text, "a generated region differs: run python scripts/render_readme.py"
+    fastdeploy_doc = (ROOT / "docs" / "fastdeploy.md").read_text()
+    assert script.render(fastdeploy_doc, script.fastdeploy_doc_regions()) == fastdeploy_doc
+
+
+def test_the_supported_versions_users_read_are_those_doctor_compares_with():
+    from hpu_fp8_loader.fastdeploy import support
+
+    versions = support.render_versions()
+    assert f"git checkout {support.CHECKED_COMMITS[-1].commit}" in versions
+    assert f"`{support.FIRST_SUPPORTED_COMMIT.short}`" in versions
+    assert f"paddlepaddle>={support.PADDLE_MINIMUM}" in versions and support.PADDLE_CALLS[0].attribute in versions
+    for path in (README, ROOT / "docs" / "fastdeploy.md"):
+        assert versions in path.read_text(), path
 
 
 def test_the_readme_region_check_fails_on_an_edited_block(tmp_path, monkeypatch):
@@ -49,7 +62,9 @@ def test_the_readme_region_check_fails_on_an_edited_block(tmp_path, monkeypatch)
     )
     assert edited != README.read_text()
     monkeypatch.setattr(script, "README", tmp_path / "README.md")
+    monkeypatch.setattr(script, "FASTDEPLOY_DOC", tmp_path / "fastdeploy.md")
     (tmp_path / "README.md").write_text(edited)
+    (tmp_path / "fastdeploy.md").write_text((ROOT / "docs" / "fastdeploy.md").read_text())
     assert script.main(["--check"]) == 1
     assert script.main([]) == 0 and script.main(["--check"]) == 0  # rewritten from the package
 

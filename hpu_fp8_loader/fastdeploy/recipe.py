@@ -50,7 +50,6 @@ CHECKPOINT_VARIABLE = "CKPT"  # the shell variable holding the local checkpoint 
 MODEL_ARGUMENT = f"${CHECKPOINT_VARIABLE}"
 # the Gaudi guide's sizes for ERNIE-4.5-21B-A3B; `hpu-fp8 plan` gives the memory they need per rank
 SIZE_ARGUMENTS = ("--max-model-len", "32768", "--max-num-seqs", "128")
-# TODO(integrator): helper fdenv owns the install text (a clone or a wheel from `python -m build`); align these two.
 INSTALL_LINE = "pip install ./hpu-fp8-loader"
 INSTALL_NOTE = "into FastDeploy's environment, from a clone (or its wheel)"
 DOCTOR_LINE = f'hpu-fp8 doctor "${CHECKPOINT_VARIABLE}"'

@@ -40,6 +40,7 @@ __all__ = [
     "PaddleCall",
     "Release",
     "release_verdict",
+    "render_versions",
 ]
 
 
@@ -153,3 +154,23 @@ def release_verdict(version: str) -> tuple[str, Release | None]:
     first, last = _release_line(FASTDEPLOY_RELEASES[0].version), _release_line(FASTDEPLOY_RELEASES[-1].version)
     assert first is not None and last is not None
     return ("older", None) if line < first else ("newer", None)
+
+
+def render_versions() -> str:
+    """Which FastDeploy and which paddle, as a reader of the README and docs/fastdeploy.md needs it: rendered from
+    the constants above (scripts/render_readme.py), so that the documents and ``hpu-fp8 doctor`` agree."""
+    checked = CHECKED_COMMITS[-1]
+    first = FIRST_SUPPORTED_COMMIT
+    call = PADDLE_CALLS[0]
+    releases = ", ".join(f"{r.version} {'carries' if r.carries_pr_5324 else 'lacks'} it" for r in FASTDEPLOY_RELEASES)
+    return (
+        f"- **FastDeploy**: `{SUPPORTED_BRANCH}` at `{checked.short}` ({checked.date}), checked against its own loading "
+        f"on a CPU, not yet on a Gaudi: `git checkout {checked.commit}`. Any `{SUPPORTED_BRANCH}` commit from "
+        f"`{first.short}` ({first.date}, {PR_5324}) should serve [inferred]; FastDeploy with PR 5855's MoE layout is "
+        f"supported too. Releases, by date only [inferred]: {releases}. `hpu-fp8 doctor` compares the commit in "
+        "FastDeploy's `version.txt` with this range.\n"
+        f"- **paddle**: {PADDLE_MINIMUM} or newer. FastDeploy's `{call.fastdeploy_file}` calls `{call.attribute}` "
+        f"(from `{call.since}` on), which paddle 3.1.1, the version FastDeploy's Gaudi guide installs, lacks: install "
+        f"paddlepaddle>={PADDLE_MINIMUM} and a PaddleCustomDevice `intel_hpu` wheel built against it [not yet seen on a "
+        "Gaudi]. `hpu-fp8 doctor` checks that paddle has what FastDeploy calls.\n"
+    )
