@@ -138,5 +138,5 @@ def write_presharded(src: str | Path, out: str | Path, tp: int, force: bool = Fa
     for r in range(tp):
         ranks.append(export_legacy(src, staging / f"rank{r}", rank=Parallelism(tp, r)).out)
     shutil.copyfile(staging / "rank0" / CONFIG_FILE, staging / CONFIG_FILE)
-    publish_output_dir(staging, out, manifest=True)
+    publish_output_dir(staging, out, manifest=True, force=force)
     return [Path(out) / p.name for p in ranks]

@@ -29,10 +29,11 @@ from hpu_fp8_loader.checks.validate import validate
 from hpu_fp8_loader.console import hub_bars_follow_ours
 from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
-from hpu_fp8_loader.errors import HpuFp8Error, OutputExistsError, UnsafePathError, UploadError
+from hpu_fp8_loader.errors import HpuFp8Error, OutputExistsError, UnsafePathError, UploadError, WriteFailedError
 from hpu_fp8_loader.hub.cards import CardFile, CardPlot, check_license, render_card
 from hpu_fp8_loader.io.checkpoint import read_config, source_file
 from hpu_fp8_loader.io.manifest import MANIFEST_FILE, write_manifest
+from hpu_fp8_loader.io.own_files import read_own, write_new
 from hpu_fp8_loader.io.writer import check_apart
 from hpu_fp8_loader.quality.calibrate import calibrate
 from hpu_fp8_loader.quality.evaluate import EvaluationResult, evaluate
@@ -59,6 +60,8 @@ STAGED = "checkpoint"
 REPORT_PLOT_PREFIX = "report-"
 # Written into a work directory before anything is staged there: only then may a later push replace WORK/checkpoint.
 STAGING_MARKER = ".hpu-fp8-push"
+# What the marker holds: only a regular file with exactly this (never a link, whatever it points to) is ours.
+_MARKER_TEXT = b"hpu-fp8 push stages its checkpoint here; a later push may replace it\n"
 # Above this many parameters the CPU evaluation takes long enough to ask for it explicitly.
 EVAL_PARAMETER_LIMIT = 3e9
 # A rough CPU throughput of the float32 engine, for the time estimate printed instead.
@@ -251,7 +254,8 @@ def _staging_dir(work: Path, inputs: Sequence[Path]) -> Path:
         raise UnsafePathError(
             f"{checkpoint}: a link or a file, not a directory hpu-fp8 push staged; remove it or choose another --work-dir"
         )
-    if checkpoint.exists() and not (work / STAGING_MARKER).is_file():
+    ours = read_own(work / STAGING_MARKER, len(_MARKER_TEXT)) == _MARKER_TEXT  # a link or another file: not ours
+    if checkpoint.exists() and (not ours or (not (checkpoint / MANIFEST_FILE).is_file() and any(checkpoint.iterdir()))):
         raise OutputExistsError(
             f"{checkpoint}: already exists and was not staged by hpu-fp8 push; remove it or choose another --work-dir"
         )
@@ -471,7 +475,10 @@ def push(src: str | Path, options: PushOptions, say: Callable[[str], None] = pri
         work = Path(where)
         checkpoint = _staging_dir(work, [src, *options.measurements])
         work.mkdir(parents=True, exist_ok=True)
-        (work / STAGING_MARKER).write_text("hpu-fp8 push stages its checkpoint here; a later push may replace it\n")
+        try:
+            write_new(work / STAGING_MARKER, _MARKER_TEXT)  # a link planted at that name is replaced, not written through
+        except OSError as exc:
+            raise WriteFailedError(f"{work / STAGING_MARKER}: cannot be written: {exc.strerror or exc}") from None
         evaluation, note, names, plots = _stage(src, measurements, options, checkpoint, say)
         files = _write_card(checkpoint, license_, base_model, options, evaluation, note, names, plots)
         result = PushResult(checkpoint, files, evaluation)
