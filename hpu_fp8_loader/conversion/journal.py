@@ -53,7 +53,11 @@ def _recorded(staging: Path, fingerprint: str, shards: list[Shard]) -> dict[str,
         recorded = parse_json(data) if data is not None else None
     except ValueError:  # JsonFormatError, and whatever else a damaged journal makes the parser refuse
         return {}
-    if not isinstance(recorded, dict) or recorded.get("fingerprint") != fingerprint or not isinstance(recorded.get("shards"), dict):
+    if (
+        not isinstance(recorded, dict)
+        or recorded.get("fingerprint") != fingerprint
+        or not isinstance(recorded.get("shards"), dict)
+    ):
         return {}
     planned = {s.file_name for s in shards}
     return {name: entry for name, entry in recorded["shards"].items() if name in planned and well_formed_entry(entry)}
@@ -67,7 +71,12 @@ def reusable_shards(staging: Path, fingerprint: str, shards: list[Shard]) -> dic
     for name, entry in _recorded(staging, fingerprint, shards).items():
         path = staging / name
         found = path.lstat() if os.path.lexists(path) else None
-        if found is not None and stat.S_ISREG(found.st_mode) and found.st_size == entry["size"] and file_digest(path)[1] == entry["sha256"]:
+        if (
+            found is not None
+            and stat.S_ISREG(found.st_mode)
+            and found.st_size == entry["size"]
+            and file_digest(path)[1] == entry["sha256"]
+        ):
             reusable[name] = entry
     clear_staging(staging, keep=reusable)
     return reusable

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,7 +96,7 @@ def source_file(root: Path, name: str) -> Path | None:
     resolved = _inside(root, path)
     if resolved is None:
         raise UnsafePathError(f"{path}: a link to {_resolve(path)}, outside the source checkpoint; refusing to copy it")
-    if not stat.S_ISREG(os.lstat(resolved).st_mode):
+    if not resolved.is_file():  # a directory, a FIFO or device, a link to nothing (resolved holds no link)
         raise UnsafePathError(f"{path}: not a regular file; refusing to copy it")
     return resolved
 

@@ -362,11 +362,12 @@ def publish_output_dir(
     out = Path(out)
     try:
         check_publishable(out, force, replaceable)
+        replacing = os.path.lexists(out)  # checked as replaceable just now; anything appearing later is not
         (partial / _HOLDER_FILE).unlink(missing_ok=True)
         if manifest:
             write_manifest(partial)
         _sync_tree(partial)
-        if os.path.lexists(out):
+        if replacing:
             retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-", dir=out.parent))
             out.rename(retired / out.name)
             partial.rename(out)
