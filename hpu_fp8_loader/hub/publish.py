@@ -29,7 +29,7 @@ from hpu_fp8_loader.checks.validate import validate
 from hpu_fp8_loader.console import hub_bars_follow_ours
 from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
-from hpu_fp8_loader.errors import HpuFp8Error, OutputExistsError, UnsafePathError, UploadError, WriteFailedError
+from hpu_fp8_loader.errors import HpuFp8Error, OutputExistsError, UnsafePathError, UploadError, WriteFailedError, one_line
 from hpu_fp8_loader.hub.cards import CardFile, CardPlot, check_license, render_card
 from hpu_fp8_loader.io.checkpoint import read_config, source_file
 from hpu_fp8_loader.io.manifest import MANIFEST_FILE, write_manifest
@@ -38,6 +38,7 @@ from hpu_fp8_loader.io.writer import check_apart
 from hpu_fp8_loader.quality.calibrate import calibrate
 from hpu_fp8_loader.quality.evaluate import EvaluationResult, evaluate
 from hpu_fp8_loader.quality.report import REPORT_FILE, Report
+from hpu_fp8_loader.sources.hub_replies import guard_hub_client
 from hpu_fp8_loader.sources.measurements import load_measurement_sets
 from hpu_fp8_loader.sources.resolve import (
     SOURCE_PATTERNS,
@@ -202,26 +203,39 @@ def measurement_file_names(count: int) -> list[str]:
     return [f"{stem}-{i}.json" for i in range(1, count + 1)]
 
 
+def _object(value: object) -> dict:
+    """``value`` if it is a JSON object, else an empty one: whoami's fields are the Hub's to fill, and a field that is
+    missing or of another shape says nothing (the Hub refuses the upload itself if the token cannot write)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _name(value: object) -> str:
+    """A name from the Hub's answer as a message may show it: one line, never a forged second one."""
+    return one_line(value) if isinstance(value, str) else "?"
+
+
 def _write_problem(me: dict, repo_id: str) -> str | None:
     """Why the account ``whoami`` describes cannot write to ``repo_id``, or None when nothing says it cannot."""
     namespace = repo_id.split("/")[0]
-    token = (me.get("auth") or {}).get("accessToken") or {}
+    token = _object(_object(me.get("auth")).get("accessToken"))
     if token.get("role") == "read":
         return "the token is read-only; use a token with write access"
     if token.get("role") == "fineGrained":
-        scoped = (token.get("fineGrained") or {}).get("scoped") or []
+        scoped = _object(token.get("fineGrained")).get("scoped")
         if not any(
-            (entry.get("entity") or {}).get("name") in (namespace, repo_id) and "repo.write" in (entry.get("permissions") or [])
-            for entry in scoped
+            _object(entry.get("entity")).get("name") in (namespace, repo_id)
+            and "repo.write" in (entry.get("permissions") if isinstance(entry.get("permissions"), list) else [])
+            for entry in map(_object, scoped if isinstance(scoped, list) else [])
         ):
             return f"the fine-grained token has no repo.write permission for {namespace}"
     if me.get("type") != "user" or namespace == me.get("name"):
         return None
-    org = next((o for o in me.get("orgs") or [] if o.get("name") == namespace), None)
+    orgs = me.get("orgs") if isinstance(me.get("orgs"), list) else []
+    org = next((o for o in map(_object, orgs) if o.get("name") == namespace), None)
     if org is None:
-        return f"{namespace} is neither the token's account ({me.get('name')}) nor one of its organisations"
+        return f"{namespace} is neither the token's account ({_name(me.get('name'))}) nor one of its organisations"
     if org.get("roleInOrg") == "read":
-        return f"{me.get('name')} may only read in the organisation {namespace}"
+        return f"{_name(me.get('name'))} may only read in the organisation {namespace}"
     return None
 
 
@@ -464,6 +478,7 @@ def push(src: str | Path, options: PushOptions, say: Callable[[str], None] = pri
     from huggingface_hub import HfApi
 
     api = HfApi()
+    guard_hub_client()  # replies of a shape the client cannot read, or that name cache paths, are refused as they come
     if not options.dry_run:
         check_write_access(api, options.repo_id)
     src = resolve_checkpoint(src, allow_patterns=[*SOURCE_PATTERNS, CARD])  # the card, for the base model's license

@@ -17,7 +17,7 @@ import re
 import stat
 from pathlib import Path
 
-__all__ = ["BLOB_NAME", "blob_digest", "cache_blob", "cache_roots", "snapshot_repo"]
+__all__ = ["BLOB_NAME", "blob_digest", "blob_names", "cache_blob", "cache_roots", "snapshot_problem", "snapshot_repo"]
 
 # How huggingface_hub names a repository's folder in the cache: repo_folder_name() in file_download.py.
 _REPO_FOLDER = re.compile(r"(models|datasets|spaces)--.+")
@@ -90,3 +90,37 @@ def blob_digest(path: Path) -> str:
         while block := file.read(_READ_BYTES):
             digest.update(block)
     return digest.hexdigest()
+
+
+def blob_names(repo: Path) -> set[str]:
+    """The blobs a repository folder of the cache holds now (none when it has no blob store yet)."""
+    try:
+        return set(os.listdir(repo / "blobs"))
+    except OSError:
+        return set()
+
+
+def snapshot_problem(snapshot: str | Path, verified: set[str]) -> str | None:
+    """Why the snapshot huggingface_hub returned is no sound part of its cache, or None.
+
+    It must be ``<cache>/<kind>s--ORG--NAME/snapshots/<40-digit commit>`` in the real cache; every file in it a
+    regular file or the cache's own link into the repository's blobs (:func:`cache_blob`), no directory a link;
+    and every blob not in ``verified`` (those present before this download) must hash to its own name, as the
+    Hub names it (the ETag): else the server named a blob after some other content.
+    """
+    snapshot = Path(snapshot)
+    if snapshot_repo(snapshot) is None or not re.fullmatch(r"[0-9a-f]{40}", snapshot.name):
+        return f"the snapshot {snapshot}, which is not a commit's directory inside the Hugging Face cache"
+    for directory, subdirectories, files in os.walk(snapshot):  # links are listed, never followed
+        for name in subdirectories + files:
+            member = Path(directory) / name
+            found = os.lstat(member)
+            if stat.S_ISREG(found.st_mode) or (stat.S_ISDIR(found.st_mode) and name in subdirectories):
+                continue  # a copy (the cache on a file system without links), or a subdirectory of the snapshot
+            blob = cache_blob(snapshot, member)
+            relative = member.relative_to(snapshot)
+            if blob is None:
+                return f"{relative} in the snapshot, which is no link into the repository's blobs in the cache"
+            if blob.name not in verified and blob_digest(blob) != blob.name:
+                return f"{relative}, whose content does not hash to its blob name {blob.name}"
+    return None
