@@ -209,6 +209,11 @@ def _object(value: object) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+def _list(value: object) -> list:
+    """``value`` if it is a JSON list, else an empty one (see :func:`_object`)."""
+    return value if isinstance(value, list) else []
+
+
 def _name(value: object) -> str:
     """A name from the Hub's answer as a message may show it: one line, never a forged second one."""
     return one_line(value) if isinstance(value, str) else "?"
@@ -223,15 +228,13 @@ def _write_problem(me: dict, repo_id: str) -> str | None:
     if token.get("role") == "fineGrained":
         scoped = _object(token.get("fineGrained")).get("scoped")
         if not any(
-            _object(entry.get("entity")).get("name") in (namespace, repo_id)
-            and "repo.write" in (entry.get("permissions") if isinstance(entry.get("permissions"), list) else [])
-            for entry in map(_object, scoped if isinstance(scoped, list) else [])
+            _object(entry.get("entity")).get("name") in (namespace, repo_id) and "repo.write" in _list(entry.get("permissions"))
+            for entry in map(_object, _list(scoped))
         ):
             return f"the fine-grained token has no repo.write permission for {namespace}"
     if me.get("type") != "user" or namespace == me.get("name"):
         return None
-    orgs = me.get("orgs") if isinstance(me.get("orgs"), list) else []
-    org = next((o for o in map(_object, orgs) if o.get("name") == namespace), None)
+    org = next((o for o in map(_object, _list(me.get("orgs"))) if o.get("name") == namespace), None)
     if org is None:
         return f"{namespace} is neither the token's account ({_name(me.get('name'))}) nor one of its organisations"
     if org.get("roleInOrg") == "read":
