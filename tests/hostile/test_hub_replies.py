@@ -42,6 +42,7 @@ def hub(tmp_path, monkeypatch, spec_factory):
     monkeypatch.setattr(constants, "ENDPOINT", double.url)
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", double.url + "/{repo_id}/resolve/{revision}/{filename}")
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
     yield double
     double.stop()
 
@@ -93,3 +94,89 @@ def test_a_revision_sha_that_is_no_commit_id_writes_nothing_outside_the_cache(hu
     hub.replies["revision_info"] = lambda body: {**body, "sha": sha.format(tmp=tmp_path) if isinstance(sha, str) else sha}
     assert_refused(run_cli("pull", "acme/fp8"), "acme/fp8", "'sha'")
     assert outside_the_cache(tmp_path) == before
+
+
+def test_a_source_repo_with_a_hostile_etag_is_refused_by_convert_and_push(hub, tmp_path, source_factory):
+    """convert ORG/NAME and push ORG/NAME download their source the same way as pull."""
+    from hpu_fp8_loader.sources.measurements import write_measurements
+    from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
+
+    source = source_factory("qwen2-tiny")
+    files = {p.name: StoredFile(p.read_bytes(), lfs=p.suffix == ".safetensors") for p in source.iterdir()}
+    hub.repos["acme/src"] = Repo(private=False, branches={"main": COMMIT}, files={COMMIT: files})
+    write_measurements(tmp_path / "m.json", synthetic_measurements(preset_config("qwen2-tiny")))
+    hub.file_headers = {"ETag": '"../../../escaped"'}
+    before = outside_the_cache(tmp_path)
+    assert_refused(run_cli("convert", "acme/src", tmp_path / "out", "--measurements", tmp_path / "m.json"), "acme/src", "ETag")
+    push = ["push", "acme/src", "--repo-id", "acme/out", "--measurements", tmp_path / "m.json", "--license", "mit"]
+    assert_refused(run_cli(*push, "--dry-run", "--work-dir", tmp_path / "work"), "acme/src", "ETag")
+    assert outside_the_cache(tmp_path) == {**before, "m.json": before["m.json"]}
+
+
+def test_a_blob_named_after_other_content_is_refused_after_the_download(hub, tmp_path):
+    """A well-formed name that is not the content's hash passes the reply check; the snapshot check after the
+    download finds it (the blob would otherwise serve every later download that names that hash)."""
+    hub.file_headers = {"ETag": '"' + "ab" * 32 + '"', "X-Linked-Etag": '"' + "ab" * 32 + '"'}
+    line = assert_refused(run_cli("pull", "acme/fp8"), "acme/fp8", "does not hash to its blob name", "delete")
+    assert "models--acme--fp8" in line
+
+
+# What a broken or hostile Hub may answer in place of each reply the client reads: (route, rewrite, command).
+PULL, WHOAMI, COMMIT_ROUTE = "pull", "push (whoami)", "push (commit)"
+MALFORMED = {
+    "revision info a list": ("revision_info", lambda body: [body], PULL, "revision info that is a list"),
+    "revision info {}": ("revision_info", lambda body: {}, PULL, "'sha' is null"),
+    "revision info a string": ("revision_info", lambda body: "main", PULL, "revision info that is a string"),
+    "siblings a string": ("revision_info", lambda body: {**body, "siblings": "x"}, PULL, "'siblings'"),
+    "siblings of numbers": ("revision_info", lambda body: {**body, "siblings": [1, 2]}, PULL, "'siblings'"),
+    "sha a number": ("revision_info", lambda body: {**body, "sha": 5}, PULL, "'sha' is 5"),
+    "tree an object": ("tree", lambda body: {}, PULL, "file listing that is an object"),
+    "tree entry without a path": ("tree", lambda body: [{"type": "file"}], PULL, "file listing entry"),
+    "tree size a string": ("tree", lambda body: [{**e, "size": "1"} for e in body], PULL, "integer 'size'"),
+    "tree lfs a string": ("tree", lambda body: [{**e, "lfs": "x"} for e in body], PULL, "'lfs'"),
+    "whoami a list": ("whoami_v2", lambda body: [body], WHOAMI, "whoami) that is a list"),
+    "whoami null": ("whoami_v2", lambda body: None, WHOAMI, "whoami) that is null"),
+    "commit a list": ("commit", lambda body: [body], COMMIT_ROUTE, "commit answer that is a list"),
+    "commit without commitOid": (
+        "commit",
+        lambda body: {k: v for k, v in body.items() if k != "commitOid"},
+        COMMIT_ROUTE,
+        "'commitOid' is null",
+    ),
+    "commitOid a number": ("commit", lambda body: {**body, "commitOid": 7}, COMMIT_ROUTE, "'commitOid' is 7"),
+    "commit without commitUrl": (
+        "commit",
+        lambda body: {k: v for k, v in body.items() if k != "commitUrl"},
+        COMMIT_ROUTE,
+        "'commitUrl'",
+    ),
+}
+
+
+@pytest.fixture
+def push_source(tmp_path, source_factory):
+    from hpu_fp8_loader.sources.measurements import write_measurements
+    from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
+
+    write_measurements(tmp_path / "m.json", synthetic_measurements(preset_config("qwen2-tiny")))
+    return source_factory("qwen2-tiny")
+
+
+def push_argv(tmp_path, source, *extra):
+    return ("push", source, "--repo-id", "acme/out", "--base-model", "acme/src", "--license", "mit", "--skip-eval",
+            "--measurements", tmp_path / "m.json", "--work-dir", tmp_path / "work", *extra)  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_reply_of_the_wrong_shape_is_one_line_naming_the_repo_and_what_was_malformed(hub, tmp_path, push_source, case):
+    route, rewrite, command, what = MALFORMED[case]
+    hub.replies[route] = rewrite
+    before = outside_the_cache(tmp_path)
+    result = run_cli("pull", "acme/fp8") if command == PULL else run_cli(*push_argv(tmp_path, push_source))
+    repo = "acme/fp8" if command == PULL else "acme/out"
+    line = assert_refused(result, repo, what)
+    assert "the reply was not used" in line
+    after = outside_the_cache(tmp_path)
+    assert {k: v for k, v in after.items() if not k.startswith("work")} == before
+    if command != COMMIT_ROUTE:
+        assert not (tmp_path / "work").exists()  # refused before any work
