@@ -195,23 +195,24 @@ def _causes(exc: BaseException) -> list[BaseException]:
 
 
 def _connection_failure(exc: BaseException, endpoint: str) -> tuple[str, bool]:
-    """What is known of a failed connection, as a phrase, and whether running again can get further (a dropped
-    connection or a timeout may pass; an unknown host or a refused connection will not, by itself)."""
+    """What is known of a failed connection to the Hub at ``endpoint``, as a phrase, and whether running again can
+    get further (a dropped connection or a timeout may pass; an unknown host or a refused connection will not by
+    itself)."""
     from huggingface_hub.errors import OfflineModeIsEnabled
 
-    host = urlsplit(endpoint).hostname or endpoint
+    hub = f"the Hub at {endpoint}"
     chain = _causes(exc)
     if any(isinstance(c, OfflineModeIsEnabled) for c in chain):
-        return "HF_HUB_OFFLINE is set, so the Hub was not asked", False
-    if any(isinstance(c, socket.gaierror) for c in chain) or "name resolution" in str(exc) or "not known" in str(exc):
-        return f"the host name {host} could not be resolved (DNS)", False
+        return f"HF_HUB_OFFLINE is set, so {hub} was not asked", False
+    if any(isinstance(c, socket.gaierror) for c in chain):
+        return f"the host name of {hub} could not be resolved (DNS: {_reason(exc)})", False
     if any(isinstance(c, ConnectionRefusedError) or getattr(c, "errno", None) == errno.ECONNREFUSED for c in chain):
-        return f"{host} refused the connection (nothing listens there)", False
+        return f"{hub} refused the connection", False
     if any(isinstance(c, ssl.SSLError) for c in chain):
-        return f"the TLS handshake with {host} failed ({_reason(exc)})", False
-    if any(isinstance(c, TimeoutError) or "timed out" in str(c).lower() or "Timeout" in type(c).__name__ for c in chain):
-        return f"the connection to {host} timed out", True
-    return f"the connection to {host} failed ({_reason(exc)})", True
+        return f"the TLS handshake with {hub} failed ({_reason(exc)})", False
+    if any(isinstance(c, TimeoutError) or "Timeout" in type(c).__name__ for c in chain):
+        return f"the connection to {hub} timed out", True
+    return f"the connection to {hub} failed ({_reason(exc)})", True
 
 
 def hub_error(repo_id: str, exc: BaseException, doing: str, error: type[HpuFp8Error] = HubError) -> HpuFp8Error:

@@ -180,3 +180,62 @@ def test_a_reply_of_the_wrong_shape_is_one_line_naming_the_repo_and_what_was_mal
     assert {k: v for k, v in after.items() if not k.startswith("work")} == before
     if command != COMMIT_ROUTE:
         assert not (tmp_path / "work").exists()  # refused before any work
+
+
+# -------------------------------------------------------------------------- HF_ENDPOINT and what the messages claim
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["http://hub.example.com", "http://10.0.0.1:8080", "http://[2001:db8::1]", "HTTP://Example.org/mirror"]
+)
+@pytest.mark.parametrize("command", ["pull", "convert", "push"])
+def test_plain_http_to_another_machine_is_refused_before_the_token_is_sent(tmp_path, monkeypatch, endpoint, command):
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_token_value")
+    argv = {
+        "pull": ("pull", "acme/fp8"),
+        "convert": ("convert", "acme/src", tmp_path / "out", "--measurements", tmp_path / "m.json"),
+        "push": ("push", "acme/src", "--repo-id", "acme/out", "--calibrate", "--license", "mit"),
+    }[command]
+    line = assert_refused(run_cli(*argv), "acme/", "HF_ENDPOINT", "plain http://", "https://")
+    assert "hf_secret_token_value" not in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("endpoint", ["http://127.0.0.1:9", "http://localhost:9", "http://[::1]:9", "http://127.1.2.3:9"])
+def test_plain_http_to_this_machine_is_allowed_and_a_refused_connection_says_so(monkeypatch, endpoint):
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    line = assert_refused(run_cli("pull", "acme/fp8"), "acme/fp8", "refused the connection")
+    assert "resume" not in line and "offline?" not in line  # nothing to resume; no guess at the cause
+
+
+def test_a_host_that_does_not_resolve_is_named_as_a_dns_failure(monkeypatch):
+    from huggingface_hub import constants
+
+    endpoint = "https://no-such-host.invalid"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    line = assert_refused(run_cli("pull", "acme/fp8"), "acme/fp8", "no-such-host.invalid", "could not be resolved (DNS")
+    assert "resume" not in line and "offline?" not in line
+
+
+def test_offline_with_an_empty_cache_says_hf_hub_offline_is_set(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    line = assert_refused(run_cli("pull", "acme/fp8"), "acme/fp8", "HF_HUB_OFFLINE is set", str(tmp_path / "empty-cache"))
+    assert "resume" not in line and "offline?" not in line
+
+
+def test_a_dropped_connection_offers_the_resume_huggingface_hub_really_does(hub, tmp_path, push_source):
+    hub.drop_commit = True
+    line = assert_refused(run_cli(*push_argv(tmp_path, push_source)), "acme/out", "while uploading")
+    assert "run the same command again to resume" in line
+    assert run_cli(*push_argv(tmp_path, push_source)).exit_code == 0  # and it does: the second run publishes
