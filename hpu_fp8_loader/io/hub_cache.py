@@ -17,7 +17,7 @@ import re
 import stat
 from pathlib import Path
 
-__all__ = ["BLOB_NAME", "blob_digest", "blob_names", "cache_blob", "cache_roots", "snapshot_problem", "snapshot_repo"]
+__all__ = ["BLOB_NAME", "blob_digest", "cache_blob", "cache_roots", "names_in", "snapshot_problem", "snapshot_repo"]
 
 # How huggingface_hub names a repository's folder in the cache: repo_folder_name() in file_download.py.
 _REPO_FOLDER = re.compile(r"(models|datasets|spaces)--.+")
@@ -92,10 +92,11 @@ def blob_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def blob_names(repo: Path) -> set[str]:
-    """The blobs a repository folder of the cache holds now (none when it has no blob store yet)."""
+def names_in(directory: Path) -> set[str]:
+    """The names in a directory of the cache now (none when it does not exist yet): a repository's blobs or
+    snapshots, before a download, to tell what the download added."""
     try:
-        return set(os.listdir(repo / "blobs"))
+        return set(os.listdir(directory))
     except OSError:
         return set()
 

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from hpu_fp8_loader.console import hub_bars_follow_ours
 from hpu_fp8_loader.errors import CheckpointNotFoundError, HpuFp8Error, HubError, one_line
-from hpu_fp8_loader.io.hub_cache import blob_names, snapshot_problem
+from hpu_fp8_loader.io.hub_cache import names_in, snapshot_problem
 from hpu_fp8_loader.sources.hub_replies import MalformedReplyError, guard_hub_client
 
 __all__ = [
@@ -300,7 +300,7 @@ def download_snapshot(
     hub_bars_follow_ours()
     guard_hub_client()  # replies that would make the client write outside its cache are refused before it reads them
     repo_folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type=repo_type)
-    verified = blob_names(repo_folder)
+    verified, snapshots = names_in(repo_folder / "blobs"), names_in(repo_folder / "snapshots")
     try:
         snapshot = Path(snapshot_download(repo_id, repo_type=repo_type, revision=revision, allow_patterns=allow_patterns))
     except GatedRepoError:
@@ -322,6 +322,14 @@ def download_snapshot(
         ) from None
     except hub_failures() as exc:
         raise hub_error(repo_id, exc, "downloading") from None
+    if not snapshot.is_dir():  # huggingface_hub returns the revision's snapshot path even when it wrote nothing there
+        others = sorted(names_in(repo_folder / "snapshots") - snapshots - {snapshot.name})
+        why = (
+            f"the Hub's file answers named commit {others[0]}, not the revision's commit {snapshot.name}"
+            if others
+            else f"no file of revision {revision or 'main'!r} matches {', '.join(allow_patterns)}"
+        )
+        raise missing(f"{repo_id}: nothing was downloaded: {why}")
     problem = snapshot_problem(snapshot, verified)
     if problem is not None:
         raise HubError(

@@ -12,10 +12,15 @@ at the double and a private cache for each test.
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from doubles.hub import HubTestDouble, Repo, StoredFile
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
 
@@ -239,3 +244,120 @@ def test_a_dropped_connection_offers_the_resume_huggingface_hub_really_does(hub,
     line = assert_refused(run_cli(*push_argv(tmp_path, push_source)), "acme/out", "while uploading")
     assert "run the same command again to resume" in line
     assert run_cli(*push_argv(tmp_path, push_source)).exit_code == 0  # and it does: the second run publishes
+
+
+# ------------------------------------------------------------------------------------ property-based: any reply
+
+# Any JSON value, and values close to what the client expects (a commit id, a path, a list of file objects).
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    max_leaves=8,
+)
+near_values = st.sampled_from(
+    [COMMIT, "2" * 40, "../../../escaped", "/etc", "", [{"rfilename": "config.json"}], [{"rfilename": 5}], {"sha": COMMIT}]
+)
+header_values = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=70) | st.sampled_from(
+    ['"' + "a" * 64 + '"', "a" * 40, COMMIT, '"../x"', "W/", '""']
+)
+
+
+@contextmanager
+def fresh_cache(tmp_path: Path) -> Iterator[None]:
+    """A new, empty Hugging Face cache for one example: with the last one's, the client would take the files, or
+    the file listing, from the cache and never see the reply under test."""
+    from huggingface_hub import constants
+
+    (tmp_path / "place" / "hf-cache").mkdir(parents=True, exist_ok=True)
+    cache = tempfile.mkdtemp(dir=tmp_path / "place" / "hf-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(constants, "HF_HUB_CACHE", cache)
+        patch.setenv("HF_HUB_CACHE", cache)
+        yield
+
+
+def used_or_refused(result, tmp_path: Path, before: dict[str, str], repo: str = "acme/fp8") -> None:
+    """The documented outcomes: the checkpoint, from the cache; or one line naming the repo. Never a traceback or
+    another exception, never a write outside the cache."""
+    if result.exit_code == 0:
+        assert Path(result.stdout.strip()).is_relative_to(tmp_path / "place" / "hf-cache")
+    else:
+        assert_refused(result, repo)
+    assert outside_the_cache(tmp_path) == before
+
+
+def rewrite_field(field: str | None, value: object):
+    """A rewrite of a JSON object reply: ``field`` set to ``value`` (None: the whole reply replaced by it)."""
+    return lambda body: value if field is None else {**body, field: value}
+
+
+def rewrite_entries(field: str | None, value: object):
+    """A rewrite of the file listing: every entry's ``field`` set to ``value`` (None: the whole listing replaced)."""
+    return lambda body: value if field is None else [{**entry, field: value} for entry in body]
+
+
+@given(
+    field=st.sampled_from([None, "sha", "siblings", "id", "private", "lastModified", "cardData", "gated"]),
+    value=json_values | near_values,
+)
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_revision_info_is_used_or_refused_in_one_line(hub, tmp_path, field, value):
+    before = outside_the_cache(tmp_path)
+    hub.replies = {"revision_info": rewrite_field(field, value)}
+    with fresh_cache(tmp_path):
+        used_or_refused(run_cli("pull", "acme/fp8"), tmp_path, before)
+
+
+@given(field=st.sampled_from([None, "type", "path", "size", "oid", "lfs", "xetHash"]), value=json_values | near_values)
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_file_listing_is_used_or_refused_in_one_line(hub, tmp_path, field, value):
+    before = outside_the_cache(tmp_path)
+    hub.replies = {"tree": rewrite_entries(field, value)}
+    with fresh_cache(tmp_path):
+        used_or_refused(run_cli("pull", "acme/fp8"), tmp_path, before)
+
+
+@given(header=st.sampled_from(["ETag", "X-Linked-Etag", "X-Repo-Commit", "X-Linked-Size"]), value=header_values)
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_download_header_is_used_or_refused_in_one_line(hub, tmp_path, header, value):
+    before = outside_the_cache(tmp_path)
+    hub.file_headers = {header: value}
+    with fresh_cache(tmp_path):
+        used_or_refused(run_cli("pull", "acme/fp8"), tmp_path, before)
+
+
+@given(field=st.sampled_from([None, "type", "name", "orgs", "auth"]), value=json_values | near_values)
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_whoami_is_accepted_or_refused_as_an_upload_error(hub, field, value):
+    from huggingface_hub import HfApi
+
+    from hpu_fp8_loader.errors import HubError
+    from hpu_fp8_loader.hub.publish import check_write_access
+    from hpu_fp8_loader.sources.hub_replies import guard_hub_client
+
+    hub.replies = {"whoami_v2": rewrite_field(field, value)}
+    guard_hub_client()
+    try:
+        check_write_access(HfApi(), "acme/out")
+    except HubError as exc:  # UploadError is one: one line, naming the repository
+        assert str(exc).startswith("acme/out: ") and "\n" not in str(exc)
+
+
+@given(field=st.sampled_from([None, "commitOid", "commitUrl", "pullRequestUrl"]), value=json_values | near_values)
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=10)
+def test_any_commit_answer_is_verified_or_refused_as_an_upload_error(hub, spec_factory, field, value):
+    """The upload of a real checkpoint, whatever the commit answer: a verified upload, or one line naming the repo."""
+    from huggingface_hub import HfApi
+
+    from hpu_fp8_loader.errors import HubError
+    from hpu_fp8_loader.hub.publish import PushOptions, _upload
+    from hpu_fp8_loader.sources.hub_replies import guard_hub_client
+
+    hub.replies = {"commit": rewrite_field(field, value)}
+    guard_hub_client()
+    try:
+        commit_url, _ = _upload(HfApi(), spec_factory("qwen2-tiny"), PushOptions("acme/out"), say=lambda line: None)
+    except HubError as exc:
+        assert str(exc).startswith("acme/out: ") and "\n" not in str(exc)
+    else:
+        assert isinstance(commit_url, str)
