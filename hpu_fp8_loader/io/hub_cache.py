@@ -111,7 +111,7 @@ def snapshot_problem(snapshot: str | Path, verified: set[str]) -> str | None:
     """
     snapshot = Path(snapshot)
     if snapshot_repo(snapshot) is None or not re.fullmatch(r"[0-9a-f]{40}", snapshot.name):
-        return f"the snapshot {snapshot}, which is not a commit's directory inside the Hugging Face cache"
+        return f"the snapshot {snapshot} is not a commit's directory inside the cache"
     for directory, subdirectories, files in os.walk(snapshot):  # links are listed, never followed
         for name in subdirectories + files:
             member = Path(directory) / name
@@ -121,7 +121,7 @@ def snapshot_problem(snapshot: str | Path, verified: set[str]) -> str | None:
             blob = cache_blob(snapshot, member)
             relative = member.relative_to(snapshot)
             if blob is None:
-                return f"{relative} in the snapshot, which is no link into the repository's blobs in the cache"
+                return f"{relative} in the snapshot is no link into the repository's blobs (it leads to {os.readlink(member)!r})"
             if blob.name not in verified and blob_digest(blob) != blob.name:
-                return f"{relative}, whose content does not hash to its blob name {blob.name}"
+                return f"the content of {relative} does not hash to its blob name {blob.name}"
     return None

@@ -314,11 +314,11 @@ def download_snapshot(
         if cause is not None and not isinstance(cause, OfflineModeIsEnabled):
             lacks = "lacks some of its files" if isinstance(exc, IncompleteSnapshotError) else "lacks it"
             raise hub_error(repo_id, cause, f"looking it up, as the local Hugging Face cache {lacks}") from None
-        why = "HF_HUB_OFFLINE is set" if constants.is_offline_mode() else "the Hub was not asked"
-        cached = "holds only part of" if isinstance(exc, IncompleteSnapshotError) else "does not hold"
+        why = "HF_HUB_OFFLINE is set, so the Hub was not asked" if constants.is_offline_mode() else "the Hub was not asked"
+        cached = "only partly in" if isinstance(exc, IncompleteSnapshotError) else "not in"
         raise missing(
-            f"{repo_id}: {why}, and the Hugging Face cache at {constants.HF_HUB_CACHE} {cached} revision "
-            f"{revision or 'main'!r}; download it once with network access, or pass {local}"
+            f"{repo_id}: {cached} the local Hugging Face cache at {constants.HF_HUB_CACHE} (revision "
+            f"{revision or 'main'!r}), and {why}; download it once with network access, or pass {local}"
         ) from None
     except hub_failures() as exc:
         raise hub_error(repo_id, exc, "downloading") from None
@@ -333,8 +333,7 @@ def download_snapshot(
     problem = snapshot_problem(snapshot, verified)
     if problem is not None:
         raise HubError(
-            f"{repo_id}: the download from {_without_credentials(constants.ENDPOINT)} left {problem}, so it is not used; "
-            f"delete {repo_folder} and download it again"
+            f"{repo_id}: in the Hugging Face cache, {problem}; nothing of it is used: delete {repo_folder} and download it again"
         )
     return snapshot
 

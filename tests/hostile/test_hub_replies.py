@@ -235,7 +235,9 @@ def test_offline_with_an_empty_cache_says_hf_hub_offline_is_set(tmp_path, monkey
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-    line = assert_refused(run_cli("pull", "acme/fp8"), "acme/fp8", "HF_HUB_OFFLINE is set", str(tmp_path / "empty-cache"))
+    line = assert_refused(
+        run_cli("pull", "acme/fp8"), "acme/fp8", "HF_HUB_OFFLINE is set", f"cache at {tmp_path / 'empty-cache'}"
+    )
     assert "resume" not in line and "offline?" not in line
 
 
@@ -276,13 +278,18 @@ def fresh_cache(tmp_path: Path) -> Iterator[None]:
         yield
 
 
-def used_or_refused(result, tmp_path: Path, before: dict[str, str], repo: str = "acme/fp8") -> None:
-    """The documented outcomes: the checkpoint, from the cache; or one line naming the repo. Never a traceback or
-    another exception, never a write outside the cache."""
+def pull_is_used_or_refused(hub: HubTestDouble, tmp_path: Path, replies: dict | None = None, headers: dict | None = None):
+    """``pull`` against the double answering with ``replies`` and file ``headers``, from a fresh cache; its outcome one
+    of those documented: the checkpoint, from the cache, or one line naming the repo. Never a traceback or another
+    exception, never a write outside the cache."""
+    before = outside_the_cache(tmp_path)
+    hub.replies, hub.file_headers = replies or {}, headers or {}
+    with fresh_cache(tmp_path):
+        result = run_cli("pull", "acme/fp8")
     if result.exit_code == 0:
         assert Path(result.stdout.strip()).is_relative_to(tmp_path / "place" / "hf-cache")
     else:
-        assert_refused(result, repo)
+        assert_refused(result, "acme/fp8")
     assert outside_the_cache(tmp_path) == before
 
 
@@ -302,28 +309,19 @@ def rewrite_entries(field: str | None, value: object):
 )
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_any_revision_info_is_used_or_refused_in_one_line(hub, tmp_path, field, value):
-    before = outside_the_cache(tmp_path)
-    hub.replies = {"revision_info": rewrite_field(field, value)}
-    with fresh_cache(tmp_path):
-        used_or_refused(run_cli("pull", "acme/fp8"), tmp_path, before)
+    pull_is_used_or_refused(hub, tmp_path, replies={"revision_info": rewrite_field(field, value)})
 
 
 @given(field=st.sampled_from([None, "type", "path", "size", "oid", "lfs", "xetHash"]), value=json_values | near_values)
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_any_file_listing_is_used_or_refused_in_one_line(hub, tmp_path, field, value):
-    before = outside_the_cache(tmp_path)
-    hub.replies = {"tree": rewrite_entries(field, value)}
-    with fresh_cache(tmp_path):
-        used_or_refused(run_cli("pull", "acme/fp8"), tmp_path, before)
+    pull_is_used_or_refused(hub, tmp_path, replies={"tree": rewrite_entries(field, value)})
 
 
 @given(header=st.sampled_from(["ETag", "X-Linked-Etag", "X-Repo-Commit", "X-Linked-Size"]), value=header_values)
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_any_download_header_is_used_or_refused_in_one_line(hub, tmp_path, header, value):
-    before = outside_the_cache(tmp_path)
-    hub.file_headers = {header: value}
-    with fresh_cache(tmp_path):
-        used_or_refused(run_cli("pull", "acme/fp8"), tmp_path, before)
+    pull_is_used_or_refused(hub, tmp_path, headers={header: value})
 
 
 @given(field=st.sampled_from([None, "type", "name", "orgs", "auth"]), value=json_values | near_values)
