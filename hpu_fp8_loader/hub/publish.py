@@ -316,7 +316,7 @@ def _add_files(checkpoint: Path, files: dict[str, bytes]) -> list[CardFile]:
         if name not in files
     }
     for name, data in files.items():
-        (checkpoint / name).write_bytes(data)
+        write_new(checkpoint / name, data)  # never through a link someone put there since convert published it
     manifest = write_manifest(checkpoint, known)
     return [CardFile(name, entry["size"], entry["sha256"]) for name, entry in sorted(manifest["files"].items())]
 
