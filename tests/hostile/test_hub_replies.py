@@ -250,6 +250,10 @@ def test_a_dropped_connection_offers_the_resume_huggingface_hub_really_does(hub,
 
 # ------------------------------------------------------------------------------------ property-based: any reply
 
+# Each example runs a real pull (or upload) against the double: the whole suite's profile is capped for them.
+PULL_EXAMPLES = min(settings().max_examples, 50)
+UPLOAD_EXAMPLES = min(settings().max_examples, 10)
+
 # Any JSON value, and values close to what the client expects (a commit id, a path, a list of file objects).
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
@@ -307,19 +311,19 @@ def rewrite_entries(field: str | None, value: object):
     field=st.sampled_from([None, "sha", "siblings", "id", "private", "lastModified", "cardData", "gated"]),
     value=json_values | near_values,
 )
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=PULL_EXAMPLES)
 def test_any_revision_info_is_used_or_refused_in_one_line(hub, tmp_path, field, value):
     pull_is_used_or_refused(hub, tmp_path, replies={"revision_info": rewrite_field(field, value)})
 
 
 @given(field=st.sampled_from([None, "type", "path", "size", "oid", "lfs", "xetHash"]), value=json_values | near_values)
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=PULL_EXAMPLES)
 def test_any_file_listing_is_used_or_refused_in_one_line(hub, tmp_path, field, value):
     pull_is_used_or_refused(hub, tmp_path, replies={"tree": rewrite_entries(field, value)})
 
 
 @given(header=st.sampled_from(["ETag", "X-Linked-Etag", "X-Repo-Commit", "X-Linked-Size"]), value=header_values)
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=PULL_EXAMPLES)
 def test_any_download_header_is_used_or_refused_in_one_line(hub, tmp_path, header, value):
     pull_is_used_or_refused(hub, tmp_path, headers={header: value})
 
@@ -342,7 +346,7 @@ def test_any_whoami_is_accepted_or_refused_as_an_upload_error(hub, field, value)
 
 
 @given(field=st.sampled_from([None, "commitOid", "commitUrl", "pullRequestUrl"]), value=json_values | near_values)
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=10)
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=UPLOAD_EXAMPLES)
 def test_any_commit_answer_is_verified_or_refused_as_an_upload_error(hub, spec_factory, field, value):
     """The upload of a real checkpoint, whatever the commit answer: a verified upload, or one line naming the repo."""
     from huggingface_hub import HfApi
