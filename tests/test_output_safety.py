@@ -65,14 +65,19 @@ def test_a_tokenizer_file_linking_out_of_the_source_is_refused_and_nothing_is_pu
     assert leaked == []
 
 
-def test_a_hugging_face_snapshot_links_into_its_own_blob_store(tmp_path):
+def test_a_hugging_face_snapshot_links_into_its_own_blob_store(tmp_path, monkeypatch):
+    """Followed only in huggingface_hub's own cache (HF_HUB_CACHE here), where its blob names are Hub ETags."""
+    blob = "ab" * 32
     repo = tmp_path / "models--org--name"
     (repo / "blobs").mkdir(parents=True)
-    (repo / "blobs" / "abc123").write_text('{"model": {}}')
+    (repo / "blobs" / blob).write_text('{"model": {}}')
     snapshot = repo / "snapshots" / ("0" * 40)
     snapshot.mkdir(parents=True)
-    (snapshot / "tokenizer.json").symlink_to("../../blobs/abc123")
-    assert source_file(snapshot, "tokenizer.json") == (repo / "blobs" / "abc123").resolve()
+    (snapshot / "tokenizer.json").symlink_to(f"../../blobs/{blob}")
+    with pytest.raises(UnsafePathError, match="tokenizer.json: a link to .*outside the source checkpoint"):
+        source_file(snapshot, "tokenizer.json")  # the same layout elsewhere is no cache: nothing is followed out of it
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    assert source_file(snapshot, "tokenizer.json") == (repo / "blobs" / blob).resolve()
     assert source_file(snapshot, "tokenizer.model") is None
     (snapshot / "vocab.json").mkdir()
     with pytest.raises(UnsafePathError, match="vocab.json: not a regular file"):

@@ -15,6 +15,7 @@ from hpu_fp8_loader.checks.validate import ValidationReport, validate
 from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import OutputExistsError, UnsafePathError
+from hpu_fp8_loader.io.own_files import read_own, write_new
 from hpu_fp8_loader.io.writer import check_apart
 from hpu_fp8_loader.quality.calibrate import calibrate
 from hpu_fp8_loader.quality.evaluate import EvaluationResult, evaluate
@@ -25,6 +26,8 @@ from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme
 __all__ = ["DemoResult", "run_demo"]
 
 _MARKER = ".hpu-fp8-demo"
+# What the marker holds: only a regular file with exactly this (never a link, whatever it points to) is ours.
+_MARKER_TEXT = b"made by hpu-fp8 demo; replaced on each run\n"
 _PACKAGE = Path(__file__).parents[1]  # the shipped models live inside it
 
 
@@ -46,13 +49,14 @@ def _replace_work_dir(work_dir: Path, force: bool) -> None:
     for what, place in (("the current directory", Path.cwd()), ("your home directory", Path.home())):
         if work_dir.exists() and place.resolve().is_relative_to(work_dir.resolve()):
             raise UnsafePathError(f"{work_dir}: it holds {what}; --out must be a directory of its own")
-    if work_dir.exists() and any(work_dir.iterdir()) and not (work_dir / _MARKER).is_file() and not force:
+    ours = read_own(work_dir / _MARKER, len(_MARKER_TEXT)) == _MARKER_TEXT
+    if work_dir.exists() and any(work_dir.iterdir()) and not ours and not force:
         raise OutputExistsError(
             f"{work_dir}: exists and was not made by the demo; pass --force to replace it, or choose another --out"
         )
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
-    (work_dir / _MARKER).write_text("made by hpu-fp8 demo; replaced on each run\n", encoding="utf-8")
+    write_new(work_dir / _MARKER, _MARKER_TEXT)
 
 
 def run_demo(

@@ -39,7 +39,14 @@ from hpu_fp8_loader.conversion.worker import WorkerContext, convert_tensor, init
 from hpu_fp8_loader.errors import WorkerDiedError
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, Checkpoint, copied_source_files
 from hpu_fp8_loader.io.manifest import file_digest
-from hpu_fp8_loader.io.writer import ShardFile, check_apart, finish_output, plan_shards, prepare_output_dir
+from hpu_fp8_loader.io.writer import (
+    ShardFile,
+    check_apart,
+    check_publishable,
+    finish_output,
+    plan_shards,
+    prepare_output_dir,
+)
 from hpu_fp8_loader.numerics import scales
 from hpu_fp8_loader.sources.source_tensors import check_source, detect_layout
 from hpu_fp8_loader.spec import names
@@ -181,7 +188,7 @@ def convert(
     shards = plan_shards(planned_tensors(descriptor, qc), options.max_shard_bytes)
     staging = prepare_output_dir(out, options.force, [src])
     fingerprint = conversion_fingerprint(checkpoint, shards, qc, act)
-    done = reusable_shards(staging, fingerprint)
+    done = reusable_shards(staging, fingerprint, shards)
     log.info(
         "%s: %s, %s layout, %d tensors -> %d shard(s) of at most %d bytes, %d worker(s)",
         src,
@@ -218,6 +225,7 @@ def convert(
             if shard_of in files:
                 files[shard_of].write(name, np.asarray(array, np.float32).reshape(1))
     requantized = _run_jobs(checkpoint, descriptor, context, shards, done, fingerprint, progress)
+    check_publishable(out, options.force)  # before the journal goes: refused here, the same command still resumes
     for name in STAGING_ONLY:
         (staging / name).unlink(missing_ok=True)
     finish_output(
@@ -228,6 +236,7 @@ def convert(
         copy_from=src,
         digests={name: (entry["size"], entry["sha256"]) for name, entry in done.items()},
         files=measurement_files(measurements),  # the amax behind every scale stay with the checkpoint
+        force=options.force,
     )
     log.info("%s: published", out)
     weights = descriptor.weights()

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from pathlib import Path
 
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.fingerprint import file_fingerprint
-from hpu_fp8_loader.io.manifest import file_digest
+from hpu_fp8_loader.io.jsonfile import parse_json
+from hpu_fp8_loader.io.manifest import file_digest, well_formed_entry
+from hpu_fp8_loader.io.own_files import read_own, write_new
 from hpu_fp8_loader.io.writer import Shard, clear_staging
 from hpu_fp8_loader.spec.config import QuantizationConfig
 
@@ -25,6 +29,8 @@ JOURNAL = ".hpu_fp8_progress.json"
 CALIBRATION = ".hpu_fp8_calibration.json"
 # What OUT.partial holds besides the checkpoint: removed before it is published.
 STAGING_ONLY = (JOURNAL, CALIBRATION)
+# The most a journal of ours can hold: its fingerprint, and per planned shard a name, a size and a sha256.
+_JOURNAL_BYTES, _ENTRY_BYTES = 1024, 1024
 
 
 def conversion_fingerprint(checkpoint: Checkpoint, shards: list[Shard], qc: QuantizationConfig, act: dict[str, float]) -> str:
@@ -42,25 +48,46 @@ def conversion_fingerprint(checkpoint: Checkpoint, shards: list[Shard], qc: Quan
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def reusable_shards(staging: Path, fingerprint: str) -> dict[str, dict]:
-    """Finished shards an interrupted run left in ``staging`` whose sha256 still matches; clears the rest."""
-    journal = staging / JOURNAL
+def _recorded(staging: Path, fingerprint: str, shards: list[Shard]) -> dict[str, dict]:
+    """The planned shards the journal records as finished under ``fingerprint``; nothing when it records another
+    conversion, or is no journal this tool wrote: not a regular file (a link, a FIFO), too big, not JSON, not an
+    object of the shape :func:`save_journal` writes. An entry naming no planned shard, or not ``{size, sha256}``,
+    is left out: that shard is simply made again."""
+    data = read_own(staging / JOURNAL, _JOURNAL_BYTES + _ENTRY_BYTES * len(shards))
     try:
-        recorded = json.loads(journal.read_text())
-    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
-        recorded = {}
-    if recorded.get("fingerprint") != fingerprint:
-        clear_staging(staging, keep={CALIBRATION})  # keyed on its own: it outlives a changed conversion
+        recorded = parse_json(data) if data is not None else None
+    except ValueError:  # JsonFormatError, and whatever else a damaged journal makes the parser refuse
         return {}
+    if (
+        not isinstance(recorded, dict)
+        or recorded.get("fingerprint") != fingerprint
+        or not isinstance(recorded.get("shards"), dict)
+    ):
+        return {}
+    planned = {s.file_name for s in shards}
+    return {name: entry for name, entry in recorded["shards"].items() if name in planned and well_formed_entry(entry)}
+
+
+def reusable_shards(staging: Path, fingerprint: str, shards: list[Shard]) -> dict[str, dict]:
+    """Finished shards an interrupted run left in ``staging`` whose size and sha256 still match the journal; every
+    other entry of ``staging`` is removed (a shard of another conversion, a file or link planted there), so that
+    only what this conversion writes is published. A one-step conversion's calibration (``CALIBRATION``) is kept:
+    it is keyed on its own and outlives a changed conversion."""
     reusable = {}
-    for name, entry in recorded.get("shards", {}).items():
+    for name, entry in _recorded(staging, fingerprint, shards).items():
         path = staging / name
-        if path.is_file() and path.stat().st_size == entry.get("size") and file_digest(path)[1] == entry.get("sha256"):
+        found = path.lstat() if os.path.lexists(path) else None
+        if (
+            found is not None
+            and stat.S_ISREG(found.st_mode)
+            and found.st_size == entry["size"]
+            and file_digest(path)[1] == entry["sha256"]
+        ):
             reusable[name] = entry
+    clear_staging(staging, keep={*reusable, CALIBRATION})
     return reusable
 
 
 def save_journal(staging: Path, fingerprint: str, done: dict[str, dict]) -> None:
-    temporary = staging / (JOURNAL + ".tmp")
-    temporary.write_text(json.dumps({"fingerprint": fingerprint, "shards": done}))
-    temporary.replace(staging / JOURNAL)
+    """Record the finished shards (written anew and renamed over the journal: never through a planted link)."""
+    write_new(staging / JOURNAL, json.dumps({"fingerprint": fingerprint, "shards": done}).encode())

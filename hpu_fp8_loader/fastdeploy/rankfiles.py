@@ -9,7 +9,6 @@ without splitting anything itself.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from hpu_fp8_loader.fastdeploy.legacy import export_legacy
 from hpu_fp8_loader.fastdeploy.mapping import MappedPiece, Parallelism, ParameterSpec, map_rank, parameter_specs
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE
 from hpu_fp8_loader.io.file_output import atomic_file, check_output_file
+from hpu_fp8_loader.io.own_files import copy_new
 from hpu_fp8_loader.io.safetensors_file import dtype_name
 from hpu_fp8_loader.io.writer import (
     PlannedTensor,
@@ -137,6 +137,6 @@ def write_presharded(src: str | Path, out: str | Path, tp: int, force: bool = Fa
     ranks = []
     for r in range(tp):
         ranks.append(export_legacy(src, staging / f"rank{r}", rank=Parallelism(tp, r)).out)
-    shutil.copyfile(staging / "rank0" / CONFIG_FILE, staging / CONFIG_FILE)
-    publish_output_dir(staging, out, manifest=True)
+    copy_new(staging / "rank0" / CONFIG_FILE, staging / CONFIG_FILE)
+    publish_output_dir(staging, out, manifest=True, force=force)
     return [Path(out) / p.name for p in ranks]

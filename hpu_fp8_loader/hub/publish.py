@@ -29,16 +29,18 @@ from hpu_fp8_loader.checks.validate import validate
 from hpu_fp8_loader.console import hub_bars_follow_ours, human_count
 from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
-from hpu_fp8_loader.errors import HpuFp8Error, OutputExistsError, UnsafePathError, UploadError
+from hpu_fp8_loader.errors import HpuFp8Error, OutputExistsError, UnsafePathError, UploadError, WriteFailedError, one_line
 from hpu_fp8_loader.hub.cards import CardFile, CardPlot, check_license, render_card
 from hpu_fp8_loader.io.checkpoint import read_config, source_file
 from hpu_fp8_loader.io.manifest import MANIFEST_FILE, write_manifest
+from hpu_fp8_loader.io.own_files import read_own, write_new
 from hpu_fp8_loader.io.writer import check_apart
 from hpu_fp8_loader.quality import DEFAULT_EVAL_SAMPLES, DEFAULT_EVAL_SEQ_LEN
 from hpu_fp8_loader.quality.calibrate import one_source_of_statistics
 from hpu_fp8_loader.quality.evaluate import EvaluationResult, evaluate
 from hpu_fp8_loader.quality.quantize import quantize
 from hpu_fp8_loader.quality.report import REPORT_FILE, Report
+from hpu_fp8_loader.sources.hub_replies import guard_hub_client
 from hpu_fp8_loader.sources.measurements import load_measurement_sets
 from hpu_fp8_loader.sources.resolve import (
     SOURCE_PATTERNS,
@@ -69,6 +71,8 @@ STAGED = "checkpoint"
 REPORT_PLOT_PREFIX = "report-"
 # Written into a work directory before anything is staged there: only then may a later push replace WORK/checkpoint.
 STAGING_MARKER = ".hpu-fp8-push"
+# What the marker holds: only a regular file with exactly this (never a link, whatever it points to) is ours.
+_MARKER_TEXT = b"hpu-fp8 push stages its checkpoint here; a later push may replace it\n"
 # Above this many parameters the CPU evaluation takes long enough to ask for it explicitly.
 EVAL_PARAMETER_LIMIT = 3e9
 # A rough CPU throughput of the float32 engine, for the time estimate printed instead.
@@ -205,26 +209,42 @@ def _publishable(measurements: Measurements) -> Measurements:
     return measurements.model_copy(update={"provenance": public})
 
 
+def _object(value: object) -> dict:
+    """``value`` if it is a JSON object, else an empty one: whoami's fields are the Hub's to fill, and a field that is
+    missing or of another shape says nothing (the Hub refuses the upload itself if the token cannot write)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: object) -> list:
+    """``value`` if it is a JSON list, else an empty one (see :func:`_object`)."""
+    return value if isinstance(value, list) else []
+
+
+def _name(value: object) -> str:
+    """A name from the Hub's answer as a message may show it: one line, never a forged second one."""
+    return one_line(value) if isinstance(value, str) else "?"
+
+
 def _write_problem(me: dict, repo_id: str) -> str | None:
     """Why the account ``whoami`` describes cannot write to ``repo_id``, or None when nothing says it cannot."""
     namespace = repo_id.split("/")[0]
-    token = (me.get("auth") or {}).get("accessToken") or {}
+    token = _object(_object(me.get("auth")).get("accessToken"))
     if token.get("role") == "read":
         return "the token is read-only; use a token with write access"
     if token.get("role") == "fineGrained":
-        scoped = (token.get("fineGrained") or {}).get("scoped") or []
+        scoped = _object(token.get("fineGrained")).get("scoped")
         if not any(
-            (entry.get("entity") or {}).get("name") in (namespace, repo_id) and "repo.write" in (entry.get("permissions") or [])
-            for entry in scoped
+            _object(entry.get("entity")).get("name") in (namespace, repo_id) and "repo.write" in _list(entry.get("permissions"))
+            for entry in map(_object, _list(scoped))
         ):
             return f"the fine-grained token has no repo.write permission for {namespace}"
     if me.get("type") != "user" or namespace == me.get("name"):
         return None
-    org = next((o for o in me.get("orgs") or [] if o.get("name") == namespace), None)
+    org = next((o for o in map(_object, _list(me.get("orgs"))) if o.get("name") == namespace), None)
     if org is None:
-        return f"{namespace} is neither the token's account ({me.get('name')}) nor one of its organisations"
+        return f"{namespace} is neither the token's account ({_name(me.get('name'))}) nor one of its organisations"
     if org.get("roleInOrg") == "read":
-        return f"{me.get('name')} may only read in the organisation {namespace}"
+        return f"{_name(me.get('name'))} may only read in the organisation {namespace}"
     return None
 
 
@@ -257,7 +277,8 @@ def _staging_dir(work: Path, inputs: Sequence[Path]) -> Path:
         raise UnsafePathError(
             f"{checkpoint}: a link or a file, not a directory hpu-fp8 push staged; remove it or choose another --work-dir"
         )
-    if checkpoint.exists() and not (work / STAGING_MARKER).is_file():
+    ours = read_own(work / STAGING_MARKER, len(_MARKER_TEXT)) == _MARKER_TEXT  # a link or another file: not ours
+    if checkpoint.exists() and (not ours or (not (checkpoint / MANIFEST_FILE).is_file() and any(checkpoint.iterdir()))):
         raise OutputExistsError(
             f"{checkpoint}: already exists and was not staged by hpu-fp8 push; remove it or choose another --work-dir"
         )
@@ -298,7 +319,7 @@ def _add_files(checkpoint: Path, files: dict[str, bytes]) -> list[CardFile]:
         if name not in files
     }
     for name, data in files.items():
-        (checkpoint / name).write_bytes(data)
+        write_new(checkpoint / name, data)  # never through a link someone put there since convert published it
     manifest = write_manifest(checkpoint, known)
     return [CardFile(name, entry["size"], entry["sha256"]) for name, entry in sorted(manifest["files"].items())]
 
@@ -468,6 +489,7 @@ def push(src: str | Path, options: PushOptions, say: Callable[[str], None] = pri
     from huggingface_hub import HfApi
 
     api = HfApi()
+    guard_hub_client()  # replies of a shape the client cannot read, or that name cache paths, are refused as they come
     if not options.dry_run:
         check_write_access(api, options.repo_id)
     src = resolve_checkpoint(src, allow_patterns=[*SOURCE_PATTERNS, CARD])  # the card, for the base model's license
@@ -479,7 +501,10 @@ def push(src: str | Path, options: PushOptions, say: Callable[[str], None] = pri
         work = Path(where)
         checkpoint = _staging_dir(work, [src, *options.measurements])
         work.mkdir(parents=True, exist_ok=True)
-        (work / STAGING_MARKER).write_text("hpu-fp8 push stages its checkpoint here; a later push may replace it\n")
+        try:
+            write_new(work / STAGING_MARKER, _MARKER_TEXT)  # a link planted at that name is replaced, not written through
+        except OSError as exc:
+            raise WriteFailedError(f"{work / STAGING_MARKER}: cannot be written: {exc.strerror or exc}") from None
         evaluation, note, names, plots = _stage(src, measurements, options, checkpoint, say)
         files = _write_card(checkpoint, license_, base_model, options, evaluation, note, names, plots)
         manifest = (checkpoint / MANIFEST_FILE).read_bytes()  # uploaded too, though it does not list itself

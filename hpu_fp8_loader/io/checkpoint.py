@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from hpu_fp8_loader.errors import CheckpointIndexError, CheckpointNotFoundError, ConfigError, UnsafePathError
+from hpu_fp8_loader.io.hub_cache import cache_blob
 from hpu_fp8_loader.io.jsonfile import printable, read_json_object
 from hpu_fp8_loader.io.safetensors_file import SafetensorsFile, TensorInfo
 from hpu_fp8_loader.spec.names import COPIED_SOURCE_FILES
@@ -43,26 +44,25 @@ def read_config(root: Path) -> dict:
     )
 
 
-def _allowed_roots(root: Path) -> list[Path]:
-    """The checkpoint itself, plus the blob store when it is a Hugging Face cache snapshot.
-
-    huggingface_hub lays a snapshot out as links into ``models--org--name/blobs``; those links are
-    the cache's own, so following them is safe, while any other link out of the tree is not.
-    """
-    resolved = Path(root).resolve()
-    roots = [resolved]
-    absolute = Path(root).absolute()
-    if absolute.parent.name == "snapshots":
-        roots.append((absolute.parent.parent / "blobs").resolve())
-    return roots
-
-
 def _resolve(path: Path) -> Path:
     """``path`` with every link followed; a link loop is :class:`UnsafePathError` (Python 3.11 raises RuntimeError)."""
     try:
         return path.resolve()
     except (RuntimeError, OSError):
         raise UnsafePathError(f"{path}: its symbolic links cannot be followed (a link loop?)") from None
+
+
+def _inside(root: Path, path: Path) -> Path | None:
+    """What ``path`` (a member of the checkpoint ``root``) is read from, or None when that lies outside it.
+
+    Its links followed, it must stay inside ``root``; or it is a Hugging Face cache snapshot's own link into its
+    blob store (:func:`~hpu_fp8_loader.io.hub_cache.cache_blob`: only in huggingface_hub's real cache, checked
+    without following a link out of it). Any other link out of the tree is not followed.
+    """
+    resolved = _resolve(path)
+    if resolved.is_relative_to(_resolve(Path(root))):
+        return resolved
+    return cache_blob(root, path) if os.path.islink(path) else None
 
 
 def safe_member(root: Path, relative: str) -> Path:
@@ -77,26 +77,26 @@ def safe_member(root: Path, relative: str) -> Path:
         raise UnsafePathError(f"{root}: {relative!r} holds a control character (a NUL byte?)")
     if any(part == ".." for part in Path(relative).parts):
         raise UnsafePathError(f"{root}: {relative!r} climbs out of the checkpoint with '..'")
-    candidate = _resolve(Path(root) / relative)
-    if not any(candidate.is_relative_to(allowed) for allowed in _allowed_roots(root)):
-        raise UnsafePathError(f"{root}: {relative!r} resolves to {candidate}, outside the checkpoint")
-    return Path(root).absolute() / relative
+    path = Path(root).absolute() / relative
+    if _inside(root, path) is None:
+        raise UnsafePathError(f"{root}: {relative!r} resolves to {_resolve(path)}, outside the checkpoint")
+    return path
 
 
 def source_file(root: Path, name: str) -> Path | None:
     """The file ``name`` of a source checkpoint, resolved, or None when absent.
 
-    Refused, naming it: a link that leaves the source (a Hugging Face snapshot's links into its blob
-    store excepted), or anything but a regular file, so that e.g. ``tokenizer_config.json ->
+    Refused, naming it: a link that leaves the source (a snapshot's links into its blob store in the real
+    Hugging Face cache excepted), or anything but a regular file, so that e.g. ``tokenizer_config.json ->
     /proc/self/environ`` never carries a token into a published checkpoint.
     """
     path = Path(root) / name
-    if not path.is_symlink() and not path.exists():
+    if not os.path.lexists(path):
         return None
-    resolved = _resolve(path)
-    if not any(resolved.is_relative_to(allowed) for allowed in _allowed_roots(root)):
-        raise UnsafePathError(f"{path}: a link to {resolved}, outside the source checkpoint; refusing to copy it")
-    if not resolved.is_file():
+    resolved = _inside(root, path)
+    if resolved is None:
+        raise UnsafePathError(f"{path}: a link to {_resolve(path)}, outside the source checkpoint; refusing to copy it")
+    if not resolved.is_file():  # a directory, a FIFO or device, a link to nothing (resolved holds no link)
         raise UnsafePathError(f"{path}: not a regular file; refusing to copy it")
     return resolved
 

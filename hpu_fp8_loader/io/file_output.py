@@ -10,12 +10,12 @@ content, even after a crash.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from hpu_fp8_loader.errors import OutputExistsError, WriteFailedError, force_flag
+from hpu_fp8_loader.io.own_files import hidden_temporary
 from hpu_fp8_loader.io.writer import check_apart, fsync_path
 
 __all__ = ["atomic_file", "check_output_file", "write_text_atomically"]
@@ -62,14 +62,10 @@ def atomic_file(path: str | Path, replace: bool) -> Iterator[Path]:
     if not replace and os.path.lexists(path):
         raise _exists(path)
     try:
-        descriptor, name = tempfile.mkstemp(dir=path.absolute().parent, prefix=f".{path.name}.", suffix=".partial")
+        descriptor, temporary = hidden_temporary(path)
     except OSError as exc:
         raise WriteFailedError(f"{path}: cannot create a file beside it: {exc.strerror or exc}") from None
-    temporary = Path(name)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(descriptor, 0o666 & ~umask)  # mkstemp makes it 0600; an output gets the usual permissions
         os.close(descriptor)
         yield temporary
         fsync_path(temporary)

@@ -13,8 +13,9 @@ from pathlib import Path
 from hpu_fp8_loader.errors import HpuFp8Error, UnsafePathError
 from hpu_fp8_loader.io.checkpoint import safe_member
 from hpu_fp8_loader.io.jsonfile import read_json_object
+from hpu_fp8_loader.io.own_files import write_new
 
-__all__ = ["MANIFEST_FILE", "check_manifest", "file_digest", "write_manifest"]
+__all__ = ["MANIFEST_FILE", "check_manifest", "file_digest", "well_formed_entry", "write_manifest"]
 
 MANIFEST_FILE = "hpu_fp8_manifest.json"
 _FORMAT = "hpu-fp8-manifest"
@@ -45,11 +46,11 @@ def write_manifest(root: Path, known: dict[str, tuple[int, str]] | None = None) 
         size, sha = known.get(name) or file_digest(root / name)
         files[name] = {"size": size, "sha256": sha}
     manifest = {"format": _FORMAT, "version": 1, "files": files}
-    (root / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    write_new(root / MANIFEST_FILE, (json.dumps(manifest, indent=2) + "\n").encode())
     return manifest
 
 
-def _well_formed(entry: object) -> bool:
+def well_formed_entry(entry: object) -> bool:
     """A manifest entry: an object with an integer size (not a JSON boolean) and a sha256 hex digest."""
     return (
         isinstance(entry, dict)
@@ -83,7 +84,7 @@ def check_manifest(root: Path, hashes: bool, known: dict[str, str] | None = None
         except UnsafePathError as exc:
             problems.append(f"{MANIFEST_FILE} lists {name!r}, which is not a file inside the checkpoint ({exc})")
             continue
-        if not _well_formed(entry):
+        if not well_formed_entry(entry):
             problems.append(f"{MANIFEST_FILE}: entry {name!r} is not {{size: integer, sha256: 64 hex digits}}")
             continue
         if not target.is_file():

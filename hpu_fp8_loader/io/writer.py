@@ -16,18 +16,20 @@ import json
 import math
 import os
 import shutil
+import stat
 import struct
 import sys
 import tempfile
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from hpu_fp8_loader.errors import OutputExistsError, OutputLockedError, UnsafePathError, WriteFailedError, force_flag
+from hpu_fp8_loader.errors import OutputExistsError, OutputLockedError, UnsafePathError, WriteFailedError, force_flag, one_line
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, INDEX_FILE, copied_source_files
 from hpu_fp8_loader.io.manifest import MANIFEST_FILE, write_manifest
+from hpu_fp8_loader.io.own_files import copy_new, read_own, write_new
 from hpu_fp8_loader.io.safetensors_file import ITEMSIZES, dtype_name
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "Shard",
     "ShardFile",
     "check_apart",
+    "check_publishable",
     "clear_staging",
     "fsync_path",
     "plan_shards",
@@ -47,6 +50,8 @@ __all__ = [
 PARTIAL_SUFFIX = ".partial"
 # Inside OUT.partial: who holds the staging lock (pid and command line), for the message a second run gets.
 _HOLDER_FILE = ".hpu_fp8_lock"
+# The longest holder note read back: a pid and a command line; anything longer was not written by us.
+_HOLDER_LIMIT = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -130,9 +135,10 @@ class ShardFile:
         self._fd: int | None = None
 
     def create(self) -> None:
-        """(Re)create the file: header written, data region allocated (sparse until written)."""
+        """(Re)create the file: header written, data region allocated (sparse until written). A link at its
+        name (planted in a staging directory) is refused, never written through."""
         try:
-            with open(self.path, "wb") as f:
+            with open(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666), "wb") as f:
                 f.write(self._header)
                 f.truncate(self.size)
         except OSError as exc:
@@ -140,7 +146,7 @@ class ShardFile:
 
     def _pwrite(self, data: np.ndarray, offset: int) -> None:
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW)
         view = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data  # .data: the bytes as a memoryview
         try:
             while len(view):
@@ -192,7 +198,7 @@ class ShardFile:
 def write_index(directory: Path, shards: list[Shard]) -> None:
     weight_map = {t.name: s.file_name for s in shards for t in s.tensors}
     index = {"metadata": {"total_size": sum(s.nbytes for s in shards)}, "weight_map": weight_map}
-    (Path(directory) / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    write_new(Path(directory) / INDEX_FILE, (json.dumps(index, indent=2) + "\n").encode())
 
 
 def check_apart(out: str | Path, sources: Iterable[str | Path]) -> None:
@@ -244,17 +250,15 @@ def _lock_staging(partial: Path, out: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        try:
-            holder = (partial / _HOLDER_FILE).read_text(encoding="utf-8").strip() or "unknown"
-        except (OSError, UnicodeDecodeError):
-            holder = "unknown"
+        note = read_own(partial / _HOLDER_FILE, _HOLDER_LIMIT)  # never through a planted link, never a FIFO
+        holder = one_line(note.decode("utf-8", "backslashreplace")) if note else "unknown"
         raise OutputLockedError(
             f"{out}: another hpu-fp8 run is writing it ({holder}); wait for it to finish or stop it, then run again"
         ) from None
     _held_locks[key] = fd
     # argv may hold bytes that are no UTF-8 (a path named so): kept visible as \x escapes, never an error
     holder_line = f"pid {os.getpid()}: {' '.join(sys.argv)}\n".encode("utf-8", "backslashreplace")
-    (partial / _HOLDER_FILE).write_bytes(holder_line)
+    write_new(partial / _HOLDER_FILE, holder_line)  # a link planted at that name is replaced, never written through
 
 
 def _release_lock(partial: Path) -> None:
@@ -263,10 +267,12 @@ def _release_lock(partial: Path) -> None:
         os.close(fd)
 
 
-def clear_staging(partial: Path, keep: Collection[str] = ()) -> None:
-    """Empty ``OUT.partial`` for a fresh start, keeping only the lock holder's note (and the files named in ``keep``)."""
+def clear_staging(partial: Path, keep: Iterable[str] = ()) -> None:
+    """Empty ``OUT.partial`` for a fresh start, keeping only the lock holder's note and the entries named in ``keep``
+    (a link is removed, never followed)."""
+    kept = {_HOLDER_FILE, *keep}
     for child in partial.iterdir():
-        if child.name != _HOLDER_FILE and child.name not in keep:
+        if child.name not in kept:
             shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
 
 
@@ -305,33 +311,71 @@ def fsync_path(path: str | Path) -> None:
 
 
 def _sync_tree(root: Path) -> None:
-    """fsync every file and directory under ``root``: the rename that publishes must not outrun the data."""
+    """fsync every file and directory under ``root``: the rename that publishes must not outrun the data. Only
+    regular files and directories (a link is not followed, a FIFO would block the open)."""
     for path in [*sorted(root.rglob("*")), root]:
-        if not path.is_symlink():
+        if stat.S_ISREG(mode := path.lstat().st_mode) or stat.S_ISDIR(mode):
             fsync_path(path)
 
 
-def publish_output_dir(partial: Path, out: str | Path, manifest: bool = False) -> Path:
+def check_publishable(out: str | Path, force: bool, replaceable: Callable[[Path], None] = _check_replaceable) -> None:
+    """Asked again when the work is done, since ``OUT`` may have appeared while it ran (a user's directory made
+    meanwhile): without ``force`` an existing ``OUT`` is refused, with it only what ``replaceable`` allows (by
+    default a checkpoint this tool wrote). The staging directory is kept, so the same command runs again."""
+    out = Path(out)
+    if not os.path.lexists(out):
+        return
+    if not force:
+        raise OutputExistsError(
+            f"{out}: appeared while this command ran and was left as it is; the finished output is kept in "
+            f"{out.name}{PARTIAL_SUFFIX}: move {out.name} away and run the same command again, or pass {force_flag()}"
+        )
+    replaceable(out)
+
+
+def _rename_onto_nothing(partial: Path, out: Path) -> None:
+    """``partial`` renamed to ``out``, which was absent a moment ago: a directory that holds files, or a file, that
+    appeared since makes the rename fail (it replaces only an empty directory), and is refused by name."""
+    try:
+        partial.rename(out)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise OutputExistsError(f"{out}: appeared while this command ran and was left as it is") from None
+        raise
+
+
+def publish_output_dir(
+    partial: Path,
+    out: str | Path,
+    manifest: bool = False,
+    force: bool = False,
+    replaceable: Callable[[Path], None] = _check_replaceable,
+) -> Path:
     """Replace ``OUT`` with the finished ``OUT.partial`` by renames, so ``OUT`` is never half-written.
 
-    With ``manifest``, every staged file is first recorded in ``hpu_fp8_manifest.json`` (for outputs that
-    :func:`finish_output` does not write), which also lets ``--force`` replace the output later. An ``OUT``
-    being replaced is first moved into a fresh hidden directory beside it (never a fixed name such as
-    ``OUT.replaced``, which may hold a user's files) and deleted only after the new one is in place.
+    ``OUT`` is checked again first (:func:`check_publishable`): one that appeared while the command ran is never
+    deleted without ``force``. Without it the final rename cannot replace anything either (a directory that
+    appears in the last instant makes it fail, unless empty). With ``manifest``, every staged file is first
+    recorded in ``hpu_fp8_manifest.json`` (for outputs that :func:`finish_output` does not write), which also lets
+    ``--force`` replace the output later. An ``OUT`` being replaced is first moved into a fresh hidden directory
+    beside it (never a fixed name such as ``OUT.replaced``, which may hold a user's files) and deleted only after
+    the new one is in place.
     """
     out = Path(out)
-    (partial / _HOLDER_FILE).unlink(missing_ok=True)
     try:
+        check_publishable(out, force, replaceable)
+        replacing = os.path.lexists(out)  # checked as replaceable just now; anything appearing later is not
+        (partial / _HOLDER_FILE).unlink(missing_ok=True)
         if manifest:
             write_manifest(partial)
         _sync_tree(partial)
-        if out.exists() or out.is_symlink():
+        if replacing:
             retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-", dir=out.parent))
             out.rename(retired / out.name)
             partial.rename(out)
             shutil.rmtree(retired)
         else:
-            partial.rename(out)
+            _rename_onto_nothing(partial, out)
         fsync_path(out.parent)
     except OSError as exc:
         raise _write_failed(out, exc, "publishing") from exc
@@ -348,6 +392,7 @@ def finish_output(
     copy_from: Path | None = None,
     digests: dict[str, tuple[int, str]] | None = None,
     files: Mapping[str, bytes] | None = None,
+    force: bool = False,
 ) -> Path:
     """Index, config.json, the source's other files, ``files`` (name -> content), the manifest (last), then publish
     ``OUT``.
@@ -358,16 +403,16 @@ def finish_output(
     (staging / _HOLDER_FILE).unlink(missing_ok=True)  # not part of the checkpoint; the flock still guards it
     try:
         write_index(staging, shards)
-        (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        write_new(staging / CONFIG_FILE, (json.dumps(config, indent=2) + "\n").encode())
         for name, data in (files or {}).items():
-            (staging / name).write_bytes(data)
+            write_new(staging / name, data)
         if copy_from is not None:
             for name, source in copied_source_files(Path(copy_from)).items():
-                shutil.copyfile(source, staging / name)
+                copy_new(source, staging / name)
         write_manifest(staging, digests)
     except OSError as exc:
         raise _write_failed(Path(exc.filename or staging), exc, "writing the index, config and manifest") from exc
-    return publish_output_dir(staging, out)
+    return publish_output_dir(staging, out, force=force)
 
 
 class CheckpointWriter:
@@ -387,6 +432,7 @@ class CheckpointWriter:
         sources: Iterable[str | Path] = (),
     ):
         self.out = Path(out)
+        self.force = force
         self.staging = prepare_output_dir(self.out, force, sources)
         clear_staging(self.staging)
         self.shards = plan_shards(planned, max_shard_bytes)
@@ -401,4 +447,4 @@ class CheckpointWriter:
     def finish(self, config: dict, copy_from: Path | None = None) -> Path:
         for f in self._files:
             f.close()
-        return finish_output(self.staging, self.out, self.shards, config, copy_from)
+        return finish_output(self.staging, self.out, self.shards, config, copy_from, force=self.force)

@@ -27,6 +27,8 @@ from hpu_fp8_loader.conversion.plan import ConvertOptions, check_keep_bf16
 from hpu_fp8_loader.engine.layer_major import LayerProgress
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, Checkpoint, read_config
 from hpu_fp8_loader.io.fingerprint import file_fingerprint
+from hpu_fp8_loader.io.jsonfile import parse_json
+from hpu_fp8_loader.io.own_files import read_own, write_new
 from hpu_fp8_loader.io.writer import check_apart, prepare_output_dir
 from hpu_fp8_loader.quality.calibrate import CalibrationOptions, CalibrationResult
 from hpu_fp8_loader.spec.measurements import Measurements
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
 __all__ = ["QuantizeResult", "quantize"]
 
 log = logging.getLogger(__name__)
+# The most a kept calibration of ours holds (its key and one measurement set; a 300B MoE's is a few MB).
+_CALIBRATION_BYTES = 1 << 28
 
 
 @dataclass
@@ -137,18 +141,21 @@ def _calibration_key(src: Path, calibration: CalibrationOptions) -> dict:
 
 
 def _cached(path: Path, key: dict) -> Measurements | None:
-    """The measurements kept under ``key``; None when there are none, or of another source or other options."""
+    """The measurements kept under ``key``; None when there are none, or of another source or other options, or when
+    ``path`` is not a regular file of ours (a link or FIFO planted in OUT.partial is never read: io/own_files.py)."""
+    data = read_own(path, _CALIBRATION_BYTES)
+    if data is None:
+        return None
     try:
-        kept = json.loads(path.read_text(encoding="utf-8"))
-        if kept.get("key") != json.loads(json.dumps(key)):
+        kept = parse_json(data)
+        if not isinstance(kept, dict) or kept.get("key") != json.loads(json.dumps(key)):
             return None
         return Measurements.model_validate(kept["measurements"])
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError, ValidationError):
-        return None  # absent or damaged: calibrate again
+    except (ValueError, KeyError, TypeError, ValidationError):
+        return None  # damaged: calibrate again
 
 
 def _keep(path: Path, key: dict, measurements: Measurements) -> None:
-    """Written whole or not at all: a run killed while writing leaves no half file to trust."""
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps({"key": key, "measurements": measurements.model_dump(mode="json")}), encoding="utf-8")
-    temporary.replace(path)
+    """Written whole or not at all (a new file renamed over the name, never through a planted link): a run killed
+    while writing leaves no half file to trust."""
+    write_new(path, json.dumps({"key": key, "measurements": measurements.model_dump(mode="json")}).encode())

@@ -425,7 +425,8 @@ class Report:
         try:
             data["plots"] = render(data, staging)
             (staging / REPORT_FILE).write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-            return publish_output_dir(staging, out)  # what publishes a checkpoint: synced, then renamed over OUT
+            # what publishes a checkpoint: synced, then renamed over OUT, which is checked again as it is now
+            return publish_output_dir(staging, out, force=True, replaceable=lambda found: check_report_dir(found, force))
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise

@@ -7,14 +7,20 @@ Everything goes through huggingface_hub, so its offline mode (``HF_HUB_OFFLINE=1
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import logging
 import os
 import re
+import socket
+import ssl
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from hpu_fp8_loader.console import hub_bars_follow_ours
 from hpu_fp8_loader.errors import CheckpointNotFoundError, HpuFp8Error, HubError, one_line
+from hpu_fp8_loader.io.hub_cache import names_in, snapshot_problem
+from hpu_fp8_loader.sources.hub_replies import MalformedReplyError, guard_hub_client
 from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 
 __all__ = [
@@ -44,8 +50,9 @@ _REPO_ID_RULE = "ORG/NAME of ASCII letters, digits, '-', '_' and '.', at most 96
 # git check-ref-format: characters no ref name holds (besides control characters), and sequences none contains.
 _REF_CHARACTERS = " ~^:?*[\\"
 _REF_SEQUENCES = ("..", "@{", "//")
-# What to do after a dropped connection or an HTTP error: huggingface_hub resumes downloads and uploads.
-_AGAIN = "run the same command again to resume"
+# What to do after a server error or a dropped connection: huggingface_hub keeps a file it finished downloading
+# and an LFS object the Hub stored, and skips it on the next run (a file cut off midway starts over).
+_AGAIN = "run the same command again to resume (files already transferred are not transferred again)"
 # A reason quoted from the client is cut to this many characters: its messages can run to paragraphs.
 _REASON_LIMIT = 200
 
@@ -59,10 +66,13 @@ def _without_credentials(text: str) -> str:
 
 
 def _check_endpoint(repo_id: str) -> None:
-    """Refuse an HF_ENDPOINT that is no http(s) URL with a host, naming the repo id that was to be reached.
+    """Refuse an HF_ENDPOINT that is no http(s) URL with a host, or is plain http to another machine, naming the
+    repo id that was to be reached.
 
     Checked before huggingface_hub is imported: its constants module fails to import on some such values
-    (``http://[::1``), and with the others (``notaurl``, ``ftp://...``) every request fails.
+    (``http://[::1``), and with the others (``notaurl``, ``ftp://...``) every request fails. Plain http would
+    send the token in the clear, and let anyone on the way answer in the Hub's name (huggingface_hub names cache
+    files after what the server says; sources/hub_replies.py checks that, but a forged file needs no such trick).
     """
     endpoint = os.environ.get("HF_ENDPOINT")
     if endpoint is None:
@@ -77,6 +87,20 @@ def _check_endpoint(repo_id: str) -> None:
             f"{repo_id}: HF_ENDPOINT {_without_credentials(repr(endpoint))} is not a usable http:// or https:// URL, so the Hub cannot be reached; "
             "fix it, or unset it for https://huggingface.co"
         )
+    if parts.scheme == "http" and not _is_loopback(parts.hostname or ""):
+        raise HubError(
+            f"{repo_id}: HF_ENDPOINT {_without_credentials(repr(endpoint))} is plain http:// to another machine: the token "
+            "and every file would cross the network unencrypted and could be altered on the way; use https:// (plain "
+            "http:// only to this machine: 127.0.0.1, ::1, localhost)"
+        )
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (a URL's host name) is this machine: ``localhost`` or a loopback address."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host.lower().rstrip(".") == "localhost"
 
 
 def is_repo_id(text: str, namespace: bool = True) -> bool:
@@ -142,10 +166,16 @@ def check_revision(text: str, what: str = "--revision") -> str:
 def hub_failures() -> tuple[type[Exception], ...]:
     """What the client raises when the Hub or the connection to it fails: HTTP and transport errors (httpx's,
     which its own subclass), OSError, a failed LFS transfer (RuntimeError), a request it refuses to send,
-    such as a card the Hub's YAML check refuses (ValueError)."""
+    such as a card the Hub's YAML check refuses (ValueError); a reply refused before the client read it
+    (:class:`~hpu_fp8_loader.sources.hub_replies.MalformedReplyError`), and the errors a reply of another shape than
+    the client expects makes it raise (TypeError, KeyError, AttributeError, IndexError, AssertionError)."""
     from huggingface_hub.errors import HTTPError
 
-    return (HTTPError, OSError, RuntimeError, ValueError)
+    return (HTTPError, OSError, RuntimeError, ValueError, MalformedReplyError, *_UNREADABLE_REPLY)
+
+
+# What huggingface_hub raises on a reply of a shape it does not expect (a list where it reads an object's key).
+_UNREADABLE_REPLY = (TypeError, KeyError, AttributeError, IndexError, AssertionError)
 
 
 def _reason(exc: BaseException) -> str:
@@ -155,29 +185,71 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {cut}"
 
 
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and every exception it was raised from or during (httpx wraps the socket's error twice)."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def _connection_failure(exc: BaseException, endpoint: str) -> tuple[str, bool]:
+    """What is known of a failed connection to the Hub at ``endpoint``, as a phrase, and whether running again can
+    get further (a dropped connection or a timeout may pass; an unknown host or a refused connection will not by
+    itself)."""
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    hub = f"the Hub at {endpoint}"
+    chain = _causes(exc)
+    if any(isinstance(c, OfflineModeIsEnabled) for c in chain):
+        return f"HF_HUB_OFFLINE is set, so {hub} was not asked", False
+    if any(isinstance(c, socket.gaierror) for c in chain):
+        return f"the host name of {hub} could not be resolved (DNS: {_reason(exc)})", False
+    if any(isinstance(c, ConnectionRefusedError) or getattr(c, "errno", None) == errno.ECONNREFUSED for c in chain):
+        return f"{hub} refused the connection", False
+    if any(isinstance(c, ssl.SSLError) for c in chain):
+        return f"the TLS handshake with {hub} failed ({_reason(exc)})", False
+    if any(isinstance(c, TimeoutError) or "Timeout" in type(c).__name__ for c in chain):
+        return f"the connection to {hub} timed out", True
+    return f"the connection to {hub} failed ({_reason(exc)})", True
+
+
 def hub_error(repo_id: str, exc: BaseException, doing: str, error: type[HpuFp8Error] = HubError) -> HpuFp8Error:
     """One line for a failure of the Hub, or of the connection to it, while ``doing``: the repository, the
-    endpoint (HF_ENDPOINT), the reason and what to do; never the token (the client's messages do not hold it).
+    endpoint (HF_ENDPOINT), what is known of the cause and what to do; never the token (the client's messages do
+    not hold it).
 
-    Shared by every command that talks to the Hub. Refused credentials ask for a login; anything else (a
-    dropped connection, an HTTP error) may pass when the same command runs again. An endpoint that is no
-    URL never gets this far (:func:`check_repo_id` refuses it).
+    Shared by every command that talks to the Hub. Refused credentials ask for a login. Running the same command
+    again is offered only where it can get further (a server error, a dropped connection, a timeout): huggingface_hub
+    then skips what it already transferred (a downloaded file, an uploaded LFS object). An endpoint that is no URL
+    never gets this far (:func:`check_repo_id` refuses it).
     """
     from huggingface_hub import constants
     from huggingface_hub.errors import HfHubHTTPError
 
     endpoint = _without_credentials(constants.ENDPOINT)
+    where = f"{repo_id}: the Hub at {endpoint}"
     status = exc.response.status_code if isinstance(exc, HfHubHTTPError) and exc.response is not None else None
     if status in (401, 403):
         return error(
-            f"{repo_id}: the Hub at {endpoint} refused the credentials (HTTP {status}) while {doing}; log in with "
+            f"{where} refused the credentials (HTTP {status}) while {doing}; log in with "
             "`hf auth login` or set HF_TOKEN to a token with access to it (write access to publish)"
         )
+    if status is not None and (status >= 500 or status == 429):
+        return error(f"{where} answered HTTP {status} (a server error, or too many requests) while {doing}; {_AGAIN}")
     if status is not None:
-        return error(f"{repo_id}: the Hub at {endpoint} answered HTTP {status} while {doing}; {_AGAIN}")
+        return error(f"{where} answered HTTP {status} while {doing} ({_reason(exc)})")
+    if isinstance(exc, MalformedReplyError):
+        settings = " (HF_ENDPOINT names it: is it a Hugging Face Hub?)" if os.environ.get("HF_ENDPOINT") else ""
+        return error(f"{where} sent {exc.what} while {doing}; the reply was not used{settings}")
+    if isinstance(exc, _UNREADABLE_REPLY):
+        return error(f"{where} sent a reply huggingface_hub could not read while {doing} ({_reason(exc)})")
     if isinstance(exc, ValueError):
         return error(f"{repo_id}: the Hub client refused {doing}: {_reason(exc)}")
-    return error(f"{repo_id}: the connection to the Hub at {endpoint} failed while {doing} ({_reason(exc)}); {_AGAIN}")
+    failure, again = _connection_failure(exc, endpoint)
+    return error(f"{repo_id}: {failure} while {doing}" + (f"; {_AGAIN}" if again else ""))
 
 
 def _shipped(location: str | Path, revision: str | None) -> Path | None:
@@ -228,19 +300,24 @@ def download_snapshot(
     """The snapshot directory of a checked ``repo_id`` (a model or a dataset repository), downloaded or from the
     cache offline; each way the Hub or the cache fails is one ``missing`` error (or a :func:`hub_error`) naming the
     repo id. ``local`` is what the offline message offers instead."""
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
+        IncompleteSnapshotError,
         LocalEntryNotFoundError,
         OfflineModeIsEnabled,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
+    from huggingface_hub.file_download import repo_folder_name
 
     what = "repository" if repo_type == "model" else f"{repo_type} repository"
     hub_bars_follow_ours()
+    guard_hub_client()  # replies that would make the client write outside its cache are refused before it reads them
+    repo_folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type=repo_type)
+    verified, snapshots = names_in(repo_folder / "blobs"), names_in(repo_folder / "snapshots")
     try:
-        return Path(snapshot_download(repo_id, repo_type=repo_type, revision=revision, allow_patterns=allow_patterns))
+        snapshot = Path(snapshot_download(repo_id, repo_type=repo_type, revision=revision, allow_patterns=allow_patterns))
     except GatedRepoError:
         raise missing(f"{repo_id}: the {what} is gated; accept its terms on the Hub and log in (hf auth login)") from None
     except RepositoryNotFoundError:
@@ -248,15 +325,32 @@ def download_snapshot(
     except RevisionNotFoundError:
         raise missing(f"{repo_id}: revision {revision or 'main'!r} does not exist") from None
     except LocalEntryNotFoundError as exc:  # the Hub was not asked (offline) or did not answer, and the cache lacks it
-        if exc.__cause__ is not None and not isinstance(exc.__cause__, OfflineModeIsEnabled):
-            doing = "looking it up, as the local Hugging Face cache lacks it"
-            raise hub_error(repo_id, exc.__cause__, doing) from None
+        cause = exc.__cause__
+        if cause is not None and not isinstance(cause, OfflineModeIsEnabled):
+            lacks = "lacks some of its files" if isinstance(exc, IncompleteSnapshotError) else "lacks it"
+            raise hub_error(repo_id, cause, f"looking it up, as the local Hugging Face cache {lacks}") from None
+        why = "HF_HUB_OFFLINE is set, so the Hub was not asked" if constants.is_offline_mode() else "the Hub was not asked"
+        cached = "only partly in" if isinstance(exc, IncompleteSnapshotError) else "not in"
         raise missing(
-            f"{repo_id}: not in the local Hugging Face cache and the Hub cannot be reached (offline?); "
-            f"download it once with network access, or pass {local}"
+            f"{repo_id}: {cached} the local Hugging Face cache at {constants.HF_HUB_CACHE} (revision "
+            f"{revision or 'main'!r}), and {why}; download it once with network access, or pass {local}"
         ) from None
     except hub_failures() as exc:
         raise hub_error(repo_id, exc, "downloading") from None
+    if not snapshot.is_dir():  # huggingface_hub returns the revision's snapshot path even when it wrote nothing there
+        others = sorted(names_in(repo_folder / "snapshots") - snapshots - {snapshot.name})
+        why = (
+            f"the Hub's file answers named commit {others[0]}, not the revision's commit {snapshot.name}"
+            if others
+            else f"no file of revision {revision or 'main'!r} matches {', '.join(allow_patterns)}"
+        )
+        raise missing(f"{repo_id}: nothing was downloaded: {why}")
+    problem = snapshot_problem(snapshot, verified)
+    if problem is not None:
+        raise HubError(
+            f"{repo_id}: in the Hugging Face cache, {problem}; nothing of it is used: delete {repo_folder} and download it again"
+        )
+    return snapshot
 
 
 def local_or_hub(location: str | Path, revision: str | None = None, allow_patterns: list[str] | None = None) -> Path:

@@ -21,6 +21,7 @@ import numpy as np
 from hpu_fp8_loader.arch import Layout, Role, WeightTensor, config_keys_of, describe
 from hpu_fp8_loader.console import human_bytes
 from hpu_fp8_loader.errors import ConfigError
+from hpu_fp8_loader.io.own_files import write_new
 from hpu_fp8_loader.io.writer import CheckpointWriter, PlannedTensor
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import AmaxSourceKind
@@ -246,7 +247,7 @@ def synthesize(
             writer.write(name, array)
             if progress:
                 progress(array.nbytes)
-    (writer.staging / "generation_config.json").write_text(json.dumps(generation_config(config), indent=2) + "\n")
+    write_new(writer.staging / "generation_config.json", (json.dumps(generation_config(config), indent=2) + "\n").encode())
     writer.finish(_source_config(config, layout))
     return Path(out)
 

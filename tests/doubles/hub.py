@@ -18,6 +18,12 @@ Knobs for tests: ``fail_lfs_after`` (LFS uploads after the Nth get a 507: an int
 ``fail_commit`` (the next commit gets this HTTP status), ``drop_commit`` (the next commit's connection
 is closed without an answer), ``corrupt_on_commit`` (the next commit stores that file altered: a remote
 file whose hash differs); ``unknown_routes`` records requests the double does not speak.
+
+Knobs for a hostile or broken Hub: ``file_headers`` are sent with every file download (``resolve``), replacing
+the double's own (``{"ETag": '"../../../x"'}``: the blob name huggingface_hub takes unchecked);
+``replies[ROUTE]`` rewrites the JSON body a route answers with (``ROUTE`` is the handler's name, e.g.
+``revision_info``, ``tree``, ``whoami_v2``, ``commit``; the function gets the body the double would send and
+returns what is sent instead, any JSON value).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import hashlib
 import json
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -63,6 +70,7 @@ class Request(BaseHTTPRequestHandler):
     What it asks for is the double's business (``HubTestDouble.dispatch``)."""
 
     protocol_version = "HTTP/1.1"
+    route = ""  # the name of the handler that answers (dispatch sets it), for HubTestDouble.replies
 
     def log_message(self, *args) -> None:  # quiet
         pass
@@ -100,6 +108,9 @@ class Request(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def reply_json(self, status: int, value, headers: dict | None = None, content_type="application/json") -> None:
+        rewrite = self.server.hub.replies.get(self.route)
+        if rewrite is not None and status == 200:
+            value = rewrite(value)
         self.reply(status, json.dumps(value).encode(), headers, content_type)
 
 
@@ -124,6 +135,8 @@ class HubTestDouble:
         self.fail_commit: int | None = None  # the next commit gets this HTTP status
         self.drop_commit = False  # the next commit's connection is closed without an answer
         self.unknown_routes: list[str] = []  # requests the double does not speak: a test should expect none
+        self.file_headers: dict[str, str] = {}  # sent with every file download, replacing the double's own
+        self.replies: dict[str, Callable[[object], object]] = {}  # route name -> rewrite of its JSON body
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Request)
         self.server.hub = self
@@ -162,6 +175,7 @@ class HubTestDouble:
             if method == request.method and (found := pattern.fullmatch(request.target)):
                 handler, match = route, found
                 break
+        request.route = handler.__name__
         if request.method == "GET" and handler not in self.TOKENLESS and request.token and not self._authorised(request):
             return  # the Hub answers a token it does not know with 401 on every read
         handler(self, request, match)
@@ -243,6 +257,7 @@ class HubTestDouble:
         headers = {"X-Repo-Commit": sha, "ETag": f'"{etag}"'}
         if stored.lfs:
             headers.update({"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(len(stored.data))})
+        headers.update(self.file_headers)
         request.reply(200, stored.data, headers, content_type="application/octet-stream")
 
     # ------------------------------------------------------------------ routes: writing
