@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.fingerprint import file_fingerprint
+from hpu_fp8_loader.io.jsonfile import JsonFormatError, parse_json
 from hpu_fp8_loader.io.manifest import file_digest
 from hpu_fp8_loader.io.writer import Shard, clear_staging
 from hpu_fp8_loader.spec.config import QuantizationConfig
@@ -38,11 +39,14 @@ def conversion_fingerprint(checkpoint: Checkpoint, shards: list[Shard], qc: Quan
 
 
 def reusable_shards(staging: Path, fingerprint: str) -> dict[str, dict]:
-    """Finished shards an interrupted run left in ``staging`` whose sha256 still matches; clears the rest."""
+    """Finished shards an interrupted run left in ``staging`` whose sha256 still matches; clears the rest.
+
+    A journal that is not strict JSON (cut short, a 5,000-digit integer) vouches for nothing: everything is redone.
+    """
     journal = staging / JOURNAL
     try:
-        recorded = json.loads(journal.read_text())
-    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        recorded = parse_json(journal.read_bytes())
+    except (FileNotFoundError, JsonFormatError):
         recorded = {}
     if recorded.get("fingerprint") != fingerprint:
         clear_staging(staging)

@@ -3,15 +3,19 @@
 Python's json module is more lenient than RFC 8259 and than serde_json, which the safetensors library (and so
 FastDeploy) uses: it takes bytes in UTF-16 or UTF-32, duplicate keys (the last one silently wins), the literals
 NaN and Infinity, and lone UTF-16 surrogate escapes (strings that cannot even be printed), and it raises
-RecursionError on deep nesting. :func:`parse_json` refuses each of these with a sentence a human can act on.
+RecursionError on deep nesting, and ValueError for an integer longer than Python's ``int()`` takes (4,300 digits).
+It also reads ``1e999`` as infinity, where serde_json refuses a number out of range. :func:`parse_json` refuses each
+of these with a sentence a human can act on.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import math
 import re
 import stat
+import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +27,10 @@ __all__ = ["JsonFormatError", "parse_json", "printable", "read_json_object", "re
 # A \uD800-\uDFFF escape: only then can json.loads return a string holding a lone surrogate.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
+# The most digits an integer of a JSON file may have: Python's default limit for int() of a string (CPython's
+# sys.int_info.default_max_str_digits), or the interpreter's own when set lower. No count, size or offset of a
+# checkpoint comes near it; int() of such a string is what raised ValueError before.
+_MAX_INT_DIGITS = min(4300, getattr(sys, "get_int_max_str_digits", lambda: 0)() or 4300)
 
 
 class JsonFormatError(ValueError):
@@ -42,11 +50,37 @@ def _refuse_constant(name: str) -> float:
     raise JsonFormatError(f"{name} is not a JSON value (RFC 8259 has no NaN or Infinity)")
 
 
+def _bounded_int(parse_int: Callable[[str], object]) -> Callable[[str], object]:
+    """``parse_int`` behind a digit count check: int() of a longer string raises a bare ValueError (and would take
+    quadratic time without Python's limit)."""
+
+    def parse(literal: str) -> object:
+        digits = len(literal) - literal.startswith("-")
+        if digits > _MAX_INT_DIGITS:
+            raise JsonFormatError(
+                f"an integer of {digits} digits, starting {literal[:12]}... (more than {_MAX_INT_DIGITS}, the most "
+                "Python's int() reads; no count, size or id is that long)"
+            )
+        return parse_int(literal)
+
+    return parse
+
+
+def _finite_float(literal: str) -> float:
+    """A JSON number with a fraction or exponent; one beyond float range (``1e999``) would be infinity, which serde_json
+    refuses as out of range and RFC 8259 cannot write."""
+    value = float(literal)
+    if math.isinf(value):
+        raise JsonFormatError(f"the number {literal[:24]} is out of range of a 64-bit float (it would read as infinity)")
+    return value
+
+
 def parse_json(data: bytes | str, *, allow_non_finite: bool = False, parse_int: Callable[[str], object] = int) -> object:
     """The value of a UTF-8 JSON text, or :class:`JsonFormatError` saying why not.
 
     ``allow_non_finite`` accepts NaN and Infinity, which Python's json.dump writes for non-finite floats
-    (a transformers config.json may hold one in a key nobody reads).
+    (a transformers config.json may hold one in a key nobody reads), and a number that overflows to infinity.
+    ``parse_int`` reads each integer literal, once its length is checked.
     """
     if isinstance(data, bytes):
         try:
@@ -57,7 +91,8 @@ def parse_json(data: bytes | str, *, allow_non_finite: bool = False, parse_int: 
         value = json.loads(
             data,
             object_pairs_hook=_unique_keys,
-            parse_int=parse_int,
+            parse_int=_bounded_int(parse_int),
+            parse_float=float if allow_non_finite else _finite_float,
             parse_constant=None if allow_non_finite else _refuse_constant,
         )
     except json.JSONDecodeError as exc:

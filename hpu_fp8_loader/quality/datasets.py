@@ -83,8 +83,12 @@ def dataset_tokens(
     """
     model_tokenizer = load_tokenizer(model_dir, vocab_size, tokenizer)
     render = model_tokenizer.chat_renderer() if chat_template else None
-    documents = load_documents(dataset, split, text_field, dataset_revision, render)
-    return model_tokenizer.tokens(documents, limit, chat=chat_template), model_tokenizer.name
+    try:
+        documents = load_documents(dataset, split, text_field, dataset_revision, render)
+        return model_tokenizer.tokens(documents, limit, chat=chat_template), model_tokenizer.name
+    finally:
+        if render is not None:
+            render.close()  # its child process
 
 
 def load_documents(
