@@ -48,6 +48,8 @@ def reusable_shards(staging: Path, fingerprint: str) -> dict[str, dict]:
         recorded = parse_json(journal.read_bytes())
     except (FileNotFoundError, JsonFormatError):
         recorded = {}
+    if not isinstance(recorded, dict):
+        recorded = {}
     if recorded.get("fingerprint") != fingerprint:
         clear_staging(staging)
         return {}

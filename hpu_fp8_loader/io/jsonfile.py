@@ -11,8 +11,8 @@ of these with a sentence a human can act on.
 from __future__ import annotations
 
 import json
-import os
 import math
+import os
 import re
 import stat
 import sys

@@ -19,6 +19,7 @@ record is a pipe round trip. It reads pickled ``messages`` (our own data) and an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -135,7 +136,9 @@ class _Child:
     def __init__(self):
         child_reads, parent_writes = os.pipe()
         parent_reads, child_writes = os.pipe()
-        code = f"import sys; sys.path[0] = {_PACKAGE_ROOT!r}; from {__name__} import _serve; _serve({child_reads}, {child_writes})"
+        code = (
+            f"import sys; sys.path[0] = {_PACKAGE_ROOT!r}; from {__name__} import _serve; _serve({child_reads}, {child_writes})"
+        )
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", code],
@@ -155,10 +158,8 @@ class _Child:
         self._finalizer = weakref.finalize(self, _stop, self.process, self.writer, self.reader)
 
     def send(self, value: object) -> None:
-        try:
+        with contextlib.suppress(OSError, ValueError):  # the child is gone: receive() says how
             self.writer.send(value)
-        except (OSError, ValueError):  # the child is gone: receive() says how
-            pass
 
     def receive(self, seconds: float, most_bytes: int) -> tuple[str, str] | str:
         """``(kind, text)`` as the child sent it, or why there is none: the deadline passed (the child is killed), or
@@ -251,7 +252,7 @@ def _compile(source: str) -> Any:
     return environment.from_string(source)
 
 
-class _TooLong(Exception):
+class _OutputLimitError(Exception):
     """The output limit, reported as it is worded."""
 
 
@@ -262,7 +263,7 @@ def _render(template: Any, messages: list, variables: dict[str, str], characters
     for part in template.generate(messages=messages, add_generation_prompt=False, **variables):
         size += len(part)
         if size > characters:
-            raise _TooLong(f"it renders more than {characters:,} characters for one record")
+            raise _OutputLimitError(f"it renders more than {characters:,} characters for one record")
         parts.append(part)
     return "".join(parts)
 
@@ -278,6 +279,6 @@ def _reason(exc: BaseException, memory_bytes: int) -> str:
     if isinstance(exc, jinja2.TemplateNotFound):
         return f"it includes or imports the template {exc.name!r}; a chat template can use no other file"
     text = one_line(exc)
-    if isinstance(exc, (jinja2.TemplateError, _TooLong)):
+    if isinstance(exc, (jinja2.TemplateError, _OutputLimitError)):
         return text or type(exc).__name__
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -107,9 +107,9 @@ def test_a_template_failing_on_a_record_is_one_line_naming_the_record(model, tem
 
 @pytest.mark.parametrize(("template", "named"), FAILING_ON_A_RECORD.values(), ids=FAILING_ON_A_RECORD.keys())
 def test_the_renderer_names_the_record_for_every_failing_template(template, named):
-    with ChatRenderer(template, Path(TEMPLATE_FILE), {}, memory_bytes=2**28) as render:  # a bomb fails sooner
-        with pytest.raises(TokenizerError) as raised:
-            render(MESSAGES, "chats.jsonl:3")
+    render = ChatRenderer(template, Path(TEMPLATE_FILE), {}, memory_bytes=2**28)  # a bomb fails sooner
+    with render, pytest.raises(TokenizerError) as raised:
+        render(MESSAGES, "chats.jsonl:3")
     line = str(raised.value)
     assert line.startswith(f"chats.jsonl:3: the chat template of {TEMPLATE_FILE} fails on this record (")
     assert named in line and "\n" not in line and "Traceback" not in line
@@ -169,9 +169,9 @@ def test_the_output_limit_counts_characters_of_one_record():
 
 def test_the_memory_limit_is_the_childs_not_this_processs():
     """A 300 MB string fails under a 64 MiB cap in the child, and this process never allocated it."""
-    with ChatRenderer("{{ ('x' * 300000000)|length }}", Path(TEMPLATE_FILE), {}, memory_bytes=2**26) as render:
-        with pytest.raises(TokenizerError, match=r"needs more than 64 MiB of memory"):
-            render(MESSAGES, "r")
+    render = ChatRenderer("{{ ('x' * 300000000)|length }}", Path(TEMPLATE_FILE), {}, memory_bytes=2**26)
+    with render, pytest.raises(TokenizerError, match=r"needs more than 64 MiB of memory"):
+        render(MESSAGES, "r")
     with ChatRenderer("{{ ('x' * 300000)|length }}", Path(TEMPLATE_FILE), {}, memory_bytes=2**26) as render:
         assert render(MESSAGES, "r") == "300000"
 
