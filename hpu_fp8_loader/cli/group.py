@@ -7,7 +7,6 @@ here once.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -23,6 +22,7 @@ import click
 from hpu_fp8_loader import __version__
 from hpu_fp8_loader.console import LEVELS, LOGGER, configure
 from hpu_fp8_loader.errors import HpuFp8Error
+from hpu_fp8_loader.io.jsonfile import JsonFormatError, parse_json
 from hpu_fp8_loader.quality.tokenizer import BYTE_VOCAB_LIMIT, TOKENIZER_CHOICES
 from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, Target
 
@@ -66,9 +66,9 @@ def parse_overrides(pairs: tuple[str, ...]) -> dict:
         key, sep, value = pair.partition("=")
         if not sep:
             raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--set")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
+        try:  # strictly, as every JSON we read: a 5,000-digit integer is refused there, not a ValueError here
+            overrides[key] = parse_json(value)
+        except JsonFormatError:
             overrides[key] = value
     return overrides
 
