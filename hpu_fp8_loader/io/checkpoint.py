@@ -24,6 +24,7 @@ __all__ = [
     "Checkpoint",
     "read_config",
     "read_index",
+    "resolve_path",
     "safe_member",
 ]
 
@@ -57,10 +58,11 @@ def _allowed_roots(root: Path) -> list[Path]:
     return roots
 
 
-def _resolve(path: Path) -> Path:
-    """``path`` with every link followed; a link loop is :class:`UnsafePathError` (Python 3.11 raises RuntimeError)."""
+def resolve_path(path: str | Path) -> Path:
+    """``path`` absolute, with every link followed; a link loop is :class:`UnsafePathError` naming it (Python 3.11's
+    ``resolve`` raises RuntimeError). For every user path that is resolved: an output, a report, a dataset."""
     try:
-        return path.resolve()
+        return Path(path).resolve()
     except (RuntimeError, OSError):
         raise UnsafePathError(f"{path}: its symbolic links cannot be followed (a link loop?)") from None
 
@@ -77,7 +79,7 @@ def safe_member(root: Path, relative: str) -> Path:
         raise UnsafePathError(f"{root}: {relative!r} holds a control character (a NUL byte?)")
     if any(part == ".." for part in Path(relative).parts):
         raise UnsafePathError(f"{root}: {relative!r} climbs out of the checkpoint with '..'")
-    candidate = _resolve(Path(root) / relative)
+    candidate = resolve_path(Path(root) / relative)
     if not any(candidate.is_relative_to(allowed) for allowed in _allowed_roots(root)):
         raise UnsafePathError(f"{root}: {relative!r} resolves to {candidate}, outside the checkpoint")
     return Path(root).absolute() / relative
@@ -93,7 +95,7 @@ def source_file(root: Path, name: str) -> Path | None:
     path = Path(root) / name
     if not path.is_symlink() and not path.exists():
         return None
-    resolved = _resolve(path)
+    resolved = resolve_path(path)
     if not any(resolved.is_relative_to(allowed) for allowed in _allowed_roots(root)):
         raise UnsafePathError(f"{path}: a link to {resolved}, outside the source checkpoint; refusing to copy it")
     if not resolved.is_file():

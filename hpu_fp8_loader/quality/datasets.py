@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from hpu_fp8_loader.errors import DatasetError, HpuFp8Error, HubError, one_line
+from hpu_fp8_loader.io.checkpoint import resolve_path
 from hpu_fp8_loader.io.jsonfile import JsonFormatError, parse_json, read_regular_file
 from hpu_fp8_loader.quality.tokenizer import load_tokenizer
 from hpu_fp8_loader.sources.resolve import check_repo_id, check_revision, download_snapshot
@@ -141,6 +142,7 @@ def _dataset_files(dataset: str | Path, revision: str | None) -> list[Path]:
         if revision is not None:
             raise DatasetError(f"{path}: --dataset-revision {revision!r} is for a Hub dataset, and this is a local path")
         return _directory_files(path, str(path)) if path.is_dir() else [path]
+    resolve_path(path)  # below a link loop: named as such, not as a missing file or a Hub id
     text = str(dataset)
     try:
         check_repo_id(text, "dataset")
