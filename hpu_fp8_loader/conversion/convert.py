@@ -14,6 +14,7 @@ import logging
 import math
 import multiprocessing
 import os
+import sys
 import time
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -281,6 +282,7 @@ def _run_jobs(
         for w in weights:
             finished(w, convert_tensor(w))
     else:
+        _start_forkserver_quietly()
         mp = multiprocessing.get_context("forkserver")
         pool = ProcessPoolExecutor(context.options.workers, mp_context=mp, initializer=init_worker, initargs=(context,))
         try:
@@ -290,9 +292,11 @@ def _run_jobs(
                 while queue and len(running) < 2 * context.options.workers:
                     w = queue.pop()
                     try:
-                        running[pool.submit(convert_tensor, w)] = w
+                        running[pool.submit(convert_tensor, w)] = w  # starts the workers, on the first ones
                     except BrokenProcessPool:  # a worker died before its result was collected
                         raise _worker_died(next(iter(running.values()), w)) from None
+                    except (EOFError, OSError) as exc:  # the forkserver, which starts workers, is gone
+                        raise _workers_not_started(exc) from None
                 finished_now, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in finished_now:
                     w = running.pop(future)
@@ -321,6 +325,32 @@ def _worker_died(weight: WeightTensor) -> WorkerDiedError:
         f"a worker process died while converting {weight.name} (killed by a signal; out of memory?). "
         "Nothing was published; run the same command again to resume, perhaps with fewer --workers"
     )
+
+
+def _workers_not_started(exc: EOFError | OSError) -> WorkerDiedError:
+    what = "died (killed by a signal?)" if isinstance(exc, EOFError) else f"failed: {exc.strerror or exc}"
+    return WorkerDiedError(
+        f"the worker processes could not be started: multiprocessing's forkserver, which starts them, {what}. "
+        "Nothing was published; run the same command again to resume"
+    )
+
+
+def _start_forkserver_quietly() -> None:
+    """Start multiprocessing's forkserver (and its resource tracker) with stderr on /dev/null: every worker is forked
+    from it and inherits it. What they could print there is noise on the caller's stderr: a worker's error comes
+    back through its future, named, and the tracker's warnings about semaphores after a ``kill -9`` name nothing a
+    user can act on. Already running (an earlier conversion in this process), it is left as it is."""
+    from multiprocessing import forkserver
+
+    sys.stderr.flush()
+    saved, quiet = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(quiet, 2)
+        forkserver.ensure_running()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(quiet)
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
