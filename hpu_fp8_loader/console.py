@@ -78,9 +78,16 @@ def hub_bars_follow_ours() -> None:
         disable_progress_bars()
 
 
+class _Bar(tqdm):
+    """tqdm without its monitor thread, which every bar (a disabled one too) would start: under ``ulimit -v`` a thread
+    may not start, and tqdm then prints a warning of two lines; our bars are updated often enough not to need it."""
+
+    monitor_interval = 0
+
+
 def progress_bar(desc: str, quiet: bool = False, total: int | None = None, unit: str = "B") -> tqdm:
     """A tqdm bar on stderr that draws only when :func:`bars_enabled`; bytes are shown in KiB/MiB/GiB."""
-    return tqdm(
+    return _Bar(
         total=total,
         desc=desc,
         unit=unit,

@@ -10,6 +10,7 @@ The index and the manifest are written last, then ``OUT.partial`` is renamed to 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import multiprocessing
@@ -40,6 +41,7 @@ from hpu_fp8_loader.errors import WorkerDiedError
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, Checkpoint, copied_source_files
 from hpu_fp8_loader.io.manifest import file_digest
 from hpu_fp8_loader.io.writer import ShardFile, check_apart, finish_output, plan_shards, prepare_output_dir
+from hpu_fp8_loader.memory import out_of_memory
 from hpu_fp8_loader.numerics import scales
 from hpu_fp8_loader.sources.source_tensors import check_source, detect_layout
 from hpu_fp8_loader.spec import names
@@ -267,7 +269,10 @@ def _run_jobs(
                 pending_in_shard[shard].discard(name)
         for shard, remaining in list(pending_in_shard.items()):
             if not remaining:
-                size, sha = file_digest(context.staging / shard)
+                try:
+                    size, sha = file_digest(context.staging / shard)
+                except MemoryError as exc:
+                    raise out_of_memory(f"hashing the finished shard {shard}", exc) from None
                 done[shard] = {"size": size, "sha256": sha}
                 del pending_in_shard[shard]
                 log.debug("%s finished (%d bytes, sha256 %s)", shard, size, sha)
@@ -358,7 +363,8 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
     ``shutdown`` and the interpreter's exit would wait for)."""
     for process in list((pool._processes or {}).values()):  # no public way before Python 3.14's kill_workers
         process.kill()
-    pool.shutdown(wait=True, cancel_futures=True)  # returns at once with the workers gone; joins the pool's thread
+    with contextlib.suppress(RuntimeError):  # its thread never started (no memory for its stack): nothing to join
+        pool.shutdown(wait=True, cancel_futures=True)  # returns at once with the workers gone; joins the pool's thread
 
 
 def _largest_first(weights: list[WeightTensor]) -> list[WeightTensor]:
