@@ -50,29 +50,62 @@ def _refuse_constant(name: str) -> float:
     raise JsonFormatError(f"{name} is not a JSON value (RFC 8259 has no NaN or Infinity)")
 
 
-def _bounded_int(parse_int: Callable[[str], object]) -> Callable[[str], object]:
-    """``parse_int`` behind a digit count check: int() of a longer string raises a bare ValueError (and would take
-    quadratic time without Python's limit)."""
+class _Unreadable:
+    """What stands in for a number Python cannot read faithfully, so that the refusal can say where it is."""
 
-    def parse(literal: str) -> object:
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _number_readers(parse_int: Callable[[str], object], finite: bool) -> tuple[Callable, Callable, list[_Unreadable]]:
+    """(parse_int, parse_float, what they could not read) for one parse.
+
+    An integer of more than 4,300 digits: int() raises a bare ValueError (and would take quadratic time without
+    Python's limit). A number beyond float range (``1e999``) with ``finite``: Python reads infinity, which serde_json
+    refuses as out of range and RFC 8259 cannot write. Each is left in place as an :class:`_Unreadable`.
+    """
+    unreadable: list[_Unreadable] = []
+
+    def read_int(literal: str) -> object:
         digits = len(literal) - literal.startswith("-")
         if digits > _MAX_INT_DIGITS:
-            raise JsonFormatError(
-                f"an integer of {digits} digits, starting {literal[:12]}... (more than {_MAX_INT_DIGITS}, the most "
-                "Python's int() reads; no count, size or id is that long)"
+            unreadable.append(
+                _Unreadable(
+                    f"an integer of {digits} digits, starting {literal[:12]}... (more than {_MAX_INT_DIGITS}, the most "
+                    "Python's int() reads; no count, size or id is that long)"
+                )
             )
+            return unreadable[-1]
         return parse_int(literal)
 
-    return parse
+    def read_float(literal: str) -> object:
+        value = float(literal)
+        if finite and math.isinf(value):
+            unreadable.append(
+                _Unreadable(f"the number {literal[:24]} is out of range of a 64-bit float (it would read as infinity)")
+            )
+            return unreadable[-1]
+        return value
+
+    return read_int, read_float, unreadable
 
 
-def _finite_float(literal: str) -> float:
-    """A JSON number with a fraction or exponent; one beyond float range (``1e999``) would be infinity, which serde_json
-    refuses as out of range and RFC 8259 cannot write."""
-    value = float(literal)
-    if math.isinf(value):
-        raise JsonFormatError(f"the number {literal[:24]} is out of range of a 64-bit float (it would read as infinity)")
-    return value
+def _where(value: object, target: object) -> str:
+    """Where ``target`` sits in ``value``, as ``key["inner key"][3]``; empty at the top. Iterative: the depth is the
+    document's own."""
+    stack: list[tuple[object, list[object]]] = [(value, [])]
+    while stack:
+        node, path = stack.pop()
+        if node is target:
+            plain = bool(path) and isinstance(path[0], str) and printable(path[0])  # a key as the file spells it
+            return "".join(str(part) if not i and plain else f"[{json.dumps(part)}]" for i, part in enumerate(path))
+        if isinstance(node, dict):
+            stack.extend((child, [*path, key]) for key, child in node.items())
+        elif isinstance(node, list):
+            stack.extend((child, [*path, index]) for index, child in enumerate(node))
+    raise RuntimeError("internal error: an unreadable number is not in the value it was read into")
 
 
 def parse_json(data: bytes | str, *, allow_non_finite: bool = False, parse_int: Callable[[str], object] = int) -> object:
@@ -87,12 +120,13 @@ def parse_json(data: bytes | str, *, allow_non_finite: bool = False, parse_int: 
             data = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise JsonFormatError(f"not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x}; UTF-16 or Latin-1?)") from None
+    read_int, read_float, unreadable = _number_readers(parse_int, finite=not allow_non_finite)
     try:
         value = json.loads(
             data,
             object_pairs_hook=_unique_keys,
-            parse_int=_bounded_int(parse_int),
-            parse_float=float if allow_non_finite else _finite_float,
+            parse_int=read_int,
+            parse_float=read_float,
             parse_constant=None if allow_non_finite else _refuse_constant,
         )
     except json.JSONDecodeError as exc:
@@ -100,6 +134,9 @@ def parse_json(data: bytes | str, *, allow_non_finite: bool = False, parse_int: 
         raise JsonFormatError(f"not valid JSON ({exc}{hint})") from None
     except RecursionError:
         raise JsonFormatError("not valid JSON (nested too deeply to parse)") from None
+    if unreadable:
+        where = _where(value, unreadable[0])
+        raise JsonFormatError(f"{where}: {unreadable[0].reason}" if where else unreadable[0].reason)
     if _SURROGATE_ESCAPE.search(data):
         try:
             json.dumps(value, ensure_ascii=False).encode("utf-8")
