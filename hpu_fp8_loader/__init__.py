@@ -47,9 +47,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "hpu_fp8_loader.fastdeploy.legacy": ("LegacyExportResult", "export_legacy"),
     "hpu_fp8_loader.errors": (
         "CheckpointIndexError", "CheckpointNotFoundError", "ChecksumMismatchError", "ConfigError", "DatasetError",
-        "HpuFp8Error", "HubError", "MeasurementError", "MissingDependencyError", "NonFiniteError", "NotHpuFp8CheckpointError", "OutputExistsError",
-        "OutputLockedError", "SafetensorsFormatError", "TokenizerError", "UnknownArchitectureError", "UnsafePathError",
-        "UnsupportedFormatVersionError", "UploadError", "WorkerDiedError", "WriteFailedError",
+        "HpuFp8Error", "HubError", "MeasurementError", "MissingDependencyError", "NonFiniteError", "NotHpuFp8CheckpointError",
+        "OutOfMemoryError", "OutputExistsError", "OutputLockedError", "SafetensorsFormatError", "TokenizerError",
+        "UnknownArchitectureError", "UnsafePathError", "UnsupportedFormatVersionError", "UploadError", "WorkerDiedError",
+        "WriteFailedError",
     ),
 }  # fmt: skip
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -98,6 +99,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; the same names __getatt
     from hpu_fp8_loader.errors import MissingDependencyError as MissingDependencyError
     from hpu_fp8_loader.errors import NonFiniteError as NonFiniteError
     from hpu_fp8_loader.errors import NotHpuFp8CheckpointError as NotHpuFp8CheckpointError
+    from hpu_fp8_loader.errors import OutOfMemoryError as OutOfMemoryError
     from hpu_fp8_loader.errors import OutputExistsError as OutputExistsError
     from hpu_fp8_loader.errors import OutputLockedError as OutputLockedError
     from hpu_fp8_loader.errors import SafetensorsFormatError as SafetensorsFormatError

@@ -125,6 +125,13 @@ def _duration(seconds: float) -> str:
     return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
+class _Bar(tqdm):
+    """tqdm without its monitor thread, which every bar (a disabled one too) would start: under ``ulimit -v`` a thread
+    may not start, and tqdm then prints a warning of two lines; our bars are updated often enough not to need it."""
+
+    monitor_interval = 0
+
+
 class Progress:
     """One long job's progress, shown where it is read: a tqdm bar on a terminal, plain lines in a log.
 
@@ -147,7 +154,7 @@ class Progress:
         clock: Callable[[], float] | None = None,
     ):
         self.desc, self.unit, self.total, self.done = desc, unit, total, 0
-        self._bar = tqdm(
+        self._bar = _Bar(
             total=total,
             desc=desc,
             unit=unit,

@@ -29,6 +29,7 @@ __all__ = [
     "MissingDependencyError",
     "NonFiniteError",
     "NotHpuFp8CheckpointError",
+    "OutOfMemoryError",
     "OutputExistsError",
     "OutputLockedError",
     "SafetensorsFormatError",
@@ -313,6 +314,22 @@ class WorkerDiedError(HpuFp8Error):
         ...     convert("ERNIE-4.5-21B-A3B-PT", "ernie-fp8", [measurements], ConvertOptions(workers=16))
         ... except WorkerDiedError:  # out of memory? resume with fewer workers
         ...     convert("ERNIE-4.5-21B-A3B-PT", "ernie-fp8", [measurements], ConvertOptions(workers=4))
+    """
+
+
+class OutOfMemoryError(HpuFp8Error):
+    """An allocation failed (a ``MemoryError``, numpy's included): the machine, ``ulimit -v`` or a container's limit
+    leaves too little memory for the work asked.
+
+    The message names the step (the tensor being converted, the model, windows and layer being run), what was
+    being allocated (an array's shape, dtype and bytes, when numpy says) and the memory the process saw: RAM
+    available, the ``ulimit -v`` limit and its use, a cgroup's headroom (:func:`hpu_fp8_loader.memory.out_of_memory`).
+
+    Example:
+        >>> try:
+        ...     evaluate("qwen2-bf16", "qwen2-fp8", samples=256, seq_len=2048)
+        ... except OutOfMemoryError as exc:
+        ...     print(exc)  # "bf16: windows 0..3, layer 0: out of memory allocating 256 MiB for an array of shape ..."
     """
 
 

@@ -19,9 +19,9 @@ from helpers.checkpoint_damage import overwrite_tensor_bytes
 from hpu_fp8_loader.checks.validate import validate
 from hpu_fp8_loader.cli.main import main
 from hpu_fp8_loader.conversion.convert import convert
-from hpu_fp8_loader.engine.memory import memory_budget
 from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
+from hpu_fp8_loader.memory import memory_budget
 from hpu_fp8_loader.quality.calibrate import AmaxObserver, calibrate
 from hpu_fp8_loader.quality.datasets import builtin_text, token_batches
 from hpu_fp8_loader.sources.measurements import load_measurements
@@ -226,7 +226,7 @@ def test_the_weight_cache_budget_respects_cgroup_limits(tmp_path, files, expecte
 def test_the_weight_cache_budget_respects_ulimit_v():
     """A real RLIMIT_AS, set in a child process to 1 GiB beyond what it already maps: the budget is what is left."""
     script = (
-        "import resource, re; from hpu_fp8_loader.engine.memory import memory_budget\n"
+        "import resource, re; from hpu_fp8_loader.memory import memory_budget\n"
         "size = int(re.search(r'VmSize:\\s+(\\d+) kB', open('/proc/self/status').read())[1]) * 1024\n"
         "resource.setrlimit(resource.RLIMIT_AS, (size + 2**30, resource.RLIM_INFINITY))\n"
         "print(memory_budget())\n"

@@ -14,9 +14,9 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hpu_fp8_loader"
 
-# Earlier first. errors and console are the base every stage may use.
+# Earlier first. errors, console and memory are the base every stage may use.
 STAGES = [
-    ("errors", "console"),
+    ("errors", "console", "memory"),
     ("spec",),
     ("numerics",),
     ("arch",),

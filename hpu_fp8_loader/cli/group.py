@@ -1,14 +1,13 @@
 """The ``hpu-fp8`` group: its options, the pipeline order of its commands, the error mapping and the shared options.
 
 Every :class:`~hpu_fp8_loader.errors.HpuFp8Error` becomes one line on stderr and a non-zero exit; a usage
-error one line naming the option; Ctrl-C one line and exit 130. Options several commands share are declared
+error one line naming the option; Ctrl-C one line and exit 130; a failed allocation one line naming the memory seen. Options several commands share are declared
 here once.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import os
@@ -24,6 +23,8 @@ import click
 from hpu_fp8_loader import __version__
 from hpu_fp8_loader.console import LEVELS, LOGGER, Progress, configure
 from hpu_fp8_loader.errors import HpuFp8Error, command_line
+from hpu_fp8_loader.io.jsonfile import JsonFormatError, parse_json
+from hpu_fp8_loader.memory import out_of_memory
 from hpu_fp8_loader.quality.tokenizer import BYTE_VOCAB_LIMIT, TOKENIZER_CHOICES
 from hpu_fp8_loader.spec.choices import Bf16Group, DeadExpertPolicy, KvCacheScheme, Target, unservable_bf16_choice
 
@@ -71,6 +72,10 @@ def interrupted_line(command: str | None) -> str:
     return f"interrupted; {INTERRUPTED[command]}" if command in INTERRUPTED else "interrupted"
 
 
+THREAD_NOT_STARTED = "can't start new thread"  # CPython's RuntimeError when a thread's stack cannot be allocated
+LIBRARY_NOT_MAPPED = "failed to map segment from shared object"  # glibc's loader, in an ImportError, when it has no room
+
+
 def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
     click.echo(f"hpu-fp8: error: {message}", err=True)
     sys.exit(code)
@@ -112,9 +117,9 @@ def parse_overrides(pairs: tuple[str, ...]) -> dict:
         key, sep, value = pair.partition("=")
         if not sep:
             raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--set")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
+        try:  # strictly, as every JSON we read: a 5,000-digit integer is refused there, not a ValueError here
+            overrides[key] = parse_json(value)
+        except JsonFormatError:
             overrides[key] = value
     return overrides
 
@@ -386,6 +391,24 @@ class _Commands(click.Group):
             _usage_failure(exc, ctx)
         except KeyboardInterrupt:
             fail(interrupted_line(ctx.invoked_subcommand), EXIT_INTERRUPTED)
+        except MemoryError as exc:  # one a step did not name (those are OutOfMemoryError, an HpuFp8Error)
+            fail(str(out_of_memory(ctx.invoked_subcommand or ctx.command_path, exc)))
+        except RuntimeError as exc:
+            if str(exc) != THREAD_NOT_STARTED:  # our own bug: its traceback is what a report needs
+                raise
+            # a thread's stack is address space too: under ulimit -v, this is how the memory runs out
+            fail(str(out_of_memory(f"{ctx.invoked_subcommand or ctx.command_path}: starting a thread", MemoryError())))
+        except ImportError as exc:
+            if LIBRARY_NOT_MAPPED not in str(exc):  # a broken installation: the traceback says which module
+                raise
+            # so is a library's code: under ulimit -v, a module imported late may find no room to be mapped
+            fail(
+                str(
+                    out_of_memory(
+                        f"{ctx.invoked_subcommand or ctx.command_path}: loading {exc.name or 'a library'}", MemoryError()
+                    )
+                )
+            )
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -28,6 +28,7 @@ from hpu_fp8_loader.cli.group import (
     warn_each,
 )
 from hpu_fp8_loader.console import Progress, emit_json
+from hpu_fp8_loader.io.checkpoint import resolve_path
 from hpu_fp8_loader.quality import DEFAULT_EVAL_SAMPLES, DEFAULT_EVAL_SEQ_LEN
 from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 from hpu_fp8_loader.spec.choices import KvCacheScheme
@@ -152,9 +153,9 @@ def calibrate(
     from hpu_fp8_loader.sources.measurements import write_measurements
     from hpu_fp8_loader.sources.resolve import SOURCE_PATTERNS, local_or_hub
 
-    if fastdeploy_file and fastdeploy_file.resolve() == out.resolve():
-        raise click.BadParameter(f"{fastdeploy_file} is also the -o file; name another", param_hint="--fastdeploy-format")
     with user_errors():
+        if fastdeploy_file and resolve_path(fastdeploy_file) == resolve_path(out):  # a link loop: one named line
+            raise click.BadParameter(f"{fastdeploy_file} is also the -o file; name another", param_hint="--fastdeploy-format")
         source = local_or_hub(model, revision, SOURCE_PATTERNS)
         options = CalibrationOptions(**calibration)
         check_outputs(source, options.dataset, [out, *([fastdeploy_file] if fastdeploy_file else [])], force)

@@ -10,10 +10,12 @@ The index and the manifest are written last, then ``OUT.partial`` is renamed to 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import multiprocessing
 import os
+import sys
 import time
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -47,6 +49,7 @@ from hpu_fp8_loader.io.writer import (
     plan_shards,
     prepare_output_dir,
 )
+from hpu_fp8_loader.memory import out_of_memory
 from hpu_fp8_loader.numerics import scales
 from hpu_fp8_loader.sources.source_tensors import check_source, detect_layout
 from hpu_fp8_loader.spec import names
@@ -280,7 +283,10 @@ def _run_jobs(
                 pending_in_shard[shard].discard(name)
         for shard, remaining in list(pending_in_shard.items()):
             if not remaining:
-                size, sha = file_digest(context.staging / shard)
+                try:
+                    size, sha = file_digest(context.staging / shard)
+                except MemoryError as exc:
+                    raise out_of_memory(f"hashing the finished shard {shard}", exc) from None
                 done[shard] = {"size": size, "sha256": sha}
                 del pending_in_shard[shard]
                 log.debug("%s finished (%d bytes, sha256 %s)", shard, size, sha)
@@ -295,6 +301,7 @@ def _run_jobs(
         for w in weights:
             finished(w, convert_tensor(w))
     else:
+        _start_forkserver_quietly()
         mp = multiprocessing.get_context("forkserver")
         pool = ProcessPoolExecutor(context.options.workers, mp_context=mp, initializer=init_worker, initargs=(context,))
         try:
@@ -304,9 +311,11 @@ def _run_jobs(
                 while queue and len(running) < 2 * context.options.workers:
                     w = queue.pop()
                     try:
-                        running[pool.submit(convert_tensor, w)] = w
+                        running[pool.submit(convert_tensor, w)] = w  # starts the workers, on the first ones
                     except BrokenProcessPool:  # a worker died before its result was collected
                         raise _worker_died(next(iter(running.values()), w)) from None
+                    except (EOFError, OSError) as exc:  # the forkserver, which starts workers, is gone
+                        raise _workers_not_started(exc) from None
                 finished_now, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in finished_now:
                     w = running.pop(future)
@@ -337,12 +346,39 @@ def _worker_died(weight: WeightTensor) -> WorkerDiedError:
     )
 
 
+def _workers_not_started(exc: EOFError | OSError) -> WorkerDiedError:
+    what = "died (killed by a signal?)" if isinstance(exc, EOFError) else f"failed: {exc.strerror or exc}"
+    return WorkerDiedError(
+        f"the worker processes could not be started: multiprocessing's forkserver, which starts them, {what}. "
+        "Nothing was published; run the same command again to resume"
+    )
+
+
+def _start_forkserver_quietly() -> None:
+    """Start multiprocessing's forkserver (and its resource tracker) with stderr on /dev/null: every worker is forked
+    from it and inherits it. What they could print there is noise on the caller's stderr: a worker's error comes
+    back through its future, named, and the tracker's warnings about semaphores after a ``kill -9`` name nothing a
+    user can act on. Already running (an earlier conversion in this process), it is left as it is."""
+    from multiprocessing import forkserver
+
+    sys.stderr.flush()
+    saved, quiet = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(quiet, 2)
+        forkserver.ensure_running()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(quiet)
+
+
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
     """On failure or Ctrl-C, kill the workers instead of letting each finish its tensor first (what
     ``shutdown`` and the interpreter's exit would wait for)."""
     for process in list((pool._processes or {}).values()):  # no public way before Python 3.14's kill_workers
         process.kill()
-    pool.shutdown(wait=True, cancel_futures=True)  # returns at once with the workers gone; joins the pool's thread
+    with contextlib.suppress(RuntimeError):  # its thread never started (no memory for its stack): nothing to join
+        pool.shutdown(wait=True, cancel_futures=True)  # returns at once with the workers gone; joins the pool's thread
 
 
 def _largest_first(weights: list[WeightTensor]) -> list[WeightTensor]:

@@ -23,6 +23,7 @@ from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.safetensors_file import row_blocks
 from hpu_fp8_loader.io.writer import Shard, ShardFile
+from hpu_fp8_loader.memory import out_of_memory
 from hpu_fp8_loader.numerics import e4m3, scales
 from hpu_fp8_loader.numerics.fusion import fuse_columns, transposed
 from hpu_fp8_loader.numerics.requantize import requantize_rows, row_amax
@@ -142,7 +143,15 @@ class _ErrorSum:
 
 def convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
     """Convert and write one spec tensor; returns the source bytes read, and for a linear from an FP8
-    (compressed-tensors) source the relative RMSE its requantization added."""
+    (compressed-tensors) source the relative RMSE its requantization added. An allocation that fails is one
+    OutOfMemoryError naming the tensor (it comes back through the worker's future like any HpuFp8Error)."""
+    try:
+        return _convert_tensor(weight)
+    except MemoryError as exc:
+        raise out_of_memory(f"converting {weight.name}", exc) from None
+
+
+def _convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
     if "failure" in _worker:
         raise _worker["failure"]
     context: WorkerContext = _worker["context"]

@@ -2,7 +2,7 @@
 
 Run batch by batch, a model larger than the weight cache is read and converted again for every batch: 32 windows
 of a 43.6 GB BF16 model in batches of 4 read ~350 GB. Here the hidden states of all windows wait between layers
-instead: in memory when they take at most a quarter of :func:`~hpu_fp8_loader.engine.memory.memory_budget`, else
+instead: in memory when they take at most a quarter of :func:`~hpu_fp8_loader.memory.memory_budget`, else
 in a memory-mapped scratch file, unlinked as soon as it is mapped (nothing is left behind, even after ``kill -9``)
 with its disk space reserved up front (a full disk is one line now, not a SIGBUS hours in). Windows move through a
 layer ``chunk`` at a time, with the very arithmetic of the batch-major forward on a batch of that size, so the
@@ -28,8 +28,8 @@ import numpy as np
 
 from hpu_fp8_loader.arch import ModelDescriptor
 from hpu_fp8_loader.console import human_bytes
-from hpu_fp8_loader.engine.memory import memory_budget
 from hpu_fp8_loader.errors import NonFiniteError, WriteFailedError
+from hpu_fp8_loader.memory import memory_budget, out_of_memory
 
 __all__ = ["LayerModel", "LayerProgress", "hidden_store", "run_layer_major"]
 
@@ -152,27 +152,36 @@ def run_layer_major(
         if progress:
             progress(LayerProgress(done, total, layer, d.num_layers))
 
-    with ExitStack() as stack:
-        stores = {label: stack.enter_context(hidden_store(shape, in_memory, scratch_dir)) for label in models}
-        for label, model in models.items():
-            embed = model.embedding()
-            for part in chunks:
-                stores[label][part] = embed(windows[part])
-            del embed
-        for layer in range(d.num_layers):
+    doing = f"the hidden states of {len(windows)} window(s)"  # what an allocation that fails was for
+    try:
+        with ExitStack() as stack:
+            stores = {label: stack.enter_context(hidden_store(shape, in_memory, scratch_dir)) for label in models}
             for label, model in models.items():
-                step = model.layer(layer)
+                doing = f"{label}: the embedding"
+                embed = model.embedding()
                 for part in chunks:
-                    stores[label][part] = _run(step, label, part, np.array(stores[label][part]), layer)
-                    advance(layer)
-                del step
-        if logits is None:
-            return
-        heads = {label: model.head() for label, model in models.items()}
-        for part in chunks:
-            for label, head in heads.items():
-                logits(part, label, _run(head, label, part, np.array(stores[label][part])))
-                advance(d.num_layers)
+                    stores[label][part] = embed(windows[part])
+                del embed
+            for layer in range(d.num_layers):
+                for label, model in models.items():
+                    doing = f"{label}: layer {layer}"
+                    step = model.layer(layer)
+                    for part in chunks:
+                        doing = f"{label}: windows {part.start}..{part.stop - 1}, layer {layer}"
+                        stores[label][part] = _run(step, label, part, np.array(stores[label][part]), layer)
+                        advance(layer)
+                    del step
+            if logits is None:
+                return
+            doing = "the output heads"
+            heads = {label: model.head() for label, model in models.items()}
+            for part in chunks:
+                for label, head in heads.items():
+                    doing = f"{label}: windows {part.start}..{part.stop - 1}, the logits"
+                    logits(part, label, _run(head, label, part, np.array(stores[label][part])))
+                    advance(d.num_layers)
+    except MemoryError as exc:
+        raise out_of_memory(doing, exc) from None
 
 
 def _run(step: Step, label: str, part: slice, x: np.ndarray, layer: int | None = None) -> np.ndarray:

@@ -14,8 +14,8 @@ import numpy as np
 
 from hpu_fp8_loader.arch import Layout, ModelDescriptor, WeightTensor, describe
 from hpu_fp8_loader.checks.validate import open_validated
-from hpu_fp8_loader.engine.memory import memory_budget
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, Checkpoint, read_config
+from hpu_fp8_loader.memory import memory_budget
 from hpu_fp8_loader.numerics.fusion import fuse_columns
 from hpu_fp8_loader.sources.source_tensors import check_source, detect_layout, source_rows
 from hpu_fp8_loader.spec import names

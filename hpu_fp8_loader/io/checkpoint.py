@@ -25,6 +25,7 @@ __all__ = [
     "Checkpoint",
     "read_config",
     "read_index",
+    "resolve_path",
     "safe_member",
 ]
 
@@ -44,10 +45,11 @@ def read_config(root: Path) -> dict:
     )
 
 
-def _resolve(path: Path) -> Path:
-    """``path`` with every link followed; a link loop is :class:`UnsafePathError` (Python 3.11 raises RuntimeError)."""
+def resolve_path(path: str | Path) -> Path:
+    """``path`` absolute, with every link followed; a link loop is :class:`UnsafePathError` naming it (Python 3.11's
+    ``resolve`` raises RuntimeError). For every user path that is resolved: an output, a report, a dataset."""
     try:
-        return path.resolve()
+        return Path(path).resolve()
     except (RuntimeError, OSError):
         raise UnsafePathError(f"{path}: its symbolic links cannot be followed (a link loop?)") from None
 
@@ -59,8 +61,8 @@ def _inside(root: Path, path: Path) -> Path | None:
     blob store (:func:`~hpu_fp8_loader.io.hub_cache.cache_blob`: only in huggingface_hub's real cache, checked
     without following a link out of it). Any other link out of the tree is not followed.
     """
-    resolved = _resolve(path)
-    if resolved.is_relative_to(_resolve(Path(root))):
+    resolved = resolve_path(path)
+    if resolved.is_relative_to(resolve_path(Path(root))):
         return resolved
     return cache_blob(root, path) if os.path.islink(path) else None
 
@@ -79,7 +81,7 @@ def safe_member(root: Path, relative: str) -> Path:
         raise UnsafePathError(f"{root}: {relative!r} climbs out of the checkpoint with '..'")
     path = Path(root).absolute() / relative
     if _inside(root, path) is None:
-        raise UnsafePathError(f"{root}: {relative!r} resolves to {_resolve(path)}, outside the checkpoint")
+        raise UnsafePathError(f"{root}: {relative!r} resolves to {resolve_path(path)}, outside the checkpoint")
     return path
 
 
@@ -95,7 +97,7 @@ def source_file(root: Path, name: str) -> Path | None:
         return None
     resolved = _inside(root, path)
     if resolved is None:
-        raise UnsafePathError(f"{path}: a link to {_resolve(path)}, outside the source checkpoint; refusing to copy it")
+        raise UnsafePathError(f"{path}: a link to {resolve_path(path)}, outside the source checkpoint; refusing to copy it")
     if not resolved.is_file():  # a directory, a FIFO or device, a link to nothing (resolved holds no link)
         raise UnsafePathError(f"{path}: not a regular file; refusing to copy it")
     return resolved

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from hpu_fp8_loader.errors import OutputExistsError, OutputLockedError, UnsafePathError, WriteFailedError, force_flag, one_line
-from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, INDEX_FILE, copied_source_files
+from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, INDEX_FILE, copied_source_files, resolve_path
 from hpu_fp8_loader.io.manifest import MANIFEST_FILE, write_manifest
 from hpu_fp8_loader.io.own_files import copy_new, read_own, write_new
 from hpu_fp8_loader.io.safetensors_file import ITEMSIZES, dtype_name
@@ -203,10 +203,10 @@ def write_index(directory: Path, shards: list[Shard]) -> None:
 
 def check_apart(out: str | Path, sources: Iterable[str | Path]) -> None:
     """Refuse an ``OUT`` equal to, inside, or containing a source: writing there, or replacing it with
-    ``--force``, would destroy the input, which is never modified."""
-    target = Path(out).resolve()
+    ``--force``, would destroy the input, which is never modified. A link loop in either is refused naming it."""
+    target = resolve_path(out)
     for source in sources:
-        src = Path(source).resolve()
+        src = resolve_path(source)
         if target == src:
             raise UnsafePathError(f"{out}: it is the source {source}; the source is never modified, choose another OUT")
         if target.is_relative_to(src):

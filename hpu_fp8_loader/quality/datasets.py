@@ -39,6 +39,7 @@ from typing import NamedTuple
 import numpy as np
 
 from hpu_fp8_loader.errors import DatasetError, HpuFp8Error, HubError
+from hpu_fp8_loader.io.checkpoint import resolve_path
 from hpu_fp8_loader.quality.dataset_files import CHAT_SUFFIXES, DATASET_SUFFIXES, Render, file_documents
 from hpu_fp8_loader.quality.tokenizer import Continued, load_tokenizer
 from hpu_fp8_loader.sources.resolve import check_repo_id, check_revision, download_snapshot
@@ -100,9 +101,13 @@ def dataset_tokens(
     """
     model_tokenizer = load_tokenizer(model_dir, vocab_size, tokenizer)
     render = model_tokenizer.chat_renderer() if chat_template else None
-    files, commit = _dataset_files(dataset, dataset_revision, render)
-    documents = _documents(dataset, files, split, text_field, render)
-    return DatasetTokens(model_tokenizer.tokens(documents, limit, chat=chat_template), model_tokenizer.name, commit)
+    try:
+        files, commit = _dataset_files(dataset, dataset_revision, render)
+        documents = _documents(dataset, files, split, text_field, render)
+        return DatasetTokens(model_tokenizer.tokens(documents, limit, chat=chat_template), model_tokenizer.name, commit)
+    finally:
+        if render is not None:
+            render.close()  # its child process
 
 
 def load_documents(
@@ -158,6 +163,7 @@ def _dataset_files(dataset: str | Path, revision: str | None, render: Render | N
         if path.suffix.lower() not in DATASET_SUFFIXES:
             raise DatasetError(f"{path}: {_suffix(path)} is no dataset file this tool reads; use {_FORMS}")
         return [path], None
+    resolve_path(path)  # below a link loop: named as such, not as a missing file or a Hub id
     text = str(dataset)
     try:
         check_repo_id(text, "dataset")

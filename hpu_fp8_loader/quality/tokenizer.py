@@ -28,6 +28,7 @@ import numpy as np
 
 from hpu_fp8_loader.errors import TokenizerError, one_line, require_optional
 from hpu_fp8_loader.io.jsonfile import JsonFormatError, read_json_object, read_regular_file
+from hpu_fp8_loader.quality.chat_template import ChatRenderer
 
 __all__ = ["BYTE_VOCAB_LIMIT", "TOKENIZER_CHOICES", "Continued", "ModelTokenizer", "load_tokenizer"]
 
@@ -116,35 +117,15 @@ class ModelTokenizer:
             )
         return stream
 
-    def chat_renderer(self) -> Callable[[list, str], str]:
-        """``render(messages, where)``: a record's ``messages`` through the model's chat template, in a sandbox.
+    def chat_renderer(self) -> ChatRenderer:
+        """``render(messages, where)``: a record's ``messages`` through the model's chat template, in a sandboxed
+        child process with a deadline and limits on memory and output (:mod:`.chat_template`).
 
-        Refused before any dataset is read when the model has no chat template; a template that fails on a
-        record is refused naming the record (``where``).
+        Refused before any dataset is read when the model has no chat template or it does not parse; a template
+        that fails on a record is refused naming the record (``where``).
         """
         source, origin = _chat_template(self._config, self._model_dir)
-        import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message: str) -> None:
-            raise jinja2.TemplateError(message)
-
-        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-        environment.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
-        environment.globals["raise_exception"] = raise_exception
-        try:
-            template = environment.from_string(source)
-        except jinja2.TemplateError as exc:
-            raise TokenizerError(f"{origin}: the chat template does not parse ({one_line(exc)})") from None
-        specials = _special_tokens(self._config, self._model_dir)
-
-        def render(messages: list, where: str) -> str:
-            try:
-                return template.render(messages=messages, add_generation_prompt=False, **specials)
-            except jinja2.TemplateError as exc:
-                raise TokenizerError(f"{where}: the chat template of {origin} fails on this record ({one_line(exc)})") from None
-
-        return render
+        return ChatRenderer(source, origin, _special_tokens(self._config, self._model_dir))
 
 
 def load_tokenizer(model_dir: str | Path, vocab_size: int, choice: str = "auto") -> ModelTokenizer:

@@ -54,12 +54,16 @@ BAD_JSON: list[tuple[str, Content, str]] = [
     ("empty-file", lambda text: b"", "not valid JSON"),
     ("trailing-garbage", lambda text: (text + "}").encode(), "not valid JSON"),
     ("single-quotes", lambda text: text.replace('"', "'").encode(), "not valid JSON"),
+    # int() of more than 4,300 digits raised a bare ValueError, a traceback in every reader (issue 28 item 5)
+    ("integer-of-5000-digits", _with_member('"x_huge": ' + "1" * 5000), "an integer of 5000 digits"),
+    ("negative-integer-of-4301-digits", _with_member('"x_huge": [-' + "9" * 4301 + "]"), "an integer of 4301 digits"),
 ]
 # Never JSON: refused in every file but config.json (see test_config_json_may_hold_infinity_in_a_key_nobody_reads).
 NON_FINITE: list[tuple[str, Content, str]] = [
     ("nan", _with_member('"x_nan": NaN'), "NaN is not a JSON value"),
     ("infinity", _with_member('"x_inf": Infinity'), "Infinity is not a JSON value"),
     ("minus-infinity", _with_member('"x_inf": [-Infinity]'), "-Infinity is not a JSON value"),
+    ("number-beyond-float-range", _with_member('"x_big": 1e999'), "1e999 is out of range of a 64-bit float"),
 ]
 
 

@@ -1,16 +1,21 @@
-"""How much memory this process may still use: what a weight cache meant to fit in RAM is sized by.
+"""How much memory this process may still use: what a weight cache meant to fit in RAM is sized by, and what an
+allocation that failed is reported against.
 
 MemAvailable alone overstates it inside a container or under a ulimit, and a cache sized from it makes the
-run die mid-way, hours in.
+run die mid-way, hours in. A ``MemoryError`` (numpy's ``_ArrayMemoryError`` included) is turned into one line by
+:func:`out_of_memory`: the step, what was being allocated, and the memory the process saw.
 """
 
 from __future__ import annotations
 
+import math
 import resource
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["memory_budget"]
+from hpu_fp8_loader.errors import OutOfMemoryError
+
+__all__ = ["memory_budget", "memory_seen", "out_of_memory"]
 
 # (limit, usage) files of a cgroup, v2 then v1's memory controller; v1 writes "no limit" as a huge number.
 _CGROUP_MEMORY = (("", "memory.max", "memory.current"), ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes"))
@@ -79,3 +84,40 @@ def memory_budget(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/
     """
     available = _kib_field(proc / "meminfo", "MemAvailable")
     return min([available, *_rlimit_headroom(proc), *_cgroup_headroom(proc, cgroup_root)])
+
+
+def _size(count: int) -> str:
+    """Bytes as a person reads them: ``256 MiB``, ``1.2 GiB``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:,.1f} {unit}"
+    return f"{count} bytes"
+
+
+def memory_seen(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> str:
+    """The memory this process could use, in words: RAM available, ``ulimit -v`` and how much of it is in use, and
+    the least headroom under a cgroup memory limit when that is less (cgroup v1 writes "no limit" as 8 EiB)."""
+    available = _kib_field(proc / "meminfo", "MemAvailable")
+    seen = [f"{_size(available)} of RAM available"]
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if soft != resource.RLIM_INFINITY:
+        in_use = _kib_field(proc / "self" / "status", "VmSize")
+        seen.append(f"ulimit -v (RLIMIT_AS) is {_size(soft)}, {_size(in_use)} of it in use")
+    cgroups = list(_cgroup_headroom(proc, cgroup_root))
+    if cgroups and min(cgroups) < available:
+        seen.append(f"{_size(min(cgroups))} left under the cgroup memory limit")
+    return "; ".join(seen)
+
+
+def out_of_memory(doing: str, exc: MemoryError) -> OutOfMemoryError:
+    """One line for a failed allocation: ``doing`` (the step), what was being allocated (numpy says an array's shape
+    and dtype; a plain MemoryError says nothing) and :func:`memory_seen`."""
+    shape, dtype = getattr(exc, "shape", None), getattr(exc, "dtype", None)
+    what = ""
+    if shape is not None and dtype is not None:
+        dimensions = [int(n) for n in shape]
+        what = f" allocating {_size(math.prod(dimensions) * dtype.itemsize)} for an array of shape {dimensions} ({dtype})"
+    return OutOfMemoryError(
+        f"{doing}: out of memory{what} ({memory_seen()}); free memory or raise the limit, or ask for less "
+        "(fewer --samples or --workers, a smaller --seq-len)"
+    )
