@@ -155,6 +155,7 @@ def _dataset_files(dataset: str | Path, revision: str | None, render: Render | N
             raise DatasetError(f"builtin: --dataset-revision {revision!r} is for a Hub dataset")
         return None, None
     path = Path(dataset)
+    resolve_path(path)  # a link loop (here or above) is named as such, not as a missing file, a suffix or a Hub id
     if os.path.lexists(path):
         if revision is not None:
             raise DatasetError(f"{path}: --dataset-revision {revision!r} is for a Hub dataset, and this is a local path")
@@ -163,7 +164,6 @@ def _dataset_files(dataset: str | Path, revision: str | None, render: Render | N
         if path.suffix.lower() not in DATASET_SUFFIXES:
             raise DatasetError(f"{path}: {_suffix(path)} is no dataset file this tool reads; use {_FORMS}")
         return [path], None
-    resolve_path(path)  # below a link loop: named as such, not as a missing file or a Hub id
     text = str(dataset)
     try:
         check_repo_id(text, "dataset")

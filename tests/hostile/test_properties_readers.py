@@ -38,6 +38,7 @@ from hpu_fp8_loader.io.checkpoint import copied_source_files, read_config, read_
 from hpu_fp8_loader.io.jsonfile import JsonFormatError, parse_json
 from hpu_fp8_loader.io.manifest import MANIFEST_FILE, check_manifest
 from hpu_fp8_loader.io.safetensors_file import SafetensorsFile
+from hpu_fp8_loader.io.writer import Shard
 from hpu_fp8_loader.quality.chat_template import ChatRenderer
 from hpu_fp8_loader.quality.tokenizer import load_tokenizer
 from hpu_fp8_loader.sources.measurements import read_fastdeploy_file, read_measurements
@@ -271,7 +272,7 @@ def test_a_resume_journal_that_vouches_for_nothing_clears_the_staging_directory(
     with folder() as staging:
         (staging / JOURNAL).write_bytes(data)
         (staging / "model-00001-of-00001.safetensors").write_bytes(b"left over")
-        assert reusable_shards(staging, "this conversion") == {}
+        assert reusable_shards(staging, "this conversion", [Shard("model-00001-of-00001.safetensors", ())]) == {}
         assert [p.name for p in staging.iterdir()] == []  # nothing kept that a resume would trust
 
 
