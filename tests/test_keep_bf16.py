@@ -3,7 +3,7 @@
 FastDeploy keeps linears in BF16 by group (``dense_quant_type`` / ``moe_quant_type`` left out), never one
 module (docs/fastdeploy.md section 3, "Keeping linears in BF16"). These tests make such checkpoints with
 the converter and check what each stage does with them; that FastDeploy's own loading fills the same
-parameters is the conformance suite's (tests/fastdeploy_real/test_keep_bf16.py).
+parameters is the conformance suite's (tests/fastdeploy_real/test_keep_bf16_conformance.py).
 """
 
 from __future__ import annotations
