@@ -30,14 +30,6 @@ def src(tmp_path, source_factory):
     return root
 
 
-@pytest.fixture
-def ckpt(tmp_path, spec_factory):
-    """A private hpu-fp8 checkpoint (qwen2-tiny) for the commands that read one."""
-    root = tmp_path / "project" / "ckpt"
-    shutil.copytree(spec_factory("qwen2-tiny"), root)
-    return root
-
-
 def convert_args(src, out, tmp_path, *extra):
     return ("convert", src, out, "--measurements", tmp_path / "m.json", "-q", *extra)
 
