@@ -126,13 +126,6 @@ def src(tmp_path, source_factory, measurements):
 
 
 @pytest.fixture
-def ckpt(tmp_path, spec_factory):
-    root = tmp_path / "project" / "ckpt"
-    shutil.copytree(spec_factory("qwen2-tiny"), root)
-    return root
-
-
-@pytest.fixture
 def legacy(tmp_path, ckpt):
     """A checkpoint of FastDeploy's legacy layout, for import-legacy (written by export-legacy)."""
     out = tmp_path / "project" / "legacy"

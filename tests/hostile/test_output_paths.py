@@ -17,6 +17,7 @@ import pytest
 from safetensors import safe_open
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
+from hpu_fp8_loader.cli.group import interrupted_line
 from hpu_fp8_loader.sources.measurements import write_measurements
 from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 
@@ -27,14 +28,6 @@ def src(tmp_path, source_factory):
     root = tmp_path / "project" / "src"
     shutil.copytree(source_factory("qwen2-tiny"), root)
     write_measurements(tmp_path / "m.json", synthetic_measurements(preset_config("qwen2-tiny")))
-    return root
-
-
-@pytest.fixture
-def ckpt(tmp_path, spec_factory):
-    """A private hpu-fp8 checkpoint (qwen2-tiny) for the commands that read one."""
-    root = tmp_path / "project" / "ckpt"
-    shutil.copytree(spec_factory("qwen2-tiny"), root)
     return root
 
 
@@ -397,9 +390,8 @@ def test_ctrl_c_mid_convert_is_one_line_and_the_same_command_resumes(tmp_path, s
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
-    assert [line for line in stderr.splitlines() if line.strip()] == [
-        "hpu-fp8: error: interrupted; nothing was published (run the same command again: a conversion resumes)"
-    ]
+    assert [line for line in stderr.splitlines() if line.strip()] == [f"hpu-fp8: error: {interrupted_line('convert')}"]
+    assert "resume" in interrupted_line("convert")
     assert not out.exists()
     result = run_cli("convert", slow_src / "src", out, "--measurements", slow_src / "m.json", "-q", "--max-shard-size", "1MB")
     assert result.exit_code == 0, result.stderr
