@@ -14,9 +14,8 @@ import pytest
 
 from hpu_fp8_loader import console
 from hpu_fp8_loader.arch import describe
-from hpu_fp8_loader.cli.group import layer_steps
 from hpu_fp8_loader.engine.fp8 import EmulationOptions, Fp8Emulator, Fp8Parameters
-from hpu_fp8_loader.engine.layer_major import LayerProgress, run_layer_major
+from hpu_fp8_loader.engine.layer_major import LayerProgress, layer_steps, run_layer_major
 from hpu_fp8_loader.engine.model import EngineConfig, ReferenceModel, forward
 from hpu_fp8_loader.engine.weights import EngineWeights, open_weights
 from hpu_fp8_loader.errors import WriteFailedError

@@ -176,3 +176,15 @@ def test_eval_and_convert_lines_stay_off_json_stdout(tmp_path, source_factory, s
     assert converted.exit_code == 0, converted.stderr
     bodies = [body for desc, body in progress_lines(converted.stderr) if desc == "convert"]
     assert bodies and all(re.search(r"\d+/\d+ tensors, ", body) for body in bodies[:-1]), converted.stderr
+
+
+def test_push_shows_its_calibration_conversion_and_evaluation_in_a_log(tmp_path, fake_clock):
+    """push runs the three long steps of calibrate, convert and eval; each reports as those commands do."""
+    args = ("push", "qwen2-bytes", "--repo-id", "me/q", "--base-model", "me/base", "--license", "mit", "--calibrate")
+    pushed = invoke(*args, "--dry-run", "--work-dir", tmp_path / "work")
+    assert pushed.exit_code == 0, pushed.stderr
+    lines = progress_lines(pushed.stderr)
+    assert sorted(desc for desc, body in lines if body.startswith("done, ")) == ["calibrate", "convert", "eval"]
+    assert any(desc == "eval" and body.startswith("layer ") for desc, body in lines)
+    quiet = invoke("-q", *args, "--dry-run", "--work-dir", tmp_path / "quiet")
+    assert quiet.exit_code == 0 and "progress" not in quiet.stderr

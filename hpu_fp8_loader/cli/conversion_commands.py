@@ -20,7 +20,6 @@ from hpu_fp8_loader.cli.group import (
     json_option,
     keep_bf16_option,
     kv_cache_option,
-    layer_steps,
     main,
     measurements_option,
     parse_size,
@@ -118,7 +117,9 @@ def convert(
       hpu-fp8 convert ./ERNIE-4.5-21B-A3B-PT ernie-g3 --measurements amax.json --target gaudi3
     """
     from hpu_fp8_loader.conversion.convert import convert as run_convert
+    from hpu_fp8_loader.conversion.convert import convert_steps
     from hpu_fp8_loader.conversion.plan import ConvertOptions
+    from hpu_fp8_loader.engine.layer_major import layer_steps
     from hpu_fp8_loader.quality.calibrate import CalibrationOptions, one_source_of_statistics
     from hpu_fp8_loader.quality.quantize import quantize
     from hpu_fp8_loader.sources.resolve import resolve_checkpoint
@@ -141,10 +142,7 @@ def convert(
             Progress("calibrate", quiet=quiet or not run_calibration, bar=not as_json, unit="step") as steps,
             Progress("convert", quiet=quiet, bar=not as_json) as progress,
         ):
-
-            def show(p) -> None:
-                progress.show(p.bytes_done, p.bytes_total, detail=f"{p.tensors_done}/{p.tensors_total} tensors")
-
+            show = convert_steps(progress)
             if run_calibration:
                 quantized = quantize(source, out, CalibrationOptions(**calibration), options, show, layer_steps(steps))
                 result, calibrated = quantized.conversion, quantized.calibration
@@ -234,6 +232,7 @@ def import_command(
     """
     from hpu_fp8_loader.conversion.compressed_tensors import compressed_tensors_scheme, import_compressed_tensors
     from hpu_fp8_loader.conversion.plan import ConvertOptions
+    from hpu_fp8_loader.engine.layer_major import layer_steps
     from hpu_fp8_loader.quality.calibrate import CalibrationOptions, one_source_of_statistics
     from hpu_fp8_loader.sources.resolve import resolve_checkpoint
 

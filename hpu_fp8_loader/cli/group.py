@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 
 from hpu_fp8_loader import __version__
-from hpu_fp8_loader.console import LEVELS, LOGGER, Progress, configure
+from hpu_fp8_loader.console import LEVELS, LOGGER, configure
 from hpu_fp8_loader.errors import HpuFp8Error, command_line
 from hpu_fp8_loader.io.jsonfile import JsonFormatError, parse_json
 from hpu_fp8_loader.memory import out_of_memory
@@ -29,7 +29,7 @@ from hpu_fp8_loader.quality.tokenizer import BYTE_VOCAB_LIMIT, TOKENIZER_CHOICES
 from hpu_fp8_loader.spec.choices import Bf16Group, DeadExpertPolicy, KvCacheScheme, Target, unservable_bf16_choice
 
 if TYPE_CHECKING:
-    from hpu_fp8_loader.engine.layer_major import LayerProgress
+    pass
 
 log = logging.getLogger(LOGGER)
 FC = TypeVar("FC", bound=Callable[..., Any])  # a command function, as click's decorators type it
@@ -94,16 +94,6 @@ def user_errors(code: int = EXIT_INVALID):
 def say(as_json: bool):
     """Where a long command's step lines go: stdout, or stderr when stdout holds the JSON result."""
     return (lambda line: click.echo(line, err=True)) if as_json else click.echo
-
-
-def layer_steps(progress: Progress) -> Callable[[LayerProgress], None]:
-    """A layer-major run's reports (calibrate, eval) passed on to ``progress``: steps against their total, each
-    layer (or the head's logits) a stage, so that a log gets a line as a layer begins."""
-
-    def show(p: LayerProgress) -> None:
-        progress.show(p.done, p.total, f"layer {p.layer + 1} of {p.layers}" if p.layer < p.layers else "logits")
-
-    return show
 
 
 def warn_each(warnings) -> None:

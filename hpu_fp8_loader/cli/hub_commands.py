@@ -116,6 +116,7 @@ def push(
         dry_run=dry_run,
         evaluation="skip" if skip_eval else ("always" if force_eval else "auto"),
         convert=ConvertOptions(target=target, kv_cache=kv_cache, dead_experts=dead_experts, workers=1),
+        show_progress=True,  # -q and --log-level error silence it, as for every command
     )
     with user_errors():
         result = run_push(src, options, say=say(as_json))

@@ -16,7 +16,6 @@ from hpu_fp8_loader.cli.group import (
     force_option,
     json_option,
     kv_cache_option,
-    layer_steps,
     log,
     main,
     quiet_option,
@@ -149,6 +148,7 @@ def calibrate(
       # A Hub model at a pinned commit, on the x field of a Hub dataset
       hpu-fp8 calibrate Qwen/Qwen2-7B --revision a1b2c3d -o q.json --dataset ORG/DATA --text-field x
     """
+    from hpu_fp8_loader.engine.layer_major import layer_steps
     from hpu_fp8_loader.quality.calibrate import CalibrationOptions, check_outputs, write_fastdeploy_file
     from hpu_fp8_loader.sources.measurements import write_measurements
     from hpu_fp8_loader.sources.resolve import SOURCE_PATTERNS, local_or_hub
@@ -282,6 +282,7 @@ def eval_command(
       # Both from the Hub: the source at a pinned commit, the checkpoint at a tag
       hpu-fp8 eval Qwen/Qwen2-7B-Instruct you/qwen2-fp8 --source-revision a1b2c3d --revision v1
     """
+    from hpu_fp8_loader.engine.layer_major import layer_steps
     from hpu_fp8_loader.quality.evaluate import chosen_variants, evaluate
     from hpu_fp8_loader.sources.resolve import SOURCE_PATTERNS, SPEC_PATTERNS, local_or_hub
 

@@ -28,6 +28,7 @@ import numpy as np
 from hpu_fp8_loader import __version__
 from hpu_fp8_loader.arch import Layout, WeightTensor, describe
 from hpu_fp8_loader.arch.contents import bf16_modules
+from hpu_fp8_loader.console import Progress
 from hpu_fp8_loader.conversion.activations import merge_measurements, resolve_act_amax
 from hpu_fp8_loader.conversion.journal import STAGING_ONLY, conversion_fingerprint, reusable_shards, save_journal
 from hpu_fp8_loader.conversion.plan import (
@@ -69,6 +70,15 @@ class ConvertProgress:
     bytes_total: int
     tensors_done: int
     tensors_total: int
+
+
+def convert_steps(progress: Progress) -> Callable[[ConvertProgress], None]:
+    """A conversion's reports passed on to ``progress``: source bytes against their total, tensors as a detail."""
+
+    def show(p: ConvertProgress) -> None:
+        progress.show(p.bytes_done, p.bytes_total, detail=f"{p.tensors_done}/{p.tensors_total} tensors")
+
+    return show
 
 
 @dataclass

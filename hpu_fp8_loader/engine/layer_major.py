@@ -27,7 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from hpu_fp8_loader.arch import ModelDescriptor
-from hpu_fp8_loader.console import human_bytes
+from hpu_fp8_loader.console import Progress, human_bytes
 from hpu_fp8_loader.errors import NonFiniteError, WriteFailedError
 from hpu_fp8_loader.memory import memory_budget, out_of_memory
 
@@ -73,6 +73,16 @@ class LayerProgress:
     total: int
     layer: int
     layers: int
+
+
+def layer_steps(progress: Progress) -> Callable[[LayerProgress], None]:
+    """A layer-major run's reports (calibrate, eval) passed on to ``progress``: steps against their total, each
+    layer (or the head's logits) a stage, so that a log gets a line as a layer begins."""
+
+    def show(p: LayerProgress) -> None:
+        progress.show(p.done, p.total, f"layer {p.layer + 1} of {p.layers}" if p.layer < p.layers else "logits")
+
+    return show
 
 
 @contextmanager

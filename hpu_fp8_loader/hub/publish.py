@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 
 from hpu_fp8_loader.checks.validate import validate
-from hpu_fp8_loader.console import hub_bars_follow_ours, human_count
-from hpu_fp8_loader.conversion.convert import convert
+from hpu_fp8_loader.console import Progress, hub_bars_follow_ours, human_count
+from hpu_fp8_loader.conversion.convert import convert, convert_steps
 from hpu_fp8_loader.conversion.plan import ConvertOptions
+from hpu_fp8_loader.engine.layer_major import layer_steps
 from hpu_fp8_loader.errors import HpuFp8Error, OutputExistsError, UnsafePathError, UploadError, WriteFailedError, one_line
 from hpu_fp8_loader.hub.cards import CardFile, CardPlot, check_license, render_card
 from hpu_fp8_loader.io.checkpoint import read_config, source_file
@@ -98,6 +99,8 @@ class PushOptions:
     dry_run: bool = False
     evaluation: str = "auto"  # auto | always | skip
     convert: ConvertOptions = field(default_factory=ConvertOptions)
+    # progress of calibrate, convert and eval on stderr: a bar on a terminal, lines in a log (console.Progress)
+    show_progress: bool = False
 
 
 @dataclass
@@ -333,15 +336,22 @@ def _stage(
     reports: dict[str, Report] = {}
     if checkpoint.exists():  # _staging_dir made sure that an earlier push staged it
         shutil.rmtree(checkpoint)
-    if options.calibrate:
-        say("calibrating with the reference engine on the built-in text ...")
-        reports["calibrate"] = Report()
-        quantized = quantize(src, checkpoint, options=options.convert, report=reports["calibrate"])
-        measurements = [quantized.measurements]
-        if quantized.calibration is None:  # an interrupted push's calibration, reused: no report of its forwards
-            del reports["calibrate"]
-    else:  # convert keeps the measurement files in the checkpoint, which uploads them
-        convert(src, checkpoint, measurements, options.convert)
+    quiet = not options.show_progress
+    with (
+        Progress("calibrate", quiet=quiet or not options.calibrate, unit="step") as steps,
+        Progress("convert", quiet=quiet) as bytes_,
+    ):
+        if options.calibrate:
+            say("calibrating with the reference engine on the built-in text ...")
+            reports["calibrate"] = Report()
+            quantized = quantize(
+                src, checkpoint, None, options.convert, convert_steps(bytes_), layer_steps(steps), reports["calibrate"]
+            )
+            measurements = [quantized.measurements]
+            if quantized.calibration is None:  # an interrupted push's calibration, reused: no report of its forwards
+                del reports["calibrate"]
+        else:  # convert keeps the measurement files in the checkpoint, which uploads them
+            convert(src, checkpoint, measurements, options.convert, convert_steps(bytes_))
     report = validate(checkpoint)
     if not report.valid:
         listing = "; ".join(f"[{v.rule}] {v.where}: {v.message}" for v in report.violations[:5])
@@ -360,7 +370,8 @@ def _stage(
         say(f"no evaluation: {note}")
     else:
         reports["eval"] = Report()
-        evaluation = evaluate(src, checkpoint, report=reports["eval"])  # eval's default text, as `hpu-fp8 eval`
+        with Progress("eval", quiet=quiet, unit="step") as steps:  # eval's default text, as `hpu-fp8 eval`
+            evaluation = evaluate(src, checkpoint, report=reports["eval"], progress=layer_steps(steps))
         say(f"evaluated: FP8 top-1 agreement {100 * evaluation.rows[0].top1_agreement:.2f}%")
     plots = _add_report_plots(checkpoint, reports)
     return evaluation, note, names, plots
