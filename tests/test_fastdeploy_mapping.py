@@ -360,3 +360,24 @@ def test_qwen3_q_k_norms_are_whole_on_every_rank_while_heads_split(spec_factory,
         assert not any("gate_correction_bias" in name or "shared_experts" in name for name in ranks[0])
         gate = "model.layers.0.mlp.gate.weight"
         assert ranks[0][gate].dtype == np.float32 and ranks[1][gate].shape == (d.hidden_size, d.moe.num_experts)
+
+
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "qwen3-moe-tiny"])
+def test_cli_map_writes_exactly_what_each_qwen3_rank_is_filled_with(tmp_path, spec_factory, preset):
+    from click.testing import CliRunner
+
+    from hpu_fp8_loader.cli.main import main
+    from hpu_fp8_loader.io.safetensors_file import SafetensorsFile
+
+    root = spec_factory(preset)
+    for tp in (1, 2):
+        for rank in range(tp):
+            out = tmp_path / f"tp{tp}-rank{rank}.safetensors"
+            args = ["map", str(root), "--tp", str(tp), "--rank", str(rank), "-o", str(out), "--json"]
+            result = CliRunner().invoke(main, args)
+            assert result.exit_code == 0, result.output
+            expected = mapped(root, Parallelism(tp, rank))
+            written = SafetensorsFile(out)
+            assert set(written.tensors) == set(expected)
+            for name, value in expected.items():
+                np.testing.assert_array_equal(written.get(name).view(np.uint8), value.view(np.uint8), err_msg=name)
