@@ -326,7 +326,9 @@ def test_valid_tp_sizes_of_the_real_qwen3_models_stop_at_their_kv_heads():
         assert valid_tp_sizes(describe(QWEN3[size]), 16) == [1, 2, 4, 8]
     for size in ("30B-A3B", "235B-A22B"):
         assert valid_tp_sizes(describe(QWEN3_MOE[size]), 16) == [1, 2, 4]
-    with pytest.raises(ConfigError, match=r"tensor parallelism 8 cannot serve this qwen3_moe model: .*num_key_value_heads // tp = 0"):
+    with pytest.raises(
+        ConfigError, match=r"tensor parallelism 8 cannot serve this qwen3_moe model: .*num_key_value_heads // tp = 0"
+    ):
         check_parallelism(describe(QWEN3_MOE["30B-A3B"]), Parallelism(8, 0))
 
 
