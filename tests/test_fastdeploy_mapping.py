@@ -383,3 +383,24 @@ def test_cli_map_writes_exactly_what_each_qwen3_rank_is_filled_with(tmp_path, sp
             assert set(written.tensors) == set(expected)
             for name, value in expected.items():
                 np.testing.assert_array_equal(written.get(name).view(np.uint8), value.view(np.uint8), err_msg=name)
+
+
+def test_qwen3_moe_expert_parallelism_gives_each_rank_whole_experts(spec_factory):
+    root = spec_factory("qwen3-moe-tiny")  # 4 experts of intermediate 32, hidden 64
+    spec = Checkpoint.open(root)
+    for ep_rank in range(2):
+        params = mapped(root, Parallelism(2, 0, 2, ep_rank))
+        for layer in range(2):
+            base = f"model.layers.{layer}.mlp.experts"
+            stacked = params[f"{base}.up_gate_proj_weight"]
+            assert stacked.shape == (2, 64, 64)  # 2 local experts, their intermediate not split under EP
+            for i in range(2):
+                e = 2 * ep_rank + i
+                np.testing.assert_array_equal(
+                    stacked[i].view(np.uint8), spec.get(f"{base}.{e}.up_gate_proj.weight").view(np.uint8)
+                )
+                np.testing.assert_array_equal(
+                    f32(params[f"{base}.down_proj_in_scale"][i]),
+                    f32(bf16(spec.get(f"{base}.{e}.down_proj.act_amax")[0] / np.float32(240))),
+                )
+            assert params[f"model.layers.{layer}.mlp.gate.weight"].shape == (64, 4)  # the router sees every expert
