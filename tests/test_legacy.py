@@ -347,3 +347,12 @@ def test_export_of_qwen3_moe_is_refused_in_one_line_naming_why(tmp_path, spec_fa
     assert result.exit_code == 1 and not (tmp_path / "b").exists() and not (tmp_path / "b.partial").exists()
     (line,) = result.output.strip().splitlines()
     assert "Qwen3-MoE has no legacy layout stock FastDeploy can read" in line and "hpu_fp8 loader hook" in line
+
+
+@pytest.mark.parametrize(("preset", "tp", "message"), [("qwen3-moe-tiny", 2, "Qwen3-MoE has no legacy layout"),
+                                                      ("qwen3-tiny", 4, "num_key_value_heads // tp = 0")])  # fmt: skip
+def test_map_all_ranks_refuses_before_making_the_output_directory(tmp_path, spec_factory, preset, tp, message):
+    out = tmp_path / "presharded"
+    result = CliRunner().invoke(main, ["map", str(spec_factory(preset)), "--all-ranks", "--tp", str(tp), "-o", str(out)])
+    assert result.exit_code == 1 and message in result.output
+    assert list(tmp_path.iterdir()) == []  # neither OUT nor OUT.partial
