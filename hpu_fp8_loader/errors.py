@@ -151,7 +151,7 @@ class UnsupportedFormatVersionError(ConfigError):
 
 
 class UnknownArchitectureError(ConfigError):
-    """config.json names a model_type no descriptor exists for (the supported ones: ernie4_5_moe, ernie4_5, qwen2).
+    """config.json names a model_type no descriptor exists for (the supported ones: ernie4_5_moe, ernie4_5, qwen2, qwen3, qwen3_moe).
 
     Example:
         >>> try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers.real_configs import ERNIE_03B, ERNIE_21B, ERNIE_300B, QWEN2
+from helpers.real_configs import ERNIE_03B, ERNIE_21B, ERNIE_300B, QWEN2, QWEN3, QWEN3_MOE
 
 from hpu_fp8_loader.arch import Layout, Role, describe
 from hpu_fp8_loader.errors import ConfigError, UnknownArchitectureError
@@ -156,3 +156,121 @@ def test_layer_and_expert_counts_are_checked_against_the_tensors_present(source_
         describe(checkpoint.config, tensors=extra)
     with pytest.raises(ConfigError, match="'moe_num_experts' is 8, but the checkpoint's tensors hold experts 0..3"):
         describe({**checkpoint.config, "moe_num_experts": 8}, tensors=checkpoint.tensors)
+
+
+def _active_parameters(d) -> float:
+    """Parameters a token runs through: everything but the routed experts, plus top_k of them."""
+    total = d.parameter_count()
+    if d.moe is None:
+        return total
+    routed = sum(w.shape[0] * w.shape[1] for w in d.weights() if w.expert is not None)
+    return total - routed + routed * d.moe.top_k / d.moe.num_experts
+
+
+# (config, total, active, non-embedding) in billions, as the Qwen3 model cards state them
+QWEN3_SIZES = [
+    (QWEN3["0.6B"], 0.6, 0.6, 0.44),
+    (QWEN3["8B"], 8.2, 8.2, 6.95),
+    (QWEN3["32B"], 32.8, 32.8, 31.2),
+    (QWEN3_MOE["30B-A3B"], 30.5, 3.3, 29.9),
+    (QWEN3_MOE["235B-A22B"], 235.0, 22.0, 234.0),
+]
+
+
+@pytest.mark.parametrize(("config", "total", "active", "non_embedding"), QWEN3_SIZES)
+def test_qwen3_parameter_counts_match_the_model_cards(config, total, active, non_embedding):
+    d = describe(config)
+    embeddings = d.vocab_size * d.hidden_size * (1 if d.tie_word_embeddings else 2)
+    assert d.parameter_count() / 1e9 == pytest.approx(total, abs=0.1 if total < 100 else 0.5)
+    assert _active_parameters(d) / 1e9 == pytest.approx(active, abs=0.1 if active < 10 else 0.5)
+    assert (d.parameter_count() - embeddings) / 1e9 == pytest.approx(non_embedding, abs=0.05 if total < 100 else 0.5)
+
+
+def test_qwen3_names_q_and_k_norms_under_prefix_model_and_no_qkv_bias():
+    d = describe(QWEN3["8B"])
+    assert (d.prefix, d.architecture, d.qkv_bias, d.qk_norm) == ("model", "Qwen3ForCausalLM", False, True)
+    shapes = {w.name: (w.role, w.shape) for w in d.weights()}
+    assert shapes["model.layers.0.self_attn.qkv_proj.weight"] == (Role.ATTN_QKV, (4096, (32 + 2 * 8) * 128))
+    assert shapes["model.layers.0.self_attn.q_norm.weight"] == (Role.NORM, (128,))
+    assert shapes["model.layers.35.self_attn.k_norm.weight"] == (Role.NORM, (128,))
+    assert "model.layers.0.self_attn.qkv_proj.bias" not in shapes
+    assert shapes["lm_head.weight"] == (Role.LM_HEAD, (4096, 151936))
+    norm = next(w for w in d.weights() if w.name.endswith("q_norm.weight"))
+    assert norm.source_parts(Layout.TORCH, d.prefix)[0].name == "model.layers.0.self_attn.q_norm.weight"
+
+
+def test_qwen3_0_6b_head_dim_is_not_hidden_over_heads_and_embeddings_are_tied():
+    d = describe(QWEN3["0.6B"])
+    assert d.head_dim == 128 != d.hidden_size // d.num_heads
+    shapes = {w.name: w.shape for w in d.weights()}
+    assert shapes["model.layers.0.self_attn.qkv_proj.weight"] == (1024, (16 + 2 * 8) * 128)
+    assert shapes["model.layers.0.self_attn.o_proj.weight"] == (16 * 128, 1024)  # o_proj input: heads x head_dim
+    assert "lm_head.weight" not in shapes
+
+
+def test_qwen3_moe_30b_experts_router_and_no_shared_experts():
+    d = describe(QWEN3_MOE["30B-A3B"])
+    assert d.architecture == "Qwen3MoeForCausalLM" and d.moe_layers() == list(range(48))
+    shapes = {w.name: (w.role, w.shape) for w in d.weights()}
+    assert shapes["model.layers.0.mlp.gate.weight"] == (Role.ROUTER, (2048, 128))
+    assert shapes["model.layers.47.mlp.experts.127.up_gate_proj.weight"] == (Role.EXPERT_UP_GATE, (2048, 2 * 768))
+    assert shapes["model.layers.0.mlp.experts.0.down_proj.weight"] == (Role.EXPERT_DOWN, (768, 2048))
+    assert not any("shared_experts" in n or "e_score_correction_bias" in n or ".mlp.up_gate_proj" in n for n in shapes)
+    router = next(w for w in d.weights() if w.role is Role.ROUTER)
+    assert router.source_dtype == "F32"
+    gate, up = next(w for w in d.weights() if w.role is Role.EXPERT_UP_GATE).source_parts(Layout.TORCH, d.prefix)
+    assert (gate.name, gate.shape, up.name) == (
+        "model.layers.0.mlp.experts.0.gate_proj.weight",
+        (768, 2048),
+        "model.layers.0.mlp.experts.0.up_proj.weight",
+    )
+
+
+def test_qwen3_moe_act_points_per_layer():
+    d = describe(QWEN3_MOE["30B-A3B"])
+    # 4 attention points, qkv, o_proj, the shared expert input, one down_proj input per expert
+    assert len(d.act_modules(attention_fp8=True)) == 48 * (4 + 2 + 1 + 128)
+    assert sum(w.is_linear for w in d.weights()) == 48 * (2 + 2 * 128)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"norm_topk_prob": False}, "norm_topk_prob is false .*fused_moe_hpu_backend.py"),
+        ({"norm_topk_prob": None}, "'norm_topk_prob' should be a valid boolean"),
+        ({"mlp_only_layers": [0]}, r"mlp_only_layers is \[0\]: layers with a dense MLP.*convert_model"),
+        ({"decoder_sparse_step": 2}, "decoder_sparse_step is 2: layers with a dense MLP"),
+        ({"tie_word_embeddings": True}, "tie_word_embeddings is true, .* never ties lm_head"),
+        ({"num_experts_per_tok": 129}, "num_experts_per_tok 129 is more than num_experts 128"),
+        ({"attention_bias": True}, "attention_bias is true.*with_bias=False"),
+        ({"num_experts": "128"}, "'num_experts' should be a valid integer"),
+    ],
+)
+def test_qwen3_moe_configs_fastdeploys_hpu_path_cannot_run_are_refused_naming_the_key(change, message):
+    with pytest.raises(ConfigError, match=f"^q/config.json: {message}"):
+        describe({**QWEN3_MOE["30B-A3B"], **change}, "q/config.json")
+
+
+def test_qwen3_moe_without_norm_topk_prob_is_refused_as_transformers_reads_it_false():
+    config = {k: v for k, v in QWEN3_MOE["30B-A3B"].items() if k != "norm_topk_prob"}
+    with pytest.raises(ConfigError, match="norm_topk_prob is false \\(transformers' default when absent\\)"):
+        describe(config)
+
+
+def test_qwen3_needs_an_explicit_head_dim():
+    """transformers defaults an absent head_dim to 128, FastDeploy to hidden/heads: which one the model means is unknown."""
+    with pytest.raises(ConfigError, match="'head_dim' is missing"):
+        describe({k: v for k, v in QWEN3["8B"].items() if k != "head_dim"})
+
+
+def test_qwen3_moe_expert_count_is_checked_against_the_tensors():
+    config = {**QWEN3_MOE["30B-A3B"], "num_hidden_layers": 1}
+    held = [w.name for w in describe(config).weights() if w.expert is None or w.expert < 64]
+    with pytest.raises(ConfigError, match="'num_experts' is 128, but the checkpoint's tensors hold experts 0..63"):
+        describe(config, tensors=held)
+
+
+def test_qwen3_moe_expert_count_spelt_as_transformers_5_saves_it_is_named():
+    config = {k: v for k, v in QWEN3_MOE["30B-A3B"].items() if k != "num_experts"}
+    with pytest.raises(ConfigError, match="'num_experts' is missing: this config spells it num_local_experts"):
+        describe({**config, "num_local_experts": 128})

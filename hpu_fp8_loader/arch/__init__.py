@@ -11,11 +11,14 @@ from hpu_fp8_loader.arch.config_keys import (
     ErnieMoeConfig,
     ModelConfig,
     Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
     check_against_tensors,
     read_model_config,
 )
 from hpu_fp8_loader.arch.ernie import ernie_dense, ernie_moe
 from hpu_fp8_loader.arch.qwen2 import qwen2
+from hpu_fp8_loader.arch.qwen3 import qwen3, qwen3_moe
 from hpu_fp8_loader.errors import ConfigError, UnknownArchitectureError
 
 __all__ = [
@@ -35,6 +38,8 @@ _REGISTRY: dict[str, tuple[type[ModelConfig], Callable[..., ModelDescriptor]]] =
     "ernie4_5_moe": (ErnieMoeConfig, ernie_moe),
     "ernie4_5": (ErnieConfig, ernie_dense),
     "qwen2": (Qwen2Config, qwen2),
+    "qwen3": (Qwen3Config, qwen3),
+    "qwen3_moe": (Qwen3MoeConfig, qwen3_moe),
 }
 SUPPORTED_MODEL_TYPES = tuple(_REGISTRY)
 

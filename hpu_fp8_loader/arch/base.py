@@ -4,7 +4,7 @@ One :class:`ModelDescriptor` serves both architectures; the per-architecture mod
 config keys into it. The descriptor knows three views of each weight:
 
 * the spec view (FastDeploy's Paddle layout: ``[in, out]``, q|k|v and gate|up fused, ``ernie.`` /
-  ``qwen2.`` prefix),
+  ``qwen2.`` / ``model.`` (Qwen3) prefix),
 * the Paddle source layout (the same tensors, unquantized),
 * the Hugging Face torch layout (``[out, in]``, separate projections, ``model.`` prefix),
 
@@ -161,7 +161,7 @@ class MoeConfig:
 class ModelDescriptor:
     model_type: str
     architecture: str  # the name FastDeploy registers
-    prefix: str  # FastDeploy's module prefix: ernie / qwen2
+    prefix: str  # FastDeploy's module prefix: ernie / qwen2 / model (Qwen3)
     hidden_size: int
     num_layers: int
     num_heads: int
@@ -172,6 +172,7 @@ class ModelDescriptor:
     tie_word_embeddings: bool
     qkv_bias: bool
     moe: MoeConfig | None = None
+    qk_norm: bool = False  # Qwen3: RMSNorm over each q and k head (weights [head_dim]) between qkv_proj and RoPE
 
     # ----- derived sizes -----
     @property
@@ -213,6 +214,8 @@ class ModelDescriptor:
         ]
         if self.qkv_bias:
             out.append(WeightTensor(names.tensor(m.qkv, names.BIAS), Role.ATTN_QKV_BIAS, (self.qkv_width,), i, parts=qkv_parts))
+        if self.qk_norm:
+            out.extend(WeightTensor(names.tensor(n, names.WEIGHT), Role.NORM, (self.head_dim,), i) for n in (m.q_norm, m.k_norm))
         out.append(WeightTensor(names.tensor(m.o_proj, names.WEIGHT), Role.ATTN_O, (self.q_width, h), i))
         out.append(WeightTensor(names.tensor(m.post_attention_norm, names.WEIGHT), Role.NORM, (h,), i))
         if not self.is_moe_layer(i):

@@ -30,11 +30,13 @@ __all__ = [
     "ErnieMoeConfig",
     "ModelConfig",
     "Qwen2Config",
+    "Qwen3Config",
+    "Qwen3MoeConfig",
     "check_against_tensors",
     "read_model_config",
 ]
 
-# Largest released values (Qwen2-72B, ERNIE-4.5-300B, DeepSeek-V3, Llama-3.1-405B) are far below these.
+# Largest released values (Qwen2-72B, Qwen3-235B-A22B, ERNIE-4.5-300B, DeepSeek-V3, Llama-3.1-405B) are far below these.
 MAX_LAYERS = 1024
 MAX_HIDDEN_SIZE = 65_536
 MAX_INTERMEDIATE_SIZE = 1_048_576
@@ -103,6 +105,89 @@ class ModelConfig(BaseModel):
 
 class Qwen2Config(ModelConfig):
     tie_word_embeddings: bool = False
+
+
+class Qwen3Config(ModelConfig):
+    """Qwen3 dense (FastDeploy's ``Qwen3ForCausalLM``): no q/k/v bias, q/k RMSNorm over an explicit head_dim.
+
+    ``head_dim`` must be written: transformers' Qwen3 defaults an absent one to 128, FastDeploy's config to
+    hidden_size / num_attention_heads (fastdeploy/config.py@8c3513a4), and the two differ for most sizes.
+    """
+
+    head_dim: int = Field(ge=1, le=MAX_HEAD_DIM)
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+
+    @model_validator(mode="after")
+    def _no_bias(self) -> Qwen3Config:
+        if self.attention_bias:
+            raise ValueError(
+                "attention_bias is true, but FastDeploy's Qwen3Attention builds qkv_proj with_bias=False "
+                "(fastdeploy/model_executor/models/qwen3.py@8c3513a4); no released Qwen3 has a bias"
+            )
+        return self
+
+
+class Qwen3MoeConfig(Qwen3Config):
+    """Qwen3-MoE (FastDeploy's ``Qwen3MoeForCausalLM``): routed experts in every layer, a float32 router, no shared
+    experts and no correction bias; only what FastDeploy's HPU path can run is accepted.
+
+    Absent optional keys take transformers' Qwen3-MoE defaults; that is why an absent ``norm_topk_prob`` is
+    refused like ``false``.
+    """
+
+    num_experts: int = Field(ge=1, le=MAX_EXPERTS)
+    num_experts_per_tok: int = Field(ge=1, le=MAX_EXPERTS)
+    moe_intermediate_size: int = Field(ge=1, le=MAX_INTERMEDIATE_SIZE)
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = Field(default=1, ge=1, le=MAX_LAYERS)
+    mlp_only_layers: list[int] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expert_count_spelling(cls, data: object) -> object:
+        if isinstance(data, dict) and "num_experts" not in data and "num_local_experts" in data:
+            raise ValueError(
+                "'num_experts' is missing: this config spells it num_local_experts (as transformers 5 saves it), but "
+                "the released Qwen3-MoE configs and FastDeploy (model_config.num_experts) read num_experts; rename the key"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _hpu_runs_it(self) -> Qwen3MoeConfig:
+        """Refuse what FastDeploy's HPU path computes differently from the model, naming the key and the code."""
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"num_experts_per_tok {self.num_experts_per_tok} is more than num_experts {self.num_experts}")
+        if not self.norm_topk_prob:
+            raise ValueError(
+                "norm_topk_prob is false (transformers' default when absent), but FastDeploy's HPU MoE always "
+                "renormalises the top-k weights (norm_topk_prob=True in "
+                "fastdeploy/model_executor/layers/backends/intel_hpu/moe/fused_moe_hpu_backend.py@8c3513a4)"
+            )
+        dense = (
+            f"mlp_only_layers is {self.mlp_only_layers}"
+            if self.mlp_only_layers
+            else f"decoder_sparse_step is {self.decoder_sparse_step}"
+            if self.decoder_sparse_step != 1
+            else None
+        )
+        if dense:
+            raise ValueError(
+                f"{dense}: layers with a dense MLP; FastDeploy's Qwen3-MoE builds them as its own Qwen3MLP, which is no "
+                "Qwen2MLP, so HPUModelRunner.convert_model never gives them the fused FP8 forward "
+                "(fastdeploy/worker/hpu_model_runner.py@8c3513a4); only every-layer-MoE models are served"
+            )
+        if self.tie_word_embeddings:
+            raise ValueError(
+                "tie_word_embeddings is true, but FastDeploy's Qwen3MoeForCausalLM never ties lm_head to the embedding "
+                "(fastdeploy/model_executor/models/qwen3moe.py@8c3513a4); no released Qwen3-MoE is tied"
+            )
+        if self.num_hidden_layers * self.num_experts > MAX_EXPERT_MODULES:
+            raise ValueError(
+                f"num_hidden_layers {self.num_hidden_layers} x num_experts {self.num_experts} is more than "
+                f"{MAX_EXPERT_MODULES:,} expert modules"
+            )
+        return self
 
 
 class ErnieConfig(ModelConfig):
@@ -186,6 +271,8 @@ def check_against_tensors(config: ModelConfig, tensors: Iterable[str], source: s
     _check_count(source, "num_hidden_layers", config.num_hidden_layers, layers, "layers")
     if isinstance(config, ErnieMoeConfig):
         _check_count(source, "moe_num_experts", config.moe_num_experts, experts, "experts")
+    elif isinstance(config, Qwen3MoeConfig):
+        _check_count(source, "num_experts", config.num_experts, experts, "experts")
 
 
 def _check_count(source: str, key: str, declared: int, present: set[int], what: str) -> None:

@@ -34,7 +34,7 @@ class Inspection:
 
     Attributes:
         root: the checkpoint directory (for a Hub repo id, its snapshot in the Hugging Face cache).
-        model_type: ``"ernie4_5_moe"``, ``"ernie4_5"`` or ``"qwen2"``.
+        model_type: ``"ernie4_5_moe"``, ``"ernie4_5"``, ``"qwen2"``, ``"qwen3"`` or ``"qwen3_moe"``.
         layers: decoder layers.
         moe_layers: the indices of the MoE layers (empty for a dense model).
         experts: routed experts per MoE layer (0 for a dense model).

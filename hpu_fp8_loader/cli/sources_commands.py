@@ -27,7 +27,7 @@ from hpu_fp8_loader.console import Progress, emit_json
     "--preset",
     default="ernie-moe-tiny",
     show_default=True,
-    help="Model size preset: ernie-moe-tiny, ernie-dense-tiny, qwen2-tiny.",
+    help="Model size preset: ernie-moe-tiny, ernie-dense-tiny, qwen2-tiny, qwen3-tiny, qwen3-moe-tiny.",
 )
 @click.option(
     "--set",

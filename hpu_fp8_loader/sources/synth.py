@@ -55,6 +55,38 @@ _ERNIE_MOE_TINY = {
     "eos_token_id": 2,
     "pad_token_id": 0,
 }
+# Qwen3: head_dim 24 is not hidden / heads (16), as in Qwen3-0.6B, so every place that must take head_dim from
+# the config (q/k norms, o_proj's input, RoPE) is exercised; dense is tied like the small releases, MoE is not.
+_QWEN3_TINY = {
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 24,
+    "vocab_size": 512,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 4096,
+    "hidden_act": "silu",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+_QWEN3_MOE_TINY = {
+    **_QWEN3_TINY,
+    "model_type": "qwen3_moe",
+    "intermediate_size": 128,
+    "tie_word_embeddings": False,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+}
 PRESETS: dict[str, dict] = {
     "ernie-moe-tiny": _ERNIE_MOE_TINY,
     "ernie-dense-tiny": {
@@ -78,8 +110,16 @@ PRESETS: dict[str, dict] = {
         "bos_token_id": 1,
         "eos_token_id": 2,
     },
+    "qwen3-tiny": _QWEN3_TINY,
+    "qwen3-moe-tiny": _QWEN3_MOE_TINY,
 }
-_HF_ARCHITECTURES = {"ernie4_5_moe": "Ernie4_5_MoeForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_HF_ARCHITECTURES = {
+    "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
+    "ernie4_5": "Ernie4_5ForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
 _OUTLIER_FRACTION = 1e-4
 
 
@@ -91,7 +131,8 @@ def preset_config(preset: str, overrides: dict | None = None) -> dict:
     themselves are checked when the model is described (by :func:`synthesize`).
 
     Args:
-        preset: ``"ernie-moe-tiny"``, ``"ernie-dense-tiny"`` or ``"qwen2-tiny"`` (the keys of ``PRESETS``).
+        preset: ``"ernie-moe-tiny"``, ``"ernie-dense-tiny"``, ``"qwen2-tiny"``, ``"qwen3-tiny"`` or
+            ``"qwen3-moe-tiny"`` (the keys of ``PRESETS``).
         overrides: config.json keys to set or replace, such as ``{"num_hidden_layers": 4}``.
 
     Returns:

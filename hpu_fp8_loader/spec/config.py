@@ -47,6 +47,8 @@ FASTDEPLOY_ARCHITECTURES = {
     "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
     "ernie4_5": "Ernie4_5ForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 
 

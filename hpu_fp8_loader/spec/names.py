@@ -88,8 +88,8 @@ def layer(prefix: str, index: int) -> str:
 class LayerNames:
     """The module paths inside one decoder layer: the one place a layer's inside is spelled.
 
-    ERNIE-4.5 and Qwen2 share these paths in the spec's (Paddle) layout; the descriptor, the reference
-    engine, the emulation and the FastDeploy mapping all ask here.
+    ERNIE-4.5, Qwen2 and Qwen3 share these paths in the spec's (Paddle) layout (Qwen3 adds ``q_norm`` and
+    ``k_norm``); the descriptor, the reference engine, the emulation and the FastDeploy mapping all ask here.
 
     Example:
         >>> layer_names("qwen2", 0).qkv
@@ -115,6 +115,16 @@ class LayerNames:
     @property
     def o_proj(self) -> str:
         return f"{self.base}.self_attn.o_proj"
+
+    @property
+    def q_norm(self) -> str:
+        """Qwen3's RMSNorm over each query head (weight ``[head_dim]``), applied before RoPE."""
+        return f"{self.base}.self_attn.q_norm"
+
+    @property
+    def k_norm(self) -> str:
+        """Qwen3's RMSNorm over each key head (weight ``[head_dim]``), applied before RoPE."""
+        return f"{self.base}.self_attn.k_norm"
 
     def attention_point(self, point: str) -> str:
         """Activation point of the attention: ``cache_k``, ``cache_v``, ``q`` or ``s``."""

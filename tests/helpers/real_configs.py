@@ -2,6 +2,11 @@
 
 Transcribed from the models' published config.json files on the Hugging Face Hub: ERNIE-4.5-21B-A3B-PT,
 ERNIE-4.5-300B-A47B-PT and ERNIE-4.5-0.3B-PT (baidu/), Qwen2-0.5B, Qwen2-1.5B, Qwen2-7B and Qwen2-72B (Qwen/).
+
+The Qwen3 ones (Qwen/Qwen3-0.6B, -8B, -32B, -30B-A3B, -235B-A22B) are the shape-defining keys of those releases'
+config.json, written from the published files without a download here (this machine has no network, and
+/work/shared/reference/models.md lists no Qwen3); tests/test_arch.py checks them against the parameter counts
+the model cards state (0.6B, 8.2B, 32.8B, 30.5B total / 3.3B active, 235B total / 22B active).
 """
 
 ERNIE_21B = {
@@ -85,3 +90,85 @@ QWEN2 = {
     },
 }
 QWEN2 = {size: {"model_type": "qwen2", **config} for size, config in QWEN2.items()}
+
+_QWEN3_COMMON = {
+    "model_type": "qwen3",
+    "architectures": ["Qwen3ForCausalLM"],
+    "attention_bias": False,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+QWEN3 = {
+    "0.6B": {
+        **_QWEN3_COMMON,
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "max_window_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "tie_word_embeddings": True,
+    },
+    "8B": {
+        **_QWEN3_COMMON,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "max_window_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "tie_word_embeddings": False,
+    },
+    "32B": {
+        **_QWEN3_COMMON,
+        "hidden_size": 5120,
+        "intermediate_size": 25600,
+        "num_hidden_layers": 64,
+        "max_window_layers": 64,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "tie_word_embeddings": False,
+    },
+}
+_QWEN3_MOE_COMMON = {
+    **_QWEN3_COMMON,
+    "model_type": "qwen3_moe",
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "norm_topk_prob": True,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "output_router_logits": False,
+    "router_aux_loss_coef": 0.001,
+    "tie_word_embeddings": False,
+}
+QWEN3_MOE = {
+    "30B-A3B": {
+        **_QWEN3_MOE_COMMON,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_hidden_layers": 48,
+        "max_window_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+    },
+    "235B-A22B": {
+        **_QWEN3_MOE_COMMON,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "moe_intermediate_size": 1536,
+        "num_hidden_layers": 94,
+        "max_window_layers": 94,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 4,
+    },
+}
