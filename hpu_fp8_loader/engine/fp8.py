@@ -13,6 +13,12 @@ arithmetic follows Habana's and PaddleCustomDevice's (PCD) public code, cited pe
   ``AddNodeFusedFP8Gemm``), except o_proj inside the fused SDPA op, which takes ``act_scale_inv``
   (docs/fastdeploy.md section 5, "Linear layers");
 - Qwen2's q|k|v bias is added in bf16 after the GEMM (PCD ``custom_ops/llama_infer/fused_qkv_rope.cc``);
+- Qwen3's q/k RMSNorm: FastDeploy hands ``q_norm.weight`` / ``k_norm.weight`` and ``epsilon=1e-6`` (a constant, not
+  the config's ``rms_norm_eps``) to both FP8 attention ops (``hpu_attn_backend.py@8c3513a4``, ``fused_qkv_rope`` and
+  ``fused_block_attention`` calls); with both weights given, PCD's op normalises each head of the bf16 q and k
+  split off the q|k|v output with an RmsNorm node (bf16 out), then applies RoPE, then the fp8 cast
+  (``custom_ops/llama_infer/fused_block_attention.cc@623f5bd4``, ``use_qk_rmsnorm``); the prefill op is taken to
+  do the same, as FastDeploy passes it the same arguments [inferred];
 - attention ``cache_fp8_sdpa_fp8``: Q, K and V cast with their multipliers, Q.K^T and P.V in fp8 with
   the q/k and s/v descales; prefill quantizes the normalised probabilities, decode the unnormalised
   exp(score - row max) and normalises after P.V (PCD ``custom_ops/llama_infer/fused_block_attention.cc``;
@@ -22,7 +28,8 @@ arithmetic follows Habana's and PaddleCustomDevice's (PCD) public code, cited pe
   decomposition of Habana's ``mixture_of_experts`` op; docs/fastdeploy.md section 5, "MoE").
 
 [inferred], as the sources mark it: the accumulator precision (float32), bf16 rounding after each
-node, the softmax precision (float32 here), and the bias placement in the newest PCD op.
+node, the softmax precision (float32 here), the bias placement in the newest PCD op, and the RmsNorm node's
+internal precision (float32 here; only its bf16 output is shown by the code).
 
 Tensor parallelism: every rank's share runs and the row-parallel outputs (o_proj, down projections)
 are rounded to bf16 per rank and summed, as an all-reduce of bf16 partial sums would; the vocabulary
@@ -58,6 +65,10 @@ from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import KvCacheScheme, QuantizationConfig, parse_quantization_config
 
 __all__ = ["EmulationOptions", "Fp8Emulator", "Fp8Parameters"]
+
+
+# The epsilon FastDeploy passes the FP8 attention ops for Qwen3's q/k RMSNorm (hpu_attn_backend.py@8c3513a4).
+QK_NORM_EPS = 1e-6
 
 
 def bf16(x) -> np.ndarray:
@@ -171,6 +182,9 @@ class Fp8Emulator:
         q = qkv[..., : heads * hd].reshape(b, t, heads, hd)
         k = qkv[..., heads * hd : (heads + kv_heads) * hd].reshape(b, t, kv_heads, hd)
         v = qkv[..., (heads + kv_heads) * hd :].reshape(b, t, kv_heads, hd)
+        if d.qk_norm:  # each head of this rank's q and k; the [head_dim] weights are the same on every rank
+            q = self.round(rms_norm(q, p[names.tensor(m.q_norm, names.WEIGHT)], QK_NORM_EPS))
+            k = self.round(rms_norm(k, p[names.tensor(m.k_norm, names.WEIGHT)], QK_NORM_EPS))
         positions = np.arange(t)
         q = self.round(rotary(q, positions, self.cfg.rope_theta, self.cfg.interleaved_rotary))
         k = self.round(rotary(k, positions, self.cfg.rope_theta, self.cfg.interleaved_rotary))

@@ -7,8 +7,9 @@ point whose meaning depends on the key: the **raw amax** when the key contains `
 **amax / 240** otherwise (docs/fastdeploy.md section 5, "Linear layers"). This module is the only place that rule lives.
 
 Import (:mod:`hpu_fp8_loader.conversion.legacy_import`) resolves both meanings into the spec's act_amax; export writes them back, which stock
-FastDeploy's v0 loader reads without our hook (ERNIE at any tensor parallelism, Qwen2 at tensor
-parallelism 1: docs/fastdeploy.md section 5, "Tensor-parallel splits").
+FastDeploy's v0 loader reads without our hook (ERNIE at any tensor parallelism, Qwen2 and Qwen3 at tensor
+parallelism 1: docs/fastdeploy.md section 5, "Tensor-parallel splits"). Qwen3-MoE has no legacy layout
+FastDeploy can read (docs/fastdeploy.md, "Qwen3 and Qwen3-MoE").
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ __all__ = [
     "ACTIVATION_SCALE",
     "LEGACY_QUANTIZATION_CONFIG",
     "QUANT_WEIGHT",
+    "QWEN3_MOE_REFUSAL",
     "LegacyExportResult",
     "amax_from_legacy",
     "amax_to_legacy",
@@ -102,16 +104,29 @@ class LegacyExportResult:
     warnings: list[str] = field(default_factory=list)
 
 
+# Models whose v0 tensor-parallel split rules (``_get_tensor_parallel_mappings``) list only unquantized ``.weight`` /
+# ``.bias`` keys, so that FP8 tensors would reach every rank whole (docs/fastdeploy.md section 5; models/qwen2.py,
+# models/qwen3.py@8c3513a4).
+_UNSPLIT_FP8 = {"qwen2": "Qwen2", "qwen3": "Qwen3"}
+# Why no legacy export of a Qwen3-MoE can be served by stock FastDeploy (docs/fastdeploy.md, "Qwen3 and Qwen3-MoE").
+QWEN3_MOE_REFUSAL = (
+    "Qwen3-MoE has no legacy layout stock FastDeploy can read: Qwen3MoeBlock.weight_key_map holds only the two expert "
+    "'.weight' keys (fastdeploy/model_executor/models/qwen3moe.py@8c3513a4), so FastDeploy's v0 loading finds no "
+    "key for any expert scale; serve the hpu-fp8 checkpoint with the hpu_fp8 loader hook instead"
+)
+
+
 def _check_servable(descriptor: ModelDescriptor, tp: int) -> None:
     """Refuse what stock FastDeploy's v0 loader would load wrongly (docs/fastdeploy.md section 5, "Tensor-parallel splits").
 
     Its ERNIE split rules cover every FP8 key, the expert up_gate weight scales gate|up-paired (since
-    FastDeploy 44a13e45); its Qwen2 rules list only ``.weight`` and ``.bias`` keys, so FP8 Qwen2
+    FastDeploy 44a13e45); its Qwen2 and Qwen3 rules list only ``.weight`` and ``.bias`` keys, so FP8
     tensors would reach every rank whole.
     """
-    if tp > 1 and descriptor.model_type == "qwen2":
+    name = _UNSPLIT_FP8.get(descriptor.model_type)
+    if tp > 1 and name:
         raise HpuFp8Error(
-            f"tensor parallelism {tp}: FastDeploy's v0 loader does not split Qwen2 FP8 tensors; "
+            f"tensor parallelism {tp}: FastDeploy's v0 loader does not split {name} FP8 tensors; "
             "export for TP 1, or serve the hpu-fp8 checkpoint with the hpu_fp8 loader hook"
         )
 
@@ -119,8 +134,13 @@ def _check_servable(descriptor: ModelDescriptor, tp: int) -> None:
 def stock_fastdeploy_layouts(model_type: str) -> str:
     """What an export of this model serves on stock FastDeploy, as :func:`_check_servable` and section 5 of
     docs/fastdeploy.md have it (``export-legacy --help`` and the model cards say this)."""
-    if model_type == "qwen2":
-        return "tensor parallelism 1 only (FastDeploy's v0 loader does not split Qwen2 FP8 tensors); no expert parallelism"
+    if model_type == "qwen3_moe":
+        return "none: `hpu-fp8 export-legacy` refuses Qwen3-MoE (FastDeploy's Qwen3MoeBlock reads no expert scale key)"
+    name = _UNSPLIT_FP8.get(model_type)
+    if name:
+        return (
+            f"tensor parallelism 1 only (FastDeploy's v0 loader does not split {name} FP8 tensors); no expert parallelism"
+        )
     return (
         "any tensor-parallel size the model divides into (FastDeploy's v0 loader splits ERNIE's FP8 tensors since "
         "44a13e45, on Python 3.10); no expert parallelism (FastDeploy's v0 expert-parallel loader drops the MoE input "
@@ -159,7 +179,8 @@ def export_legacy(
     Args:
         src: the hpu-fp8 checkpoint directory (fp8_max 240).
         out: the directory to write.
-        tp: the tensor parallelism it will be served at (ERNIE at any, Qwen2 at 1); ignored when ``rank`` is given.
+        tp: the tensor parallelism it will be served at (ERNIE at any, Qwen2 and Qwen3 at 1); ignored when ``rank``
+            is given.
         max_shard_bytes: the largest output shard.
         force: replace an existing ``out`` (only a checkpoint this tool wrote, or an empty directory).
         rank: write only this tensor-parallel rank's share (``Parallelism(tp_size, tp_rank)``).
@@ -168,8 +189,9 @@ def export_legacy(
         A :class:`~hpu_fp8_loader.LegacyExportResult`.
 
     Raises:
-        HpuFp8Error: ``src`` fails the quick validation; its fp8_max is not 240 (retarget it first); a Qwen2 model
-            with ``tp`` above 1 (the v0 loader does not split its FP8 tensors).
+        HpuFp8Error: ``src`` fails the quick validation; its fp8_max is not 240 (retarget it first); a Qwen2 or Qwen3
+            model with ``tp`` above 1 (the v0 loader does not split its FP8 tensors); a Qwen3-MoE model (FastDeploy's v0
+            loading reads none of its expert scales).
         ConfigError: ``tp`` or ``rank`` cannot serve this model (a width it does not split evenly, fewer KV heads
             than ranks).
         NonFiniteError: a value read holds a NaN code, a value beyond ±240 or a NaN/inf kept value.
@@ -193,6 +215,8 @@ def export_legacy(
         raise HpuFp8Error(
             f"{src}: fp8_max is {qc.fp8_max:g}; FastDeploy assumes 240. Run `hpu-fp8 retarget --target gaudi2` first"
         )
+    if descriptor.model_type == "qwen3_moe":
+        raise HpuFp8Error(f"{src}: {QWEN3_MOE_REFUSAL}")
     if rank is None:  # a whole checkpoint that FastDeploy's v0 loader will split for ``tp`` ranks itself
         _check_servable(descriptor, tp)
         check_parallelism(descriptor, Parallelism(tp))
@@ -234,9 +258,10 @@ def export_legacy(
     config["quantization_config"] = {k: v for k, v in LEGACY_QUANTIZATION_CONFIG.items() if not absent.get(k)}
     writer.finish(config, copy_from=Path(src))
     report = LegacyExportResult(Path(out), len(planned))
-    if descriptor.model_type == "qwen2":
+    name = _UNSPLIT_FP8.get(descriptor.model_type)
+    if name:
         report.warnings.append(
-            "Qwen2 in the legacy layout is [inferred] from FastDeploy's code: no FP8 Qwen2 has been "
+            f"{name} in the legacy layout is [inferred] from FastDeploy's code: no FP8 {name} has been "
             "seen served by stock FastDeploy"
         )
     return report

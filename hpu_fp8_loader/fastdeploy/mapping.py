@@ -7,7 +7,9 @@ the only place FastDeploy's *multipliers* (240 / amax) are made: the spec stores
 Parameter names, shapes, dtypes and formulas follow docs/fastdeploy.md: linear layers section 5
 ("Linear layers"), MoE section 5 ("MoE", "Two MoE layouts"), attention section 6 ("Attention scales"),
 tensor/expert-parallel splits section 5 ("Tensor-parallel splits", "MoE"), every parameter path
-section 11 ("What the hook fills, parameter by parameter").
+section 11 ("What the hook fills, parameter by parameter"), Qwen3 and Qwen3-MoE section 14 ("Qwen3 and
+Qwen3-MoE"): the same rules under the ``model.`` prefix, the per-head ``q_norm`` / ``k_norm`` weights whole on
+every rank (norms are never split), and Qwen3-MoE's experts as ERNIE's without correction bias or shared experts.
 """
 
 from __future__ import annotations
@@ -164,7 +166,8 @@ def valid_tp_sizes(descriptor: ModelDescriptor, limit: int = 64) -> list[int]:
 
     The HPU runner gives each rank ``num_key_value_heads // tp`` KV heads (docs/fastdeploy.md, "KV heads
     per rank"): a TP larger than the KV head count would leave a rank with none, so KV heads are never
-    replicated here, unlike FastDeploy's GPU path.
+    replicated here, unlike FastDeploy's GPU path (Qwen3Attention's ``num_kv_heads_replicas`` sizes its q|k|v
+    split for replicated heads, but the HPU attention backend and its KV cache still get ``nkv // tp`` heads).
     """
     sizes = []
     for tp in range(1, limit + 1):

@@ -32,7 +32,7 @@ def parameter_group(name: str) -> str:
         return "lm_head"
     if ".embed_tokens." in name:
         return "embeddings"
-    if name.endswith("layernorm.weight") or name.endswith(".norm.weight"):
+    if name.endswith(("layernorm.weight", ".norm.weight", ".q_norm.weight", ".k_norm.weight")):  # Qwen3's per-head q/k norms too
         return "norms"
     if ".mlp.gate." in name or name.endswith("gate_correction_bias"):
         return "router"
