@@ -31,9 +31,9 @@ def _expert_scales_swapped(piece, mapping):
     return mapping.MappedPiece(piece.name, piece.array[::-1].copy())
 
 
-def _zero_act_scale(piece, mapping):
-    """A multiplier left as FastDeploy created it (zeros): a hook that skipped it would look like this."""
-    if not piece.name.endswith(".act_scale"):
+def _zero_moe_in_scale(piece, mapping):
+    """The MoE input multiplier as FastDeploy creates it (``Constant(0)``): a hook that skipped it would leave this."""
+    if not piece.name.endswith(".up_gate_proj_in_scale"):
         return None
     return mapping.MappedPiece(piece.name, np.zeros_like(piece.array), piece.expert)
 
@@ -42,7 +42,7 @@ ONE_PIECE: dict[str, Callable] = {
     "flip-weight-bit": _flip_weight_bit,
     "act-scale-as-descale": _act_scale_as_descale,
     "expert-scales-swapped": _expert_scales_swapped,
-    "zero-act-scale": _zero_act_scale,
+    "zero-moe-in-scale": _zero_moe_in_scale,
 }
 
 

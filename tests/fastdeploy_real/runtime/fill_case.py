@@ -177,44 +177,50 @@ def rope_difference(emulator, table) -> float:
     return float(np.abs(table.numpy()[:, 0, :, 0] - ours).max())
 
 
+def _parameter_problem(where: str, parameter: str, value, feeds: dict, prefix: str) -> str | None:
+    """A kernel argument that is model parameter ``parameter`` against what the emulation reads under that name."""
+    if not parameter.startswith(prefix):
+        return f"{where}: {parameter} belongs to another module"
+    if parameter not in feeds:
+        return f"{where}: {parameter} is never read by the emulation"
+    ours, theirs = feeds[parameter], float32_values(value)
+    if list(ours.shape) != list(theirs.shape):
+        return f"{where}: {parameter} is {list(theirs.shape)}, the emulation's {list(ours.shape)}"
+    if not np.array_equal(ours, theirs):
+        return f"{where}: {parameter}: {int((ours != theirs).sum())} of {ours.size} values differ from the emulation's"
+    return None
+
+
 def account(
     op: tuple, layer: int, feeds: dict, numbers: dict, known: dict[int, str], inputs: set[int], prefix: str
-) -> tuple[list[str], set[str]]:
-    """(what in ``op``'s arguments differs from what the emulation feeds its arithmetic, the parameter names passed).
+) -> tuple[list[str], set[str], dict[str, object]]:
+    """(what in ``op``'s arguments differs from what the emulation feeds its arithmetic, the parameter names passed,
+    the numbers compared).
 
     ``known``: the model's parameters (and per-expert lists) by ``id``; ``inputs``: the ids of the tensors the case
-    itself hands FastDeploy (the activation, FastDeploy's rotary table), which are the same on both sides by
-    construction."""
+    itself hands FastDeploy (the activation, FastDeploy's rotary table), the same on both sides by construction."""
     name, args, kwargs = op
-    problems, passed = [], set()
+    problems, passed, compared = [], set(), {}
     slots = [(i, POSITIONAL_NUMBERS.get(name, {}).get(i), v) for i, v in enumerate(args)]
     slots += [(key, key, v) for key, v in kwargs.items()]
     for slot, label, value in slots:
         where = f"layer {layer} {name} argument {slot}"
+        found = None
         if value is None or label in NOT_ARITHMETIC:
-            continue  # an absent input: the converse check below finds one the emulation reads
+            continue  # an absent input: the converse check finds one the emulation reads
         if id(value) in known:
-            parameter = known[id(value)]
-            passed.add(parameter)
-            if not parameter.startswith(prefix):
-                problems.append(f"{where}: {parameter} belongs to another module")
-            elif parameter not in feeds:
-                problems.append(f"{where}: {parameter} is never read by the emulation")
-            else:
-                ours, theirs = feeds[parameter], float32_values(value)
-                if list(ours.shape) != list(theirs.shape):
-                    problems.append(f"{where}: {parameter} is {list(theirs.shape)}, the emulation's {list(ours.shape)}")
-                elif not np.array_equal(ours, theirs):
-                    count = int((ours != theirs).sum())
-                    problems.append(f"{where}: {parameter}: {count} of {ours.size} values differ from the emulation's")
+            passed.add(known[id(value)])
+            found = _parameter_problem(where, known[id(value)], value, feeds, prefix)
         elif isinstance(value, paddle.Tensor):
-            if id(value) not in inputs:
-                problems.append(f"{where}: a tensor that is neither a parameter nor the input")
+            found = None if id(value) in inputs else f"{where}: a tensor that is neither a parameter nor an input"
         elif label is None or label not in numbers:
-            problems.append(f"{where}: {value!r} has no counterpart in the emulation")
-        elif value != numbers[label]:
-            problems.append(f"{where} ({label}): FastDeploy passes {value!r}, the emulation uses {numbers[label]!r}")
-    return problems, passed
+            found = f"{where}: {value!r} has no counterpart in the emulation"
+        else:
+            compared[label] = value
+            if value != numbers[label]:
+                found = f"{where} ({label}): FastDeploy passes {value!r}, the emulation uses {numbers[label]!r}"
+        problems += [found] if found else []
+    return problems, passed, compared
 
 
 def converse(layer: int, feeds: dict, passed: set[str], prefix: str, later: tuple[str, ...]) -> list[str]:
@@ -229,7 +235,8 @@ def forward_meta(runner, tokens: int):
     ``prepare_block_metadata`` gathers the batch's positions from that table; here no op runs)."""
     from fastdeploy.model_executor.forward_meta import ForwardMode, HPUForwardMeta
 
-    runner.initialize_attn_backend()
+    if not runner.attn_backends:  # the runner builds it when it starts (HPUModelRunner.__init__)
+        runner.initialize_attn_backend()
     return HPUForwardMeta(
         ids_remove_padding=paddle.zeros([tokens], dtype="int64"),
         forward_mode=ForwardMode.EXTEND,
@@ -239,8 +246,9 @@ def forward_meta(runner, tokens: int):
     )
 
 
-def kernel_problems(runner, emulator, feeds: dict, numbers: dict) -> tuple[list[str], list[str]]:
-    """(every argument problem in every layer's first attention and MoE op, the ops reached)."""
+def kernel_problems(runner, emulator, feeds: dict, numbers: dict) -> tuple[list[str], dict[str, dict]]:
+    """(every argument problem in every layer's first attention and MoE op; per module, the op reached, the
+    parameters it was handed, as names below the module, and the numbers compared)."""
     model = runner.model
     known: dict = {id(p): name for name, p in model.named_parameters()}
     known.update({id(v): name for name, v in per_expert_lists(model).items()})
@@ -248,7 +256,7 @@ def kernel_problems(runner, emulator, feeds: dict, numbers: dict) -> tuple[list[
     x = paddle.to_tensor(np.random.default_rng(0).standard_normal((TOKENS, emulator.d.hidden_size)).astype(np.float32))
     x = x.astype(paddle.bfloat16)
     inputs = {id(x), id(meta.rotary_embs_encoder)}
-    problems, reached = [], []
+    problems, reached = [], {}
     prefix_of = {}
     for name, layer in model.named_sublayers():
         if name.endswith(".self_attn") and hasattr(layer, "qkv_proj"):
@@ -261,9 +269,10 @@ def kernel_problems(runner, emulator, feeds: dict, numbers: dict) -> tuple[list[
         if op is None:
             problems.append(f"{name}: reached no HPU op")
             continue
-        reached.append(f"{name} -> {op[0]}")
-        found, passed = account(op, index, feeds[index], numbers, known, inputs, name + ".")
+        found, passed, compared = account(op, index, feeds[index], numbers, known, inputs, name + ".")
         problems += found + converse(index, feeds[index], passed, name + ".", later)
+        below = sorted(parameter.removeprefix(name + ".") for parameter in passed)
+        reached[name] = {"op": op[0], "parameters": below, "numbers": compared}
     return problems, reached
 
 
