@@ -122,12 +122,13 @@ def assert_filled_and_emulated(report: dict) -> None:
 
 
 FILL_CASES = [
-    # (preset, kv_cache, tp)
-    ("qwen3-moe-tiny", "fp8", 1),
-    ("qwen3-moe-tiny", "fp8", 2),
-    ("qwen3-moe-tiny", "none", 2),
-    ("qwen3-tiny", "fp8", 1),
-    ("qwen3-tiny", "fp8", 2),
+    # (preset, kv_cache, tp, moe_layout)
+    ("qwen3-moe-tiny", "fp8", 1, "develop"),
+    ("qwen3-moe-tiny", "fp8", 2, "develop"),
+    ("qwen3-moe-tiny", "none", 2, "develop"),
+    ("qwen3-moe-tiny", "fp8", 2, "pr5855"),
+    ("qwen3-tiny", "fp8", 1, "develop"),
+    ("qwen3-tiny", "fp8", 2, "develop"),
 ]
 # What each first op is handed (below its module), every one compared with the emulation's reads
 QKV_LINEAR = ["k_norm.weight", "q_norm.weight", "qkv_proj.act_scale", "qkv_proj.weight", "qkv_proj.weight_scale"]
@@ -139,13 +140,14 @@ ATTENTION_NUMBERS = {"epsilon", "head_dim", "num_heads", "total_batch_encoder", 
 MOE_NUMBERS = {"activation", "experts_max", "experts_min", "norm_topk_prob", "permuted_weights", "top_k"}
 
 
-@pytest.mark.parametrize(("preset", "kv_cache", "tp"), FILL_CASES)
+@pytest.mark.parametrize(("preset", "kv_cache", "tp", "moe_layout"), FILL_CASES)
 def test_every_parameter_fastdeploy_creates_is_filled_and_every_kernel_argument_is_the_emulations(
-    run_case, qwen3, preset, kv_cache, tp
+    run_case, qwen3, preset, kv_cache, tp, moe_layout
 ):
     layers = preset_config(preset)["num_hidden_layers"]
     for rank in range(tp):
-        report = run_case({"hook": qwen3(preset, kv_cache), "tp": tp, "rank": rank}, script=FILL_CASE)
+        case = {"hook": qwen3(preset, kv_cache), "tp": tp, "rank": rank, "moe_layout": moe_layout}
+        report = run_case(case, script=FILL_CASE)
         assert_filled_and_emulated(report)
         calls = report["kernel_calls"]
         attention = [calls.pop(f"model.layers.{i}.self_attn") for i in range(layers)]
@@ -154,12 +156,13 @@ def test_every_parameter_fastdeploy_creates_is_filled_and_every_kernel_argument_
         moe = [calls.pop(f"model.layers.{i}.mlp") for i in range(layers)] if "moe" in preset else []
         assert all(c["op"] == "fused_gate_moe_fp8" and c["parameters"] == MOE for c in moe), moe
         assert all(set(c["numbers"]) == MOE_NUMBERS for c in moe) and calls == {}, calls
-        if moe:  # FastDeploy's develop MoE method holds down_proj_in_scale as a per-expert bf16 list
+        lists = report["per_expert_lists"]  # the develop MoE method's down_proj_in_scale: a per-expert bf16 list
+        if moe and moe_layout == "develop":
             experts = preset_config(preset)["num_experts"]
-            assert report["per_expert_lists"] and all(
-                v == [experts, "paddle.bfloat16"] for v in report["per_expert_lists"].values()
-            )
-        print(f"{report['architecture']} kv={kv_cache} TP{tp} rank {rank}: {report['parameters']} parameters filled as "
+            assert len(lists) == layers and all(v == [experts, "paddle.bfloat16"] for v in lists.values()), lists
+        else:  # PR 5855's is a parameter, among those checked as filled
+            assert lists == {}, lists
+        print(f"{report['architecture']} kv={kv_cache} TP{tp} rank {rank} {moe_layout}: {report['parameters']} parameters filled as "
               f"created; {len(attention) + len(moe)} first kernel calls' arguments are the emulation's; rotary table "
               f"within {report['rope_difference']:.1e}")  # fmt: skip
 

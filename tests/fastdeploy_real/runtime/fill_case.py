@@ -2,8 +2,8 @@
 
     python fill_case.py CASE.json
 
-CASE: ``hook`` (the hpu-fp8 checkpoint), ``tp``, ``rank`` and ``inject`` (a fault put into the hook's output, for
-the negative control). Two oracles replace FastDeploy's own loading:
+CASE: ``hook`` (the hpu-fp8 checkpoint), ``tp``, ``rank``, ``moe_layout`` (``develop`` as the source has it, or
+``pr5855``, see pr5855_moe.py) and ``inject`` (a fault put into the hook's output, for the negative control). Two oracles replace FastDeploy's own loading:
 
 1. **FastDeploy's model, as it creates it.** ``HPUModelRunner.load_model`` builds the model through FastDeploy's
    own worker code with ``--load-choices hpu_fp8``; the hook's ``fill_model`` is observed (not changed) to record
@@ -278,6 +278,10 @@ def kernel_problems(runner, emulator, feeds: dict, numbers: dict) -> tuple[list[
 
 def run(case: dict) -> dict:
     tp, rank = case["tp"], case["rank"]
+    if case.get("moe_layout") == "pr5855":
+        import pr5855_moe
+
+        pr5855_moe.apply()
     config = fd_config(case["hook"], tp, rank, "hpu_fp8")
     emulator, feeds = emulation_feeds(case["hook"], tp, rank, config.model_config.hidden_size)
     if case.get("inject"):
