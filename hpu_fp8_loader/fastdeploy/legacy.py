@@ -138,9 +138,7 @@ def stock_fastdeploy_layouts(model_type: str) -> str:
         return "none: `hpu-fp8 export-legacy` refuses Qwen3-MoE (FastDeploy's Qwen3MoeBlock reads no expert scale key)"
     name = _UNSPLIT_FP8.get(model_type)
     if name:
-        return (
-            f"tensor parallelism 1 only (FastDeploy's v0 loader does not split {name} FP8 tensors); no expert parallelism"
-        )
+        return f"tensor parallelism 1 only (FastDeploy's v0 loader does not split {name} FP8 tensors); no expert parallelism"
     return (
         "any tensor-parallel size the model divides into (FastDeploy's v0 loader splits ERNIE's FP8 tensors since "
         "44a13e45, on Python 3.10); no expert parallelism (FastDeploy's v0 expert-parallel loader drops the MoE input "
