@@ -268,3 +268,9 @@ def test_qwen3_moe_expert_count_is_checked_against_the_tensors():
     held = [w.name for w in describe(config).weights() if w.expert is None or w.expert < 64]
     with pytest.raises(ConfigError, match="'num_experts' is 128, but the checkpoint's tensors hold experts 0..63"):
         describe(config, tensors=held)
+
+
+def test_qwen3_moe_expert_count_spelt_as_transformers_5_saves_it_is_named():
+    config = {k: v for k, v in QWEN3_MOE["30B-A3B"].items() if k != "num_experts"}
+    with pytest.raises(ConfigError, match="'num_experts' is missing: this config spells it num_local_experts"):
+        describe({**config, "num_local_experts": 128})

@@ -245,3 +245,12 @@ def test_in_a_fastdeploy_checkout_git_tells_older_between_and_newer(fastdeploy_w
         _git(repo, "checkout", "-q", commit)
         check = {c.name: c for c in doctor(environ={}, build=False).checks}["fastdeploy commit"]
         assert check.status == status and says in check.detail, (commit, check)
+
+
+@pytest.mark.parametrize(("preset", "model_type"), [("qwen3-tiny", "qwen3"), ("qwen3-moe-tiny", "qwen3_moe")])
+def test_a_qwen3_checkpoint_is_checked_like_the_others(no_fastdeploy, spec_factory, preset, model_type):
+    good = by_name(doctor(spec_factory(preset), tp=2, environ={}))
+    assert good["checkpoint"].status == "ok" and f"hpu-fp8 v1, {model_type}" in good["checkpoint"].detail
+    assert "TP 2 x EP 1" in good["plan"].detail
+    refused = by_name(doctor(spec_factory(preset), tp=4, environ={}))["checkpoint"]  # 2 KV heads
+    assert refused.status == "fail" and f"cannot serve this {model_type} model" in refused.detail

@@ -14,7 +14,7 @@ from hpu_fp8_loader.errors import ConfigError, HpuFp8Error
 from hpu_fp8_loader.fastdeploy.mapping import Parallelism, check_parallelism, map_rank, parameter_specs, valid_tp_sizes
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.safetensors_file import dtype_name
-from hpu_fp8_loader.spec.config import parse_quantization_config
+from hpu_fp8_loader.spec.config import KvCacheScheme, parse_quantization_config
 
 
 def mapped(root, par: Parallelism) -> dict[str, np.ndarray]:
@@ -46,7 +46,7 @@ def f32(x) -> np.ndarray:
     return np.asarray(x).astype(np.float32)
 
 
-@pytest.mark.parametrize("preset", ["ernie-moe-tiny", "ernie-dense-tiny", "qwen2-tiny"])
+@pytest.mark.parametrize("preset", ["ernie-moe-tiny", "ernie-dense-tiny", "qwen2-tiny", "qwen3-tiny", "qwen3-moe-tiny"])
 @pytest.mark.parametrize("kv_cache", ["fp8", "none"])
 def test_every_rank_fills_exactly_its_parameters(spec_factory, preset, kv_cache):
     root = spec_factory(preset, kv_cache)
@@ -280,3 +280,127 @@ def test_converted_configs_spell_out_the_keys_fastdeploy_defaults_differently(sp
     d = describe(config)
     assert config["tie_word_embeddings"] is d.tie_word_embeddings is True
     assert config["moe_layer_start_index"] == d.moe.start and config["moe_use_aux_free"] is d.moe.correction_bias
+
+
+# ----------------------------------------------------------------------------- Qwen3 and Qwen3-MoE (docs section 14)
+
+
+def test_qwen3_moe_parameters_are_those_fastdeploys_classes_create():
+    """Qwen3-30B-A3B at TP 4, each shape derived by hand from FastDeploy's code at 8c3513a4 (docs/fastdeploy.md
+    section 14): Qwen3Attention (no qkv bias, o_proj input head_dim * heads, q/k norms [head_dim]), Qwen3MoeBlock (a
+    float32 [H, E] gate, FusedMoE with moe_intermediate_size // tp), no correction bias and no shared experts."""
+    from helpers.real_configs import QWEN3_MOE
+
+    specs = parameter_specs(describe(QWEN3_MOE["30B-A3B"]), KvCacheScheme.FP8, Parallelism(4, 1))
+    layer = "model.layers.47"
+    hd, heads, kv, h, e, inter = 128, 32 // 4, 4 // 4, 2048, 128, 768 // 4
+    expected = {
+        f"{layer}.self_attn.q_norm.weight": ("BF16", (hd,)),
+        f"{layer}.self_attn.k_norm.weight": ("BF16", (hd,)),
+        f"{layer}.self_attn.qkv_proj.weight": ("F8_E4M3", (h, (heads + 2 * kv) * hd)),
+        f"{layer}.self_attn.o_proj.weight": ("F8_E4M3", (heads * hd, h)),
+        f"{layer}.mlp.gate.weight": ("F32", (h, e)),
+        f"{layer}.mlp.experts.up_gate_proj_weight": ("F8_E4M3", (e, h, 2 * inter)),
+        f"{layer}.mlp.experts.down_proj_weight": ("F8_E4M3", (e, inter, h)),
+        f"{layer}.mlp.experts.up_gate_proj_weight_scale": ("BF16", (e, 2 * inter)),
+        f"{layer}.mlp.experts.down_proj_weight_scale": ("BF16", (e, h)),
+        f"{layer}.mlp.experts.up_gate_proj_in_scale": ("BF16", (1,)),
+        f"{layer}.mlp.experts.down_proj_in_scale": ("BF16", (e, 1)),
+        "model.embed_tokens.embeddings.weight": ("BF16", (151936 // 4, h)),
+        "lm_head.linear.weight": ("BF16", (h, 151936 // 4)),
+        "model.norm.weight": ("BF16", (h,)),
+    }
+    assert {name: (specs[name].dtype, specs[name].shape) for name in expected} == expected
+    built = set(specs)
+    assert not any(n.endswith(("qkv_proj.bias", "gate_correction_bias")) or ".shared_experts." in n for n in built)
+    assert not any(n.endswith(".mlp.up_gate_proj.weight") for n in built)  # every layer MoE, no dense MLP
+    # expert parallelism: FusedMoE forces the experts' TP to 1 and gives each rank E // ep whole experts
+    ep = parameter_specs(describe(QWEN3_MOE["30B-A3B"]), KvCacheScheme.FP8, Parallelism(1, 0, 4, 3))
+    assert ep[f"{layer}.mlp.experts.up_gate_proj_weight"].shape == (e // 4, h, 2 * 768)
+
+
+def test_valid_tp_sizes_of_the_real_qwen3_models_stop_at_their_kv_heads():
+    from helpers.real_configs import QWEN3, QWEN3_MOE
+
+    for size in ("0.6B", "8B", "32B"):
+        assert valid_tp_sizes(describe(QWEN3[size]), 16) == [1, 2, 4, 8]
+    for size in ("30B-A3B", "235B-A22B"):
+        assert valid_tp_sizes(describe(QWEN3_MOE[size]), 16) == [1, 2, 4]
+    with pytest.raises(
+        ConfigError, match=r"tensor parallelism 8 cannot serve this qwen3_moe model: .*num_key_value_heads // tp = 0"
+    ):
+        check_parallelism(describe(QWEN3_MOE["30B-A3B"]), Parallelism(8, 0))
+
+
+def test_qwen3_tied_lm_head_is_built_from_the_embedding_like_ernies():
+    from helpers.real_configs import QWEN3
+
+    specs = parameter_specs(describe(QWEN3["0.6B"]), KvCacheScheme.FP8, Parallelism(2, 0))
+    assert specs["lm_head.linear.weight"].shape == (1024, 151936 // 2)  # Qwen3ForCausalLM ties it from the embedding
+    assert "lm_head.weight" not in specs and specs["model.layers.0.self_attn.o_proj.weight"].shape == (16 * 128 // 2, 1024)
+
+
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "qwen3-moe-tiny"])
+def test_qwen3_q_k_norms_are_whole_on_every_rank_while_heads_split(spec_factory, preset):
+    root, tp = spec_factory(preset), 2
+    spec = Checkpoint.open(root)
+    d = describe(spec.config)
+    assert d.head_dim * d.num_heads != d.hidden_size  # the preset's head_dim is not hidden / heads: o_proj must use it
+    ranks = [mapped(root, Parallelism(tp, r)) for r in range(tp)]
+    u8 = lambda a: np.asarray(a).view(np.uint8)  # noqa: E731
+    for layer in range(d.num_layers):
+        for norm in ("q_norm", "k_norm"):
+            name = f"model.layers.{layer}.self_attn.{norm}.weight"
+            for params in ranks:
+                np.testing.assert_array_equal(u8(params[name]), u8(spec.get(name)))
+        o_proj = f"model.layers.{layer}.self_attn.o_proj.weight"
+        assert ranks[0][o_proj].shape == (d.num_heads // tp * d.head_dim, d.hidden_size)
+        np.testing.assert_array_equal(np.concatenate([u8(r[o_proj]) for r in ranks]), u8(spec.get(o_proj)))
+        qkv = f"model.layers.{layer}.self_attn.qkv_proj.weight"
+        assert ranks[0][qkv].shape[1] == (d.num_heads + 2 * d.num_kv_heads) // tp * d.head_dim
+    if d.moe:
+        assert not any("gate_correction_bias" in name or "shared_experts" in name for name in ranks[0])
+        gate = "model.layers.0.mlp.gate.weight"
+        assert ranks[0][gate].dtype == np.float32 and ranks[1][gate].shape == (d.hidden_size, d.moe.num_experts)
+
+
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "qwen3-moe-tiny"])
+def test_cli_map_writes_exactly_what_each_qwen3_rank_is_filled_with(tmp_path, spec_factory, preset):
+    from click.testing import CliRunner
+
+    from hpu_fp8_loader.cli.main import main
+    from hpu_fp8_loader.io.safetensors_file import SafetensorsFile
+
+    root = spec_factory(preset)
+    for tp in (1, 2):
+        for rank in range(tp):
+            out = tmp_path / f"tp{tp}-rank{rank}.safetensors"
+            args = ["map", str(root), "--tp", str(tp), "--rank", str(rank), "-o", str(out), "--json"]
+            result = CliRunner().invoke(main, args)
+            assert result.exit_code == 0, result.output
+            expected = mapped(root, Parallelism(tp, rank))
+            written = SafetensorsFile(out)
+            assert set(written.tensors) == set(expected)
+            for name, value in expected.items():
+                np.testing.assert_array_equal(written.get(name).view(np.uint8), value.view(np.uint8), err_msg=name)
+
+
+def test_qwen3_moe_expert_parallelism_gives_each_rank_whole_experts(spec_factory):
+    root = spec_factory("qwen3-moe-tiny")  # 4 experts of intermediate 32, hidden 64
+    spec = Checkpoint.open(root)
+    for ep_rank in range(2):
+        params = mapped(root, Parallelism(2, 0, 2, ep_rank))
+        for layer in range(2):
+            base = f"model.layers.{layer}.mlp.experts"
+            stacked = params[f"{base}.up_gate_proj_weight"]
+            assert stacked.shape == (2, 64, 64)  # 2 local experts, their intermediate not split under EP
+            for i in range(2):
+                e = 2 * ep_rank + i
+                np.testing.assert_array_equal(
+                    stacked[i].view(np.uint8), spec.get(f"{base}.{e}.up_gate_proj.weight").view(np.uint8)
+                )
+                np.testing.assert_array_equal(
+                    f32(params[f"{base}.down_proj_in_scale"][i]),
+                    f32(bf16(spec.get(f"{base}.{e}.down_proj.act_amax")[0] / np.float32(240))),
+                )
+            assert params[f"model.layers.{layer}.mlp.gate.weight"].shape == (64, 4)  # the router sees every expert

@@ -101,7 +101,8 @@ def test_a_half_imported_base_loader_is_a_loud_error(standin, monkeypatch):
 @pytest.mark.parametrize(
     ("preset", "tp", "moe_list_layout"),
     [("ernie-moe-tiny", 1, False), ("ernie-moe-tiny", 2, False), ("ernie-moe-tiny", 2, True), ("qwen2-tiny", 2, False),
-     ("ernie-dense-tiny", 2, False)],
+     ("ernie-dense-tiny", 2, False), ("qwen3-tiny", 1, False), ("qwen3-tiny", 2, False), ("qwen3-moe-tiny", 1, False),
+     ("qwen3-moe-tiny", 2, False), ("qwen3-moe-tiny", 2, True)],
 )  # fmt: skip
 def test_every_parameter_is_filled_with_the_mapped_bits(standin, spec_factory, preset, tp, moe_list_layout):
     plugin.register()

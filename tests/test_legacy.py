@@ -20,6 +20,7 @@ from hpu_fp8_loader.conversion.legacy_import import import_legacy
 from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error, MeasurementError, NotHpuFp8CheckpointError
 from hpu_fp8_loader.fastdeploy.legacy import amax_to_legacy, export_legacy
+from hpu_fp8_loader.fastdeploy.mapping import Parallelism
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 from hpu_fp8_loader.spec import names
@@ -263,7 +264,7 @@ def test_export_writes_exactly_the_contract_key_set(tmp_path, spec_factory):
     )
 
 
-@pytest.mark.parametrize("preset", ["ernie-moe-tiny", "qwen2-tiny"])
+@pytest.mark.parametrize("preset", ["ernie-moe-tiny", "qwen2-tiny", "qwen3-tiny"])
 def test_spec_to_legacy_to_spec_is_bit_identical_but_for_bf16_amax(tmp_path, spec_factory, preset):
     original = spec_factory(preset)
     export_legacy(original, tmp_path / "legacy")
@@ -320,3 +321,38 @@ def test_export_of_a_tied_qwen2_writes_the_lm_head_key_its_v0_path_reads(tmp_pat
     np.testing.assert_array_equal(legacy.get("lm_head.weight").view(np.uint16), embedding.view(np.uint16))
     ernie = Checkpoint.open(export_legacy(spec_factory(), tmp_path / "legacy-ernie").out)  # tied too
     assert "lm_head.weight" not in ernie.tensors  # ERNIE hands its embedding parameter to the lm_head instead
+
+
+def test_export_of_qwen3_writes_its_v0_keys_at_tp1_only(tmp_path, spec_factory):
+    """Qwen3's v0 path reads Qwen2's keys without the bias, plus the q/k norms; tied, it hands lm_head the embedding
+    parameter and reads no key (docs/fastdeploy.md section 14)."""
+    result = export_legacy(spec_factory("qwen3-tiny"), tmp_path / "legacy")
+    legacy = Checkpoint.open(result.out)
+    layer = "model.layers.1.self_attn"
+    assert {f"{layer}.q_norm.weight", f"{layer}.k_norm.weight", f"{layer}.qkv_proj.quant_weight"} <= set(legacy.tensors)
+    assert not any(n.endswith("qkv_proj.bias") for n in legacy.tensors) and "lm_head.weight" not in legacy.tensors
+    assert legacy.tensors[f"{layer}.q_norm.weight"].shape == (24,)  # head_dim, not hidden / heads
+    assert result.warnings == [
+        "Qwen3 in the legacy layout is [inferred] from FastDeploy's code: no FP8 Qwen3 has been seen served by stock FastDeploy"
+    ]
+    with pytest.raises(HpuFp8Error, match="tensor parallelism 2: FastDeploy's v0 loader does not split Qwen3 FP8"):
+        export_legacy(spec_factory("qwen3-tiny"), tmp_path / "tp2", tp=2)
+    assert not (tmp_path / "tp2").exists()
+
+
+def test_export_of_qwen3_moe_is_refused_in_one_line_naming_why(tmp_path, spec_factory):
+    with pytest.raises(HpuFp8Error, match=r"Qwen3MoeBlock\.weight_key_map holds only the two expert '\.weight' keys"):
+        export_legacy(spec_factory("qwen3-moe-tiny"), tmp_path / "a", rank=Parallelism(2, 1))
+    result = CliRunner().invoke(main, ["export-legacy", str(spec_factory("qwen3-moe-tiny")), str(tmp_path / "b")])
+    assert result.exit_code == 1 and not (tmp_path / "b").exists() and not (tmp_path / "b.partial").exists()
+    (line,) = result.output.strip().splitlines()
+    assert "Qwen3-MoE has no legacy layout stock FastDeploy can read" in line and "hpu_fp8 loader hook" in line
+
+
+@pytest.mark.parametrize(("preset", "tp", "message"), [("qwen3-moe-tiny", 2, "Qwen3-MoE has no legacy layout"),
+                                                      ("qwen3-tiny", 4, "num_key_value_heads // tp = 0")])  # fmt: skip
+def test_map_all_ranks_refuses_before_making_the_output_directory(tmp_path, spec_factory, preset, tp, message):
+    out = tmp_path / "presharded"
+    result = CliRunner().invoke(main, ["map", str(spec_factory(preset)), "--all-ranks", "--tp", str(tp), "-o", str(out)])
+    assert result.exit_code == 1 and message in result.output
+    assert list(tmp_path.iterdir()) == []  # neither OUT nor OUT.partial

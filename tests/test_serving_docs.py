@@ -226,3 +226,13 @@ def test_every_layout_of_the_recipe_gives_fastdeploy_one_device_per_worker():
         flags = recipe.server_arguments(layout)
         assert flags[flags.index("--tensor-parallel-size") + 1] == str(layout.tp)
         assert ("--enable-expert-parallel" in flags) == (layout.ep > 1)
+
+
+def test_qwen3_cards_say_what_export_legacy_offers(spec_factory):
+    qwen3 = _card(spec_factory("qwen3-tiny"), "acme/qwen3-fp8")
+    moe = _card(spec_factory("qwen3-moe-tiny"), "acme/qwen3-moe-fp8")
+    assert "does not split Qwen3 FP8 tensors" in qwen3 and "tensor parallelism 1 only" in qwen3
+    assert "refuses Qwen3-MoE" in moe and "tensor parallelism 1 only" not in moe
+    assert "EP 2" in moe and "EP 2" not in qwen3  # expert parallelism only for a model with experts
+    for card in (qwen3, moe):
+        assert "it has not yet been run on a Gaudi" in card

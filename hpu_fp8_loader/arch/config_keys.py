@@ -143,6 +143,16 @@ class Qwen3MoeConfig(Qwen3Config):
     decoder_sparse_step: int = Field(default=1, ge=1, le=MAX_LAYERS)
     mlp_only_layers: list[int] = Field(default_factory=list)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _expert_count_spelling(cls, data: object) -> object:
+        if isinstance(data, dict) and "num_experts" not in data and "num_local_experts" in data:
+            raise ValueError(
+                "'num_experts' is missing: this config spells it num_local_experts (as transformers 5 saves it), but "
+                "the released Qwen3-MoE configs and FastDeploy (model_config.num_experts) read num_experts; rename the key"
+            )
+        return data
+
     @model_validator(mode="after")
     def _hpu_runs_it(self) -> Qwen3MoeConfig:
         """Refuse what FastDeploy's HPU path computes differently from the model, naming the key and the code."""

@@ -1,15 +1,18 @@
-"""The float32 forward of Ernie4.5 (MoE and dense) and Qwen2, layer by layer.
+"""The float32 forward of Ernie4.5 (MoE and dense), Qwen2 and Qwen3 (dense and MoE), layer by layer.
 
 Conventions (and where they come from):
 - RMSNorm with config ``rms_norm_eps``; SwiGLU ``silu(gate) * up`` with gate first.
 - Rotary: ERNIE interleaved (pairs 2i, 2i+1; FastDeploy's ``use_neox_rotary_style=False`` and
-  transformers' Ernie4.5), Qwen2 rotate-half (NeoX) (docs/spec.md section 4.4); ``rope_theta`` from config.
+  transformers' Ernie4.5), Qwen2 and Qwen3 rotate-half (NeoX) (docs/spec.md section 4.4); ``rope_theta`` from config.
+- Qwen3: q and k RMSNorm over each head (weights ``[head_dim]``, ``rms_norm_eps``) before RoPE, as
+  FastDeploy's ``Qwen3Attention`` (models/qwen3.py) and transformers' Qwen3 compute it.
 - GQA: each KV head serves ``num_heads / num_kv_heads`` query heads; causal softmax attention.
 - MoE (FastDeploy's HPU op ``fused_gate_moe_fp8``, PaddleCustomDevice
   ``backends/intel_hpu/custom_ops/llama_infer/fused_gate_moe.cc``): float32 router logits, softmax
   over all experts, top-k chosen on probabilities plus the correction bias, the chosen *unbiased*
   probabilities renormalised (sum clamped below at 1e-12); shared experts always added; MoE layers
-  by FastDeploy's rule.
+  by FastDeploy's rule. Qwen3-MoE routes the same way without a bias or shared experts (its
+  ``norm_topk_prob`` is true: the config keys refuse anything else).
 
 An observer, when given, sees the tensors FastDeploy's measurement mode measures (docs/fastdeploy.md
 section 10, "Measurement mode"), keyed by spec module names: that is all calibration needs.
@@ -133,6 +136,9 @@ def _attention(
     q = qkv[..., : d.q_width].reshape(b, t, d.num_heads, hd)
     k = qkv[..., d.q_width : d.q_width + d.kv_width].reshape(b, t, d.num_kv_heads, hd)
     v = qkv[..., d.q_width + d.kv_width :].reshape(b, t, d.num_kv_heads, hd)
+    if d.qk_norm:
+        q = rms_norm(q, w[names.tensor(m.q_norm, names.WEIGHT)], cfg.rms_norm_eps)
+        k = rms_norm(k, w[names.tensor(m.k_norm, names.WEIGHT)], cfg.rms_norm_eps)
     positions = np.arange(t)
     q = rotary(q, positions, cfg.rope_theta, cfg.interleaved_rotary)
     k = rotary(k, positions, cfg.rope_theta, cfg.interleaved_rotary)

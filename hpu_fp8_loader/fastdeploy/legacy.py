@@ -45,6 +45,7 @@ __all__ = [
     "LegacyExportResult",
     "amax_from_legacy",
     "amax_to_legacy",
+    "check_exportable",
     "export_legacy",
     "legacy_key",
     "stock_fastdeploy_layouts",
@@ -131,6 +132,14 @@ def _check_servable(descriptor: ModelDescriptor, tp: int) -> None:
         )
 
 
+def check_exportable(src: str | Path, descriptor: ModelDescriptor, rank: Parallelism) -> None:
+    """Refuse, before anything is written, what no export of ``src`` can serve: a Qwen3-MoE (FastDeploy's v0 loading
+    reads none of its expert scales), or a rank the model cannot be split into."""
+    if descriptor.model_type == "qwen3_moe":
+        raise HpuFp8Error(f"{src}: {QWEN3_MOE_REFUSAL}")
+    check_parallelism(descriptor, rank)
+
+
 def stock_fastdeploy_layouts(model_type: str) -> str:
     """What an export of this model serves on stock FastDeploy, as :func:`_check_servable` and section 5 of
     docs/fastdeploy.md have it (``export-legacy --help`` and the model cards say this)."""
@@ -213,13 +222,11 @@ def export_legacy(
         raise HpuFp8Error(
             f"{src}: fp8_max is {qc.fp8_max:g}; FastDeploy assumes 240. Run `hpu-fp8 retarget --target gaudi2` first"
         )
-    if descriptor.model_type == "qwen3_moe":
-        raise HpuFp8Error(f"{src}: {QWEN3_MOE_REFUSAL}")
     if rank is None:  # a whole checkpoint that FastDeploy's v0 loader will split for ``tp`` ranks itself
+        check_exportable(src, descriptor, Parallelism(tp))
         _check_servable(descriptor, tp)
-        check_parallelism(descriptor, Parallelism(tp))
         rank = Parallelism()
-    check_parallelism(descriptor, rank)
+    check_exportable(src, descriptor, rank)
     attention = qc.kv_cache_scheme is KvCacheScheme.FP8
     modules = descriptor.act_modules(attention, frozenset(qc.ignore))
     tied_key = _tied_lm_head_key(descriptor)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpu_fp8_loader.checks.validate import open_validated
-from hpu_fp8_loader.fastdeploy.legacy import export_legacy
+from hpu_fp8_loader.fastdeploy.legacy import check_exportable, export_legacy
 from hpu_fp8_loader.fastdeploy.mapping import MappedPiece, Parallelism, ParameterSpec, map_rank, parameter_specs
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE
 from hpu_fp8_loader.io.file_output import atomic_file, check_output_file
@@ -131,7 +131,7 @@ def write_presharded(src: str | Path, out: str | Path, tp: int, force: bool = Fa
     ``src`` is a local directory (the command resolves a Hub repo id first), validated before the output directory is
     made (each rank's export checks it again, cheaply).
     """
-    open_validated(src)
+    check_exportable(src, open_validated(src).descriptor, Parallelism(tp))  # refused before the output directory exists
     staging = prepare_output_dir(out, force, [src])
     clear_staging(staging)
     ranks = []

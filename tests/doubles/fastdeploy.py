@@ -134,7 +134,8 @@ class StandInModel(paddle.nn.Layer):
 class ModelRegistry:
     @staticmethod
     def get_class(architecture):
-        assert architecture in ("Ernie4_5_MoeForCausalLM", "Ernie4_5ForCausalLM", "Qwen2ForCausalLM"), architecture
+        assert architecture in ("Ernie4_5_MoeForCausalLM", "Ernie4_5ForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                                "Qwen3MoeForCausalLM"), architecture
         return StandInModel
 '''
 
