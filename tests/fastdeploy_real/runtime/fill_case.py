@@ -3,7 +3,8 @@
     python fill_case.py CASE.json
 
 CASE: ``hook`` (the hpu-fp8 checkpoint), ``tp``, ``rank``, ``moe_layout`` (``develop`` as the source has it, or
-``pr5855``, see pr5855_moe.py) and ``inject`` (a fault put into the hook's output, for the negative control). Two oracles replace FastDeploy's own loading:
+``pr5855``, see pr5855_moe.py) and ``inject`` (a fault put into the hook's output, for the negative control).
+Two oracles replace FastDeploy's own loading:
 
 1. **FastDeploy's model, as it creates it.** ``HPUModelRunner.load_model`` builds the model through FastDeploy's
    own worker code with ``--load-choices hpu_fp8``; the hook's ``fill_model`` is observed (not changed) to record
@@ -78,13 +79,14 @@ def emulation_feeds(checkpoint: str, tp: int, rank: int, hidden: int) -> tuple[o
     feeds = {}
     for layer in range(emulator.d.num_layers):
         ranks = [ReadsRecorded(p) for p in emulator.parameters.layer(layer)]
-        emulator._step(ranks, layer, x)  # one decoder layer, every rank, as evaluation runs it
+        # the step Fp8Emulator.layer(i) closes over (one decoder layer, every rank, as eval runs it), on recording dicts
+        emulator._step(ranks, layer, x)
         own = {name: dict.__getitem__(ranks[rank], name) for name in ranks[rank].read}
         feeds[layer] = {**{name: dict.__getitem__(ranks[0], name) for name in ranks[0].read}, **own}
     return emulator, feeds
 
 
-def emulation_numbers(emulator, tp: int, rank: int) -> dict[str, object]:
+def emulation_numbers(emulator, tp: int) -> dict[str, object]:
     """The numbers and flags the emulation's arithmetic uses where FastDeploy passes them to a kernel."""
     from hpu_fp8_loader.engine.fp8 import QK_NORM_EPS
 
@@ -92,7 +94,7 @@ def emulation_numbers(emulator, tp: int, rank: int) -> dict[str, object]:
     numbers: dict[str, object] = {
         "head_dim": d.head_dim,
         "num_heads": d.num_heads // tp,
-        "total_batch_encoder": 1,  # one sequence
+        "total_batch_encoder": 1,  # the case's own input: one sequence
         "transpose": False,  # weights stored [in, out] and multiplied as they are
         "use_neox_style": not cfg.interleaved_rotary,
         "epsilon": QK_NORM_EPS,
@@ -288,7 +290,7 @@ def run(case: dict) -> dict:
         inject(case["inject"])
     created = observe_creation()
     runner = loaded_runner(config)
-    problems, reached = kernel_problems(runner, emulator, feeds, emulation_numbers(emulator, tp, rank))
+    problems, reached = kernel_problems(runner, emulator, feeds, emulation_numbers(emulator, tp))
     lists = per_expert_lists(runner.model)
     return {
         "architecture": config.model_config.architectures[0],
