@@ -18,6 +18,7 @@ import transformers
 from hpu_fp8_loader.engine.model import EngineConfig, forward
 from hpu_fp8_loader.engine.weights import EngineWeights, open_weights
 from hpu_fp8_loader.sources.synth import preset_config, synthesize
+from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 
 PRESETS = ("ernie-moe-tiny", "ernie-dense-tiny", "qwen2-tiny", "qwen3-tiny", "qwen3-moe-tiny")
 
@@ -52,6 +53,19 @@ def test_logits_match_transformers_in_float32(source_factory, reference_logits, 
     ours = forward(open_weights(source_factory(preset, "torch")), ids)
     # Qwen3 (head_dim 24 != hidden/heads, tied dense, q/k norms, Qwen3-MoE routing) measured ~2e-7: float32 rounding
     assert relative_error(ours, reference) <= (1e-6 if preset.startswith("qwen3") else 1e-4)
+
+
+@pytest.mark.slow  # imports transformers and torch
+@pytest.mark.parametrize("model", ["qwen3-bytes", "qwen3-moe-bytes"])
+def test_the_trained_qwen3_models_match_transformers_in_float32(model):
+    """Trained weights: q/k norm weights far from 1 (0.93-1.86), larger logits; measured 6.6e-7 (dense), 1.4e-6 (MoE)."""
+    ids = np.random.default_rng(1).integers(0, 256, (2, 64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = transformers.AutoModelForCausalLM.from_pretrained(TINY_MODELS[model], dtype=torch.float32)
+    with torch.no_grad():
+        expected = reference(torch.tensor(ids)).logits.numpy()
+    assert relative_error(forward(open_weights(TINY_MODELS[model]), ids), expected) <= 3e-6
 
 
 @pytest.mark.parametrize("preset", PRESETS)

@@ -20,6 +20,7 @@ from hpu_fp8_loader.arch import ModelDescriptor
 from hpu_fp8_loader.engine.model import forward
 from hpu_fp8_loader.engine.weights import EngineWeights, open_weights
 from hpu_fp8_loader.quality.calibrate import AmaxObserver
+from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 from hpu_fp8_loader.spec import names
 
 
@@ -41,12 +42,18 @@ def scale_ratios(path) -> dict[str, float]:
     return {point: fastdeploy[point] / ours[point] for point in points}
 
 
-@pytest.mark.parametrize("preset", ["qwen3-tiny", "qwen3-moe-tiny"])
-def test_fastdeploys_measurement_would_record_q_and_k_scales_off_by_more_than_3x(source_factory, preset):
-    path = source_factory(preset, "paddle")
+# Measured (q and cache_k of each layer, FastDeploy's formula over the engine's): the random-init presets 0.18-0.26
+# (FastDeploy's scale 4-5x too small: q and k would saturate), the trained tiny models 1.5-2.4 (its scale up to 2.4x too
+# large: about a bit of FP8 resolution lost). Either way more than the factor asserted.
+FACTOR = 1.4
+
+
+@pytest.mark.parametrize("model", ["qwen3-tiny", "qwen3-moe-tiny", "qwen3-bytes", "qwen3-moe-bytes"])
+def test_fastdeploys_measurement_would_record_q_and_k_scales_off_by_more_than_the_factor(source_factory, model):
+    path = TINY_MODELS.get(model) or source_factory(model, "paddle")
     weights = open_weights(path)
     q_norm = weights.layer(0)[names.tensor(names.layer_names(weights.descriptor.prefix, 0).q_norm, names.WEIGHT)]
     assert not np.allclose(q_norm, 1.0)  # the norm weights matter, not only the normalisation
     ratios = scale_ratios(path)
-    print(preset, {point: round(ratio, 3) for point, ratio in ratios.items()})
-    assert all(ratio < 1 / 3 for ratio in ratios.values()), ratios
+    print(model, {point: round(ratio, 3) for point, ratio in ratios.items()})
+    assert all(max(ratio, 1 / ratio) > FACTOR for ratio in ratios.values()), ratios

@@ -93,7 +93,7 @@ def convert(
     """Convert the BF16 checkpoint SRC into an hpu-fp8 v1 checkpoint at OUT.
 
     SRC is a directory (Paddle or Hugging Face torch layout; BF16, FP16, FP32, or compressed-tensors FP8), a tiny model
-    shipped with hpu-fp8 (ernie-moe-bytes, qwen2-bytes) or a Hub repo id (the local cache is used offline), tried in
+    shipped with hpu-fp8 (ernie-moe-bytes, qwen2-bytes, qwen3-bytes, qwen3-moe-bytes) or a Hub repo id (the local cache is used offline), tried in
     that order. Activation statistics come from --measurements files, or from a calibration of SRC with --calibrate
     (as `hpu-fp8 calibrate` runs it). OUT keeps them as hpu_fp8_measurements.json. Output is written into OUT.partial
     and renamed when complete; after an interruption the same command resumes, reusing the calibration and the

@@ -67,7 +67,7 @@ def plan(
     """Size a deployment from MODEL's config.json: bytes per rank, KV per token, and with --device the KV-cache tokens
     a rank gets on a Gaudi.
 
-    MODEL is a directory, the config.json file, a tiny model shipped with hpu-fp8 (ernie-moe-bytes, qwen2-bytes) or a
+    MODEL is a directory, the config.json file, a tiny model shipped with hpu-fp8 (ernie-moe-bytes, qwen2-bytes, qwen3-bytes, qwen3-moe-bytes) or a
     Hub repo id ORG/NAME, tried in that order.
 
     When the directory also holds the weights, the config's layer and expert counts are checked against them. Of a

@@ -72,7 +72,7 @@ def push(
 ) -> None:
     """Convert SRC, validate, evaluate, write the model card and upload to the Hugging Face Hub, then verify.
 
-    SRC is a directory, a tiny model shipped with hpu-fp8 (ernie-moe-bytes, qwen2-bytes) or a Hub repo id ORG/NAME,
+    SRC is a directory, a tiny model shipped with hpu-fp8 (ernie-moe-bytes, qwen2-bytes, qwen3-bytes, qwen3-moe-bytes) or a Hub repo id ORG/NAME,
     tried in that order; for either of the first two, --base-model names the BF16 model on the Hub.
 
     A checkpoint that fails validation is never uploaded. After the upload every remote file's size and

@@ -117,7 +117,7 @@ def calibrate(
     """Record activation amax at FastDeploy's measurement points with the float32 reference engine.
 
     MODEL is a BF16 checkpoint (Paddle or torch layout) or an hpu-fp8 one: a directory, a tiny model shipped with
-    hpu-fp8 (ernie-moe-bytes, qwen2-bytes) or a Hub repo id ORG/NAME (its weights, configs and tokenizer files
+    hpu-fp8 (ernie-moe-bytes, qwen2-bytes, qwen3-bytes, qwen3-moe-bytes) or a Hub repo id ORG/NAME (its weights, configs and tokenizer files
     downloaded, or found in the local cache offline), tried in that order. Tokens come from its own
     tokenizer (tokenizer.json, else the sentencepiece tokenizer.model), one document (file or record)
     at a time, BOS as tokenizer_config.json says; byte tokens only with --tokenizer bytes or for a
@@ -251,7 +251,7 @@ def eval_command(
 ) -> None:
     """Compare the emulated FP8 model (Gaudi arithmetic, FastDeploy's parameters) with the BF16 model.
 
-    BF16_SOURCE is a directory, a tiny model shipped with hpu-fp8 (ernie-moe-bytes, qwen2-bytes) or a Hub repo id
+    BF16_SOURCE is a directory, a tiny model shipped with hpu-fp8 (ernie-moe-bytes, qwen2-bytes, qwen3-bytes, qwen3-moe-bytes) or a Hub repo id
     ORG/NAME, tried in that order; FP8_CHECKPOINT a directory or a Hub repo id (a local path wins). A repo id is
     downloaded, or found in the local cache offline. Prints top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE
     and both perplexities; top-1 and KL with a 95% bootstrap interval [low, high] (windows resampled 1,000 times with a

@@ -359,7 +359,7 @@ def local_or_hub(location: str | Path, revision: str | None = None, allow_patter
 
     What every command and library function naming a model or checkpoint calls first. A local path always wins
     over a repo id of the same spelling (``revision`` is then ignored, with a warning); next the name of a tiny
-    model shipped with the package (``ernie-moe-bytes``, ``qwen2-bytes``: ``TINY_MODELS``), then a Hub repo id.
+    model shipped with the package (``ernie-moe-bytes``, ``qwen2-bytes``, ``qwen3-bytes``, ``qwen3-moe-bytes``: ``TINY_MODELS``), then a Hub repo id.
     A missing path that is neither (``./ckpt``, ``ckpt``) is handed back as it is, so that the caller's own error
     names it.
     """
