@@ -156,8 +156,11 @@ def test_a_local_path_wins_over_a_tiny_model_name_and_a_revision_is_ignored_with
 
 
 def test_an_unknown_name_lists_the_tiny_models_and_every_model_argument_documents_the_order():
-    line = one_error_line(run("convert", "qwen3-bytes", "out", "--measurements", "m.json"))
-    assert "'qwen3-bytes': no such directory, no shipped tiny model (ernie-moe-bytes, qwen2-bytes)" in line
+    line = one_error_line(run("convert", "qwen4-bytes", "out", "--measurements", "m.json"))
+    assert (
+        "'qwen4-bytes': no such directory, no shipped tiny model (ernie-moe-bytes, qwen2-bytes, qwen3-bytes, qwen3-moe-bytes)"
+        in line
+    )
     for command in ("calibrate", "convert", "eval", "plan", "push"):  # the --help text, before click wraps it
         text = " ".join((main.commands[command].help or "").split())
         assert all(name in text for name in TINY_MODELS) and "tried in that order" in text, command
