@@ -2,8 +2,11 @@
 
 Each cell is a model, a FastDeploy MoE layout, a parallel layout and a KV-cache scheme. Its status says what
 was done, never more: ``checked`` cells are cases of the FastDeploy conformance suite (FastDeploy's own code on
-a CPU, the hook's model equal to the bit to FastDeploy's own loading; docs/fastdeploy.md section 13), and
-``tests/test_serving_docs.py`` fails when one has no case there. Nothing has been seen served on a Gaudi.
+a CPU, the hook's model equal to the bit to FastDeploy's own loading; docs/fastdeploy.md section 13);
+``conforms`` cells are cases where FastDeploy has no loading of its own to compare with (Qwen3-MoE): every
+parameter its code creates is filled with its shape and dtype, and its first kernel calls get what the emulation
+computes with. ``tests/test_serving_docs.py`` fails when either has no case there. Nothing has been seen served
+on a Gaudi.
 """
 
 from __future__ import annotations
@@ -16,13 +19,17 @@ __all__ = ["CELLS", "LEGEND", "Cell", "Status", "model_status", "render_matrix"]
 
 class Status(Enum):
     CHECKED = "checked"
+    CONFORMS = "conforms"
     UNCHECKED = "not checked"
     UNSUPPORTED = "not supported"
 
 
 LEGEND = (
     "**checked**: a case of the conformance suite runs FastDeploy's own code on a CPU, and the model the hook loads "
-    "equals FastDeploy's own loading to the bit; **not checked**: the hook maps it, no case runs it; "
+    "equals FastDeploy's own loading to the bit; **conforms**: FastDeploy has no loading of its own to compare with; "
+    "a case runs its code on a CPU, every parameter it creates is filled with the shape and dtype it created, and "
+    "every argument of each layer's first attention and MoE kernel call equals what the project's emulation "
+    "computes with; **not checked** (or not listed): the hook maps it, no case runs it; "
     "**not supported**: the note says why. Seen served on a Gaudi: none of them, yet."
 )
 
@@ -39,8 +46,10 @@ class Cell:
     kv_cache: str  # "fp8" or "none"
     status: Status
     notes: tuple[str, ...] = ()
-    # the conformance test that checks it (tests/fastdeploy_real/test_conformance.py); the first one runs its CASES
+    # the conformance test that checks it, and its file under tests/fastdeploy_real/; the default runs test_conformance.py's
+    # CASES, test_qwen3_conformance.py's fill test its FILL_CASES
     evidence: str = "test_the_hook_fills_what_fastdeploys_own_loading_fills"
+    suite: str = "test_conformance.py"
 
     @property
     def tp(self) -> int:
@@ -54,6 +63,33 @@ _QWEN2 = (
     "FastDeploy never measures Qwen2's MLP and no FP8 Qwen2 has been seen served; with FP8 attention Qwen2-7B lost "
     "most of its GSM8K accuracy on another Gaudi stack (hpu-fp8-loader's docs/spec.md section 5)"
 )
+
+
+_QWEN3_TP2 = "against FastDeploy's pre-sharded loading: its v0 loader gives each rank the whole FP8 Qwen3 weights"
+QWEN3_SUITE = "test_qwen3_conformance.py"
+QWEN3_FILL = "test_every_parameter_fastdeploy_creates_is_filled_and_every_kernel_argument_is_the_emulations"
+
+
+def _qwen3_cells(kv: str) -> list[Cell]:
+    """Qwen3 dense against FastDeploy's own loading; Qwen3-MoE, which FastDeploy cannot load itself, by conformance."""
+    qwen3, moe = ("Qwen3", "qwen3"), ("Qwen3-MoE", "qwen3_moe")
+    own_loading = "test_qwen3_loads_as_fastdeploys_own_loading_of_the_legacy_export"
+    presharded = "test_qwen3_at_tp2_against_fastdeploys_presharded_loading"
+    fp8 = kv == "fp8"
+    conforms = {  # (layout, parallel) -> whether a fill case runs it at this KV scheme; other combinations are not listed
+        ("PR 5324", "TP 1"): fp8,
+        ("PR 5324", "TP 2"): True,
+        ("PR 5855", "TP 2"): fp8,
+    }
+    cells = [
+        Cell(*qwen3, "qwen3-tiny", "any", "TP 1", kv, Status.CHECKED, (), own_loading, QWEN3_SUITE),
+        Cell(*qwen3, "qwen3-tiny", "any", "TP 2", kv, Status.CHECKED if fp8 else Status.UNCHECKED, (_QWEN3_TP2,),
+             presharded, QWEN3_SUITE),
+    ]  # fmt: skip
+    for (layout, parallel), runs in conforms.items():
+        status = Status.CONFORMS if runs else Status.UNCHECKED
+        cells.append(Cell(*moe, "qwen3-moe-tiny", layout, parallel, kv, status, (), QWEN3_FILL, QWEN3_SUITE))
+    return cells
 
 
 def _cells() -> tuple[Cell, ...]:
@@ -75,6 +111,7 @@ def _cells() -> tuple[Cell, ...]:
             Cell(
                 *qwen2, "qwen2-tiny", "any", "TP 2", kv, checked if kv == "fp8" else unchecked, (_QWEN2, _QWEN2_TP2), presharded
             ),
+            *_qwen3_cells(kv),
         ]
     return tuple(cells)
 
@@ -97,8 +134,7 @@ def render_matrix() -> str:
     lines = ["| model | FastDeploy MoE layout | parallel | KV cache fp8 | KV cache none |", "|---|---|---|---|---|"]
     for (model, layout, parallel), by_kv in rows.items():
         lines.append(f"| {model} | {layout} | {parallel} | {shown(by_kv['fp8'])} | {shown(by_kv['none'])} |")
-    lines += ["", LEGEND, ""]
-    lines += [f"({i}) {note}." for i, note in enumerate(notes, 1)]
+    lines += ["", " ".join([LEGEND, *(f"({i}) {note}." for i, note in enumerate(notes, 1))])]
     return "\n".join(lines) + "\n"
 
 
@@ -109,13 +145,21 @@ KV_NONE_CAVEAT = "FP8 linears with BF16 attention and KV cache (kv_cache_scheme 
 def model_status(model_type: str, kv_cache: str) -> str:
     """One paragraph for a model card: where serving such a checkpoint through the hook was checked, and its caveats."""
     cells = [c for c in CELLS if c.model_type == model_type and c.kv_cache == kv_cache]
-    checked = [f"{c.parallel}{'' if c.layout == 'any' else f' ({c.layout})'}" for c in cells if c.status is Status.CHECKED]
-    done = (
-        f"checked on FastDeploy's own code on a CPU at {', '.join(checked)}: the model the hook loads equals "
-        "FastDeploy's own loading to the bit"
-        if checked
-        else "not checked on FastDeploy's code"
-    )
+
+    def where(status: Status) -> str:
+        return ", ".join(f"{c.parallel}{'' if c.layout == 'any' else f' ({c.layout})'}" for c in cells if c.status is status)
+
+    checked, conforming = where(Status.CHECKED), where(Status.CONFORMS)
+    if checked:
+        done = f"checked on FastDeploy's own code on a CPU at {checked}: the model the hook loads equals FastDeploy's own loading to the bit"
+    elif conforming:
+        done = (
+            f"checked on FastDeploy's own code on a CPU at {conforming} for conformance only (FastDeploy has no loading "
+            "of its own to compare with): every parameter it creates is filled with its shape and dtype, and its first "
+            "kernel calls get what the project's emulation computes with"
+        )
+    else:
+        done = "not checked on FastDeploy's code"
     caveats = ([_QWEN2] if model_type == "qwen2" else []) + ([KV_NONE_CAVEAT] if kv_cache == "none" else [])
     said = "".join(f" {caveat[0].upper()}{caveat[1:]}." for caveat in caveats)
     return f"Serving this checkpoint through the hook is {done}; it has not yet been run on a Gaudi.{said}"

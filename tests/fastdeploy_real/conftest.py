@@ -23,15 +23,15 @@ def fastdeploy_env() -> dict:
 
 @pytest.fixture
 def run_case(fastdeploy_env, tmp_path):
-    """Run one conformance case (runtime/conformance.py) in FastDeploy's environment; its JSON report."""
+    """Run one case (runtime/conformance.py, or the runtime ``script`` named) in FastDeploy's environment; its JSON report."""
     environment: FastDeployEnvironment = fastdeploy_env["environment"]
 
-    def run(case: dict, plugins: str = "hpu_fp8") -> dict:
+    def run(case: dict, plugins: str = "hpu_fp8", script: str = "conformance.py") -> dict:
         work = tmp_path / f"run-{len(list(tmp_path.glob('run-*')))}"
         (work / "prometheus").mkdir(parents=True)
         (work / "case.json").write_text(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in case.items()}))
         done = environment.run(
-            [str(RUNTIME / "conformance.py"), "case.json"], cwd=work,
+            [str(RUNTIME / script), "case.json"], cwd=work,
             FD_PLUGINS=plugins, FD_ATTENTION_BACKEND="HPU_ATTN", PROMETHEUS_MULTIPROC_DIR=str(work / "prometheus"),
         )  # fmt: skip
         lines = done.stdout.strip().splitlines()

@@ -19,8 +19,8 @@ import importlib
 import fd_bootstrap  # noqa: F401  (before fastdeploy)
 import numpy as np
 import paddle
-from fd_harness import bits, fd_config, load, report_case, state
-from paddle_custom_device import intel_hpu as hpu_ops
+from faults import inject
+from fd_harness import bits, fd_config, first_hpu_op, load, report_case, state
 
 
 def _describe(value) -> dict:
@@ -85,28 +85,21 @@ def compare_states(oracle: dict, hook: dict) -> list[str]:
     return problems
 
 
-def _first_hpu_op(call) -> tuple[str, tuple, dict] | None:
-    before = len(hpu_ops.CALLS)
-    try:
-        call()
-    except hpu_ops.ReachedHpuOpError:
-        return hpu_ops.CALLS[before]
-    return None
-
-
 def kernel_arguments(model, hidden: int) -> dict[str, tuple]:
     """The first HPU op each MLP and MoE layer reaches, with its arguments, on the same bf16 input."""
     from fastdeploy.model_executor.layers.moe.moe import FusedMoE
+    from fastdeploy.model_executor.models.ernie4_5_moe import Ernie4_5_MLP
+    from fastdeploy.model_executor.models.qwen2 import Qwen2MLP
 
     x = paddle.to_tensor(np.random.default_rng(0).standard_normal((3, hidden)).astype(np.float32)).astype(paddle.bfloat16)
     reached = {}
     layers = dict(model.named_sublayers())
     for name, layer in layers.items():
-        if type(layer).__name__ in ("Ernie4_5_MLP", "Qwen2MLP"):
-            reached[name] = _first_hpu_op(lambda layer=layer: layer.forward(x))
+        if isinstance(layer, (Ernie4_5_MLP, Qwen2MLP)):  # the MLPs convert_model binds to fused_mlp (Qwen3MLP is a Qwen2MLP)
+            reached[name] = first_hpu_op(lambda layer=layer: layer.forward(x))
         elif isinstance(layer, FusedMoE):
             gate = layers[name.rsplit(".", 1)[0]].gate
-            reached[name] = _first_hpu_op(lambda layer=layer, gate=gate: layer.quant_method.apply_tp(layer, x, gate))
+            reached[name] = first_hpu_op(lambda layer=layer, gate=gate: layer.quant_method.apply_tp(layer, x, gate))
     return reached
 
 
@@ -132,34 +125,6 @@ def compare_kernel_arguments(oracle: dict, hook: dict) -> list[str]:
             if found:
                 problems.append(found)
     return problems
-
-
-def inject(kind: str) -> str:
-    """Put one fault into what the hook hands FastDeploy; returns the parameter it lands in."""
-    from hpu_fp8_loader.fastdeploy import mapping
-
-    real = mapping.map_rank
-    target: list[str] = []
-
-    def faulty(*args, **kwargs):
-        for piece in real(*args, **kwargs):
-            if not target and kind == "flip-weight-bit" and piece.array.dtype.name == "float8_e4m3fn":
-                array = piece.array.copy()
-                array.view(np.uint8).reshape(-1)[0] ^= 1
-                piece = mapping.MappedPiece(piece.name, array, piece.expert)
-                target.append(piece.name)
-            elif not target and kind == "act-scale-as-descale" and piece.name.endswith(".mlp.up_gate_proj.act_scale"):
-                piece = mapping.MappedPiece(
-                    piece.name, (np.float32(1) / piece.array.astype(np.float32)).astype(piece.array.dtype)
-                )
-                target.append(piece.name)
-            elif not target and kind == "expert-scales-swapped" and piece.name.endswith(".down_proj_in_scale"):
-                piece = mapping.MappedPiece(piece.name, piece.array[::-1].copy())
-                target.append(piece.name)
-            yield piece
-
-    mapping.map_rank = faulty
-    return kind
 
 
 def _all_zero(entries: dict) -> list[str]:

@@ -27,14 +27,31 @@ def fd_config(model_dir: str, tp: int = 1, rank: int = 0, load_choices: str = "d
     return fastdeploy_config(model_dir, tp, rank, load_choices)
 
 
-def load(config):
-    """The model as ``HPUModelRunner.load_model`` leaves it: chosen loader, then ``convert_model``."""
+def loaded_runner(config):
+    """FastDeploy's ``HPUModelRunner`` after its ``load_model``: chosen loader, then ``convert_model``."""
     from fastdeploy.worker.hpu_model_runner import HPUModelRunner
 
     rank = config.parallel_config.tensor_parallel_rank
     runner = HPUModelRunner(fd_config=config, device="cpu", device_id=0, rank=rank, local_rank=rank)
     runner.load_model()
-    return runner.model
+    return runner
+
+
+def load(config):
+    """The model as ``HPUModelRunner.load_model`` leaves it."""
+    return loaded_runner(config).model
+
+
+def first_hpu_op(call: Callable[[], object]) -> tuple[str, tuple, dict] | None:
+    """The first compiled HPU op ``call`` reaches (the stand-in ops stop there), with its arguments; None if none."""
+    from paddle_custom_device import intel_hpu as hpu_ops
+
+    before = len(hpu_ops.CALLS)
+    try:
+        call()
+    except hpu_ops.ReachedHpuOpError:
+        return hpu_ops.CALLS[before]
+    return None
 
 
 def bits(tensor) -> np.ndarray:

@@ -18,6 +18,8 @@ OPS = (
     "fused_gate_moe_ref", "fused_gate_moe_fp8", "fused_sampler", "get_output", "fused_qkv_rope", "fused_sdpa_proj",
     "fused_sdpa_proj_t", "fused_block_attention", "fused_rms_qkv_rope_t", "fused_rms_mlp", "fused_fp8_sdpa",
     "index_copy_", "fused_mlp_bf16",
+    # imported beside the FP8 attention ops by the HPU attention backend's forward_extend and forward_decode
+    "fused_qkv_rope_ref", "fused_sdpa_proj_ref", "fused_block_attention_ref",
 )  # fmt: skip
 
 
