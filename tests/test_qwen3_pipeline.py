@@ -16,9 +16,11 @@ from safetensors.numpy import load_file, save_file
 from hpu_fp8_loader.checks.validate import validate
 from hpu_fp8_loader.conversion.compressed_tensors import import_compressed_tensors
 from hpu_fp8_loader.conversion.convert import convert
+from hpu_fp8_loader.errors import MeasurementError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.numerics import e4m3
-from hpu_fp8_loader.quality.calibrate import calibrate
+from hpu_fp8_loader.quality.calibrate import calibrate, write_fastdeploy_file
+from hpu_fp8_loader.sources.measurements import load_measurements
 
 np.float8_e4m3fn = ml_dtypes.float8_e4m3fn  # safetensors issue 682: its numpy path needs this alias for F8
 QWEN3_PRESETS = ("qwen3-tiny", "qwen3-moe-tiny")
@@ -47,6 +49,18 @@ def test_both_layouts_calibrate_convert_and_validate_to_the_same_checkpoint(tmp_
     assert "model.layers.0.self_attn.qkv_proj.bias" not in held
     q_amax = paddle.get("model.layers.1.self_attn.q.act_amax")[0]
     assert q_amax == np.float32(measured[preset].amax["model.layers.1.self_attn.q"])
+
+
+def test_fastdeploys_own_measurements_of_qwen3_attention_are_refused_naming_why(tmp_path, source_factory, measured):
+    """FastDeploy's measurement kernels skip the q/k norms: its q / cache_k amax of a Qwen3 must never reach a checkpoint."""
+    text = tmp_path / "model_measurement.txt"
+    write_fastdeploy_file(text, measured["qwen3-tiny"])
+    fastdeploy = load_measurements(text).measurements
+    with pytest.raises(MeasurementError, match=r"without the q/k RMSNorm .*self_attn\.cache_k.*hpu-fp8 calibrate"):
+        convert(source_factory("qwen3-tiny", "paddle"), tmp_path / "out", [fastdeploy])
+    assert not (tmp_path / "out").exists()
+    # the same values from hpu-fp8's own JSON are accepted: the refusal is about where q / cache_k were measured
+    assert validate(convert(source_factory("qwen3-tiny", "paddle"), tmp_path / "ok", [measured["qwen3-tiny"]]).out).valid
 
 
 def _compressed_tensors(src: Path, out: Path, seed: int = 0) -> Path:

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from hpu_fp8_loader.arch import ModelDescriptor
 from hpu_fp8_loader.errors import MeasurementError
 from hpu_fp8_loader.spec import names
-from hpu_fp8_loader.spec.config import CalibrationSource, DeadExpertPolicy, ExpertRef
+from hpu_fp8_loader.spec.config import AmaxSourceKind, CalibrationSource, DeadExpertPolicy, ExpertRef
 from hpu_fp8_loader.spec.fp8 import act_amax_problem
 from hpu_fp8_loader.spec.measurements import Measurements
 
@@ -61,6 +61,7 @@ def merge_measurements(
                 + (f", {experts} experts per MoE layer" if experts else "")
                 + "): were they taken on another model?"
             )
+        _check_unnormed_attention(m, descriptor, label)
         _check_ranges(m, label)
         source_id = f"{m.provenance.kind.value}-{i + 1}"
         sources.append(CalibrationSource(id=source_id, **m.provenance.model_dump()))
@@ -68,6 +69,22 @@ def merge_measurements(
             if module not in amax or value > amax[module]:
                 amax[module], origin[module] = value, source_id
     return amax, origin, sources
+
+
+def _check_unnormed_attention(measurements: Measurements, descriptor: ModelDescriptor, label: str) -> None:
+    """Refuse FastDeploy's own q / cache_k amax of a model with q/k norms (Qwen3): its measurement kernels apply no
+    q/k RMSNorm, so they measure tensors the FP8 kernels never quantize (docs/fastdeploy.md section 14), and a
+    max-merge would let those wrong values win silently."""
+    if not descriptor.qk_norm or measurements.provenance.kind is not AmaxSourceKind.FASTDEPLOY_MEASUREMENT:
+        return
+    wrong = sorted(m for m in measurements.amax if names.attention_point_of(m) in ("q", "cache_k"))
+    if wrong:
+        raise MeasurementError(
+            f"{label} are FastDeploy's own measurements of a {descriptor.model_type} model, whose q and cache_k it "
+            f"records without the q/k RMSNorm its FP8 kernels apply ({len(wrong)} values, e.g. {wrong[0]}); calibrate "
+            "with `hpu-fp8 calibrate` (or `convert --calibrate`), which computes the norms, and pass its JSON file, not "
+            "a --fastdeploy-format copy (docs/fastdeploy.md section 14)"
+        )
 
 
 def _check_ranges(measurements: Measurements, label: str) -> None:
