@@ -178,6 +178,7 @@ def test_eval_and_convert_lines_stay_off_json_stdout(tmp_path, source_factory, s
     assert bodies and all(re.search(r"\d+/\d+ tensors, ", body) for body in bodies[:-1]), converted.stderr
 
 
+@pytest.mark.slow  # a whole push (calibrate, convert, eval) against the Hub double: ~10 s
 def test_push_shows_its_calibration_conversion_and_evaluation_in_a_log(tmp_path, fake_clock):
     """push runs the three long steps of calibrate, convert and eval; each reports as those commands do."""
     args = ("push", "qwen2-bytes", "--repo-id", "me/q", "--base-model", "me/base", "--license", "mit", "--calibrate")

@@ -141,7 +141,8 @@ class HubTestDouble:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Request)
         self.server.hub = self
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # shutdown() waits for serve_forever's next poll: 0.5 s by default, paid by every test that stops a double
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
 
     def start(self) -> HubTestDouble:
         self._thread.start()
