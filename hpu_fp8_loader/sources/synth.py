@@ -55,19 +55,15 @@ _ERNIE_MOE_TINY = {
     "eos_token_id": 2,
     "pad_token_id": 0,
 }
-# Qwen3: head_dim 24 is not hidden / heads (16), as in Qwen3-0.6B, so every place that must take head_dim from
-# the config (q/k norms, o_proj's input, RoPE) is exercised; dense is tied like the small releases, MoE is not.
-_QWEN3_TINY = {
-    "model_type": "qwen3",
+_QWEN2_TINY = {
+    "model_type": "qwen2",
     "hidden_size": 64,
     "intermediate_size": 160,
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "head_dim": 24,
     "vocab_size": 512,
-    "tie_word_embeddings": True,
-    "attention_bias": False,
+    "tie_word_embeddings": False,
     "rope_theta": 1000000.0,
     "rms_norm_eps": 1e-6,
     "max_position_embeddings": 4096,
@@ -75,6 +71,9 @@ _QWEN3_TINY = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
+# Qwen3: head_dim 24 is not hidden / heads (16), as in Qwen3-0.6B, so every place that must take head_dim from
+# the config (q/k norms, o_proj's input, RoPE) is exercised; dense is tied like the small releases, MoE is not.
+_QWEN3_TINY = {**_QWEN2_TINY, "model_type": "qwen3", "head_dim": 24, "tie_word_embeddings": True, "attention_bias": False}
 _QWEN3_MOE_TINY = {
     **_QWEN3_TINY,
     "model_type": "qwen3_moe",
@@ -94,22 +93,7 @@ PRESETS: dict[str, dict] = {
         "model_type": "ernie4_5",
         "num_hidden_layers": 2,
     },
-    "qwen2-tiny": {
-        "model_type": "qwen2",
-        "hidden_size": 64,
-        "intermediate_size": 160,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 512,
-        "tie_word_embeddings": False,
-        "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 4096,
-        "hidden_act": "silu",
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    },
+    "qwen2-tiny": _QWEN2_TINY,
     "qwen3-tiny": _QWEN3_TINY,
     "qwen3-moe-tiny": _QWEN3_MOE_TINY,
 }
