@@ -200,7 +200,7 @@ def _relative(a: np.ndarray, b: np.ndarray) -> float:
 def test_transformers_reads_the_export_as_the_same_quantized_model(tmp_path, trained, model):
     import torch
     from compressed_tensors.quantization import QuantizationConfig
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
     from hpu_fp8_loader.engine.fp8 import Fp8Emulator
     from hpu_fp8_loader.engine.model import forward
@@ -217,9 +217,10 @@ def test_transformers_reads_the_export_as_the_same_quantized_model(tmp_path, tra
         export_compressed_tensors(spec_dir, out, fp8_max=fp8_max)
         parsed = QuantizationConfig.model_validate(json.loads((out / "config.json").read_text())["quantization_config"])
         assert parsed.config_groups["group_0"].weights.strategy == "tensor"
-        loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)  # decompressed by compressed-tensors
+        assert parsed.config_groups["group_0"].input_activations.dynamic is False
+        decompressed = CompressedTensorsConfig(run_compressed=False)  # compressed-tensors dequantizes every weight
+        loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, quantization_config=decompressed)
         q_proj = loaded.model.layers[0].self_attn.q_proj
-        assert q_proj.quantization_scheme.input_activations.dynamic is False
         prefix = describe(spec.config).prefix
         qkv = _dequantized(spec, f"{prefix}.layers.0.self_attn.qkv_proj")
         q = q_proj.weight.detach().numpy()
@@ -235,7 +236,16 @@ def test_transformers_reads_the_export_as_the_same_quantized_model(tmp_path, tra
             )
         with torch.no_grad():
             logits = loaded(torch.tensor(ids)).logits.numpy()
-        # transformers runs the FP8 model (its static input quantization included) in float32; the emulation runs
-        # Gaudi's bf16 arithmetic: they differ by about the FP8 error itself, far from a wrong split (~1)
+        # transformers runs the dequantized weights in float32; the emulation runs Gaudi's FP8 activations and bf16
+        # arithmetic: they differ by about the FP8 error itself, far from what a wrong split or scale gives (~1)
         assert _relative(logits, emulated) < 1.5 * fp8_error, (fp8_max, _relative(logits, emulated), fp8_error)
         assert _relative(logits, reference) < 1.5 * fp8_error, (fp8_max, _relative(logits, reference), fp8_error)
+
+
+@pytest.mark.parametrize("command", [["validate"], ["inspect"], pytest.param(["doctor", "--no-build"], marks=pytest.mark.slow)])
+def test_validate_inspect_and_doctor_recognise_an_export_and_point_to_import(tmp_path, spec_factory, command):
+    export_compressed_tensors(spec_factory("qwen2-tiny"), tmp_path / "ct", fp8_max=240)
+    result = CliRunner().invoke(main, [*command, str(tmp_path / "ct")])
+    assert result.exit_code != 0
+    assert "compressed-tensors export of an hpu-fp8 checkpoint (±240.0)" in result.output, result.output
+    assert "`hpu-fp8 import SRC OUT` brings it back" in result.output

@@ -19,7 +19,7 @@ from hpu_fp8_loader.cli.group import (
 from hpu_fp8_loader.console import Progress, emit_json
 
 
-@main.command("export-compressed-tensors", short_help="Write a compressed-tensors FP8 checkpoint (vLLM, transformers).")
+@main.command("export-compressed-tensors", short_help="Write the FP8 format vLLM reads.")
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option(
