@@ -45,6 +45,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "hpu_fp8_loader.fastdeploy.rankfiles": ("rank_parameters",),
     "hpu_fp8_loader.fastdeploy.plan": ("DeploymentPlan", "describe_model", "plan_deployment"),
     "hpu_fp8_loader.fastdeploy.legacy": ("LegacyExportResult", "export_legacy"),
+    "hpu_fp8_loader.conversion.ct_export": ("CompressedTensorsExportResult", "export_compressed_tensors"),
     "hpu_fp8_loader.errors": (
         "CheckpointIndexError", "CheckpointNotFoundError", "ChecksumMismatchError", "ConfigError", "DatasetError",
         "HpuFp8Error", "HubError", "MeasurementError", "MissingDependencyError", "NonFiniteError", "NotHpuFp8CheckpointError",
@@ -83,6 +84,8 @@ if TYPE_CHECKING:  # what type checkers and editors see; the same names __getatt
     from hpu_fp8_loader.conversion.compressed_tensors import import_compressed_tensors as import_compressed_tensors
     from hpu_fp8_loader.conversion.convert import ConvertResult as ConvertResult
     from hpu_fp8_loader.conversion.convert import convert as convert
+    from hpu_fp8_loader.conversion.ct_export import CompressedTensorsExportResult as CompressedTensorsExportResult
+    from hpu_fp8_loader.conversion.ct_export import export_compressed_tensors as export_compressed_tensors
     from hpu_fp8_loader.conversion.legacy_import import LegacyImportResult as LegacyImportResult
     from hpu_fp8_loader.conversion.legacy_import import import_legacy as import_legacy
     from hpu_fp8_loader.conversion.plan import ConvertOptions as ConvertOptions

@@ -60,6 +60,7 @@ INTERRUPTED = {
     "plan": _NOTHING_WRITTEN,
     "map": _STARTS_AFRESH,
     "export-legacy": _STARTS_AFRESH,
+    "export-compressed-tensors": _STARTS_AFRESH,
     "doctor": _NOTHING_WRITTEN,
     "push": "a push does not resume: the same command starts again from the beginning",
     "pull": "files downloaded whole stay in the Hugging Face cache; the same command fetches the rest",
@@ -346,7 +347,7 @@ def revision_option(argument: str, flag: str = "--revision") -> Callable[[FC], F
 
 PIPELINE_ORDER = [
     "demo", "synth", "calibrate", "convert", "import", "import-legacy", "retarget", "validate", "inspect", "eval",
-    "plan", "map", "export-legacy", "doctor", "push", "pull", "schema",
+    "plan", "map", "export-legacy", "export-compressed-tensors", "doctor", "push", "pull", "schema",
 ]  # fmt: skip
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from hpu_fp8_loader.cli import (  # noqa: F401  (imported to register their commands)
     checks_commands,
     conversion_commands,
+    export_commands,
     fastdeploy_commands,
     hub_commands,
     quality_commands,

@@ -146,8 +146,15 @@ def _check_scheme(src: Path, qc: _CompressedTensorsConfig) -> str:
     return "; ".join(sorted(set(described)))
 
 
-def _imported_amax(checkpoint: Checkpoint, d: ModelDescriptor) -> tuple[dict[str, float], set[str]]:
-    """input_scale x 448 per act module (max over the parts that share the input), k/v scales likewise;
+def _input_range(raw: dict) -> float:
+    """The range the input scales were made for: 448 (compressed-tensors' own), or what an ``export-compressed-tensors
+    --fp8-max 240`` recorded under ``quantization_config.hpu_fp8.fp8_max``, so that its act_amax comes back exactly."""
+    exported = raw.get("hpu_fp8")
+    return 240.0 if isinstance(exported, dict) and exported.get("fp8_max") == 240 else E4M3FN_MAX
+
+
+def _imported_amax(checkpoint: Checkpoint, d: ModelDescriptor, fp8_max: float) -> tuple[dict[str, float], set[str]]:
+    """input_scale x ``fp8_max`` per act module (max over the parts that share the input), k/v scales likewise;
     and the names of the scale tensors read."""
     amax: dict[str, float] = {}
     read: set[str] = set()
@@ -156,10 +163,10 @@ def _imported_amax(checkpoint: Checkpoint, d: ModelDescriptor) -> tuple[dict[str
         value = float(np.asarray(checkpoint.get(tensor)).astype(np.float32).reshape(-1).max())
         if not np.isfinite(value) or value <= 0:
             raise ConfigError(f"{checkpoint.root}: '{tensor}' is {value}; an input scale must be finite and > 0")
-        problem = act_amax_problem(value * E4M3FN_MAX)
+        problem = act_amax_problem(value * fp8_max)
         if problem:
             raise ConfigError(f"{checkpoint.root}: '{tensor}' is {value:g}, so its {problem}")
-        amax[module] = max(amax.get(module, 0.0), value * E4M3FN_MAX)
+        amax[module] = max(amax.get(module, 0.0), value * fp8_max)
         read.add(tensor)
 
     for w in d.weights():
@@ -247,7 +254,7 @@ def import_compressed_tensors(
     assert isinstance(raw, dict)  # compressed_tensors_scheme refused a config without a quantization_config object
     d = describe(checkpoint.config)
     result = CompressedTensorsImportResult(Path(out), scheme)
-    imported, scale_tensors = _imported_amax(checkpoint, d)
+    imported, scale_tensors = _imported_amax(checkpoint, d, _input_range(raw))
     sources = []
     if imported:
         sources.append(

@@ -310,7 +310,13 @@ def parse_quantization_config(config: dict, source: str = "config.json") -> Quan
     if not is_hpu_fp8(config):
         found = json.dumps(qc["quant_method"]) if "quant_method" in qc else "missing"
         hint = ""
-        if qc.get("quant_method") == "compressed-tensors":  # llm-compressor's, vLLM's
+        exported = qc.get("hpu_fp8")  # what export-compressed-tensors records (conversion/ct_export.py)
+        if qc.get("quant_method") == "compressed-tensors" and isinstance(exported, dict):
+            hint = (
+                f" This is a compressed-tensors export of an hpu-fp8 checkpoint (±{_json_text(exported.get('fp8_max'))}), "
+                "for vLLM and transformers; `hpu-fp8 import SRC OUT` brings it back to hpu-fp8 for FastDeploy."
+            )
+        elif qc.get("quant_method") == "compressed-tensors":  # llm-compressor's, vLLM's
             hint = " This is a compressed-tensors checkpoint; convert it with `hpu-fp8 import SRC OUT`."
         elif qc.get("quantization") == "mix_quant":
             hint = " It looks like a checkpoint of FastDeploy's legacy converter; bring it in with `hpu-fp8 import-legacy`."
