@@ -25,7 +25,7 @@ from hpu_fp8_loader.numerics import e4m3
 from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 from hpu_fp8_loader.spec import names
 
-PRESETS = ("ernie-moe-tiny", "ernie-dense-tiny", "qwen2-tiny")
+PRESETS = ("ernie-moe-tiny", "ernie-dense-tiny", "qwen2-tiny", "qwen3-tiny", "qwen3-moe-tiny")
 
 
 def _dequantized(spec: Checkpoint, module: str) -> np.ndarray:
@@ -196,7 +196,7 @@ def _relative(a: np.ndarray, b: np.ndarray) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["qwen2-bytes", "ernie-moe-bytes"])
+@pytest.mark.parametrize("model", ["qwen2-bytes", "ernie-moe-bytes", "qwen3-bytes", "qwen3-moe-bytes"])
 def test_transformers_reads_the_export_as_the_same_quantized_model(tmp_path, trained, model):
     import torch
     from compressed_tensors.quantization import QuantizationConfig
