@@ -204,7 +204,11 @@ def _requantizes_by_tables(source: Checkpoint, weight: WeightTensor, parts) -> b
     """A linear made only of FP8 ``[out, in]`` matrices (compressed-tensors' layout): its new scale, tensor-wise
     or per output channel, is constant along each source row, so requantize.py maps its codes by tables. A block-wise
     source's scale changes along a row: it is dequantized and quantized as values instead."""
-    return weight.is_linear and block_size(source.config) is None and all(source.tensors[p.name].dtype == "F8_E4M3" and p.transpose for p in parts)
+    return (
+        weight.is_linear
+        and block_size(source.config) is None
+        and all(source.tensors[p.name].dtype == "F8_E4M3" and p.transpose for p in parts)
+    )
 
 
 def _requantize_fp8(source: Checkpoint, weight: WeightTensor, parts, target, options: ConvertOptions, whole: bool):

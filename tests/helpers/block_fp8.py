@@ -48,8 +48,8 @@ def block_quantize(values: np.ndarray, block: tuple[int, int] = BLOCK) -> tuple[
 
 def oracle_dequantize(codes: np.ndarray, grid: np.ndarray, block: tuple[int, int] = BLOCK) -> np.ndarray:
     """transformers' ``_dequantize_fp8_weight`` in float32: the values a block-FP8 weight stands for."""
-    weight = torch.from_numpy(np.ascontiguousarray(codes).view(np.uint8)).view(torch.float8_e4m3fn)
-    return _dequantize_fp8_weight(weight, torch.from_numpy(grid), list(block), torch.float32).numpy()
+    weight = torch.from_numpy(np.array(codes).view(np.uint8)).view(torch.float8_e4m3fn)  # a writable copy
+    return _dequantize_fp8_weight(weight, torch.from_numpy(np.array(grid)), list(block), torch.float32).numpy()
 
 
 def _write(out: Path, source: Path, tensors: dict[str, np.ndarray], quantization_config: dict) -> Path:
