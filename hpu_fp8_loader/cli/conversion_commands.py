@@ -237,7 +237,11 @@ def import_command(
       hpu-fp8 import ./ERNIE-4.5-300B-A47B-FP8-Paddle ernie-300b-fp8 --calibrate --samples 64
     """
     from hpu_fp8_loader.conversion.block_fp8 import import_block_fp8
-    from hpu_fp8_loader.conversion.compressed_tensors import compressed_tensors_scheme, import_compressed_tensors
+    from hpu_fp8_loader.conversion.compressed_tensors import (
+        CompressedTensorsImportResult,
+        compressed_tensors_scheme,
+        import_compressed_tensors,
+    )
     from hpu_fp8_loader.conversion.plan import ConvertOptions
     from hpu_fp8_loader.engine.layer_major import layer_steps
     from hpu_fp8_loader.io.checkpoint import read_config
@@ -266,7 +270,8 @@ def import_command(
                 extra.append(CalibrationOptions(**calibration).run(source, progress=layer_steps(progress)).measurements)
         run_import = import_compressed_tensors if block is None else import_block_fp8
         result = run_import(source, out, options, extra)
-    warn_each(result.warnings)
+    if isinstance(result, CompressedTensorsImportResult):  # what a block import leaves out, the converter has logged
+        warn_each(result.warnings)
     if as_json:
         emit_json({**dataclasses.asdict(result), "target": target, "kv_cache": kv_cache})
         return

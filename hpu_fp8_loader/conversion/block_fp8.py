@@ -36,13 +36,14 @@ class BlockFp8ImportResult:
         scheme: the source's scheme, in words, such as ``"block-wise FP8 (Hugging Face layout, 128x128 blocks, ...)"``.
         errors: ``(spec tensor, relative RMSE)`` that requantizing the dequantized blocks to one tensor-wise scale
             (channel-wise for routed experts) added, worst first.
-        warnings: what the import left out, such as MTP draft weights.
+        left_out: the source tensors not carried over, in words, such as ERNIE's MTP draft weights (the converter
+            also logs each as a warning).
     """
 
     out: Path
     scheme: str
     errors: list[tuple[str, float]] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
 
 
 def import_block_fp8(
@@ -62,7 +63,7 @@ def import_block_fp8(
             calibration of ``src`` itself.
 
     Returns:
-        A :class:`BlockFp8ImportResult`: the scheme, the error the requantization added per linear, warnings.
+        A :class:`BlockFp8ImportResult`: the scheme, the error the requantization added per linear, what was left out.
 
     Raises:
         ConfigError: config.json names no block FP8, a block size that is missing or not two positive integers,
@@ -90,7 +91,7 @@ def import_block_fp8(
         )
     descriptor = describe(checkpoint.config, str(Path(src) / CONFIG_FILE), checkpoint.tensors)
     result = BlockFp8ImportResult(Path(out), scheme)
-    result.warnings = check_source(checkpoint, descriptor, detect_layout(checkpoint, descriptor))  # refusals first, too
+    result.left_out = check_source(checkpoint, descriptor, detect_layout(checkpoint, descriptor))  # refused before work
     converted = convert(src, out, measurements, options)
     result.errors = list(converted.requantization_errors.items())
     return result
