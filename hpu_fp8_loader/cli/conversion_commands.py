@@ -175,7 +175,7 @@ def convert(
     )
 
 
-@main.command("import", short_help="Bring a compressed-tensors or block-wise FP8 checkpoint to hpu-fp8.")
+@main.command("import", short_help="Bring a compressed-tensors or block FP8 checkpoint in.")
 @click.argument("src")
 @click.argument("out", type=click.Path(path_type=Path))
 @target_option()
