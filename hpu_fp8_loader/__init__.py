@@ -33,6 +33,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "hpu_fp8_loader.conversion.plan": ("ConvertOptions",),
     "hpu_fp8_loader.conversion.convert": ("ConvertResult", "convert"),
     "hpu_fp8_loader.quality.quantize": ("QuantizeResult", "quantize"),
+    "hpu_fp8_loader.conversion.block_fp8": ("BlockFp8ImportResult", "import_block_fp8"),
     "hpu_fp8_loader.conversion.compressed_tensors": ("CompressedTensorsImportResult", "import_compressed_tensors"),
     "hpu_fp8_loader.conversion.legacy_import": ("LegacyImportResult", "import_legacy"),
     "hpu_fp8_loader.conversion.retarget": ("RetargetResult", "retarget"),
@@ -80,6 +81,8 @@ if TYPE_CHECKING:  # what type checkers and editors see; the same names __getatt
     from hpu_fp8_loader.checks.load import load as load
     from hpu_fp8_loader.checks.validate import ValidationReport as ValidationReport
     from hpu_fp8_loader.checks.validate import validate as validate
+    from hpu_fp8_loader.conversion.block_fp8 import BlockFp8ImportResult as BlockFp8ImportResult
+    from hpu_fp8_loader.conversion.block_fp8 import import_block_fp8 as import_block_fp8
     from hpu_fp8_loader.conversion.compressed_tensors import CompressedTensorsImportResult as CompressedTensorsImportResult
     from hpu_fp8_loader.conversion.compressed_tensors import import_compressed_tensors as import_compressed_tensors
     from hpu_fp8_loader.conversion.convert import ConvertResult as ConvertResult

@@ -175,7 +175,7 @@ def convert(
     )
 
 
-@main.command("import", short_help="Bring a compressed-tensors FP8 checkpoint to hpu-fp8.")
+@main.command("import", short_help="Bring a compressed-tensors or block FP8 checkpoint in.")
 @click.argument("src")
 @click.argument("out", type=click.Path(path_type=Path))
 @target_option()
@@ -211,11 +211,13 @@ def import_command(
     force: bool,
     as_json: bool,
 ) -> None:
-    """Bring a compressed-tensors FP8 checkpoint (llm-compressor's, vLLM's) to hpu-fp8 v1 for Gaudi.
+    """Bring a compressed-tensors FP8 checkpoint (llm-compressor's, vLLM's) or a block-wise FP8 one (Qwen3-*-FP8,
+    DeepSeek; FastDeploy's Paddle block_wise_fp8, ERNIE-4.5-300B-A47B-FP8-Paddle) to hpu-fp8 v1 for Gaudi.
 
     Fuses q|k|v and gate|up, transposes to [in, out], and requantizes each fused group exactly once
-    from the source's FP8 values to one tensor-wise scale (channel-wise for experts) at ±240 for
-    gaudi2; prints the error that adds, worst first. Static input scales become act_amax (x 448).
+    from the source's FP8 values (block-wise ones dequantized block by block) to one tensor-wise scale
+    (channel-wise for experts) at ±240 for gaudi2; prints the error that adds, worst first. Static
+    input scales become act_amax (x 448); block-wise checkpoints have none (--measurements or --calibrate).
 
     \b
     Examples:
@@ -229,11 +231,22 @@ def import_command(
     \b
       # Keep the source's ±448 range for Gaudi3
       hpu-fp8 import ./Qwen2-7B-Instruct-FP8 qwen2-g3 --target gaudi3 --measurements amax.json
+
+    \b
+      # A block-wise FP8 release: calibrate the dequantized blocks, then requantize
+      hpu-fp8 import ./ERNIE-4.5-300B-A47B-FP8-Paddle ernie-300b-fp8 --calibrate --samples 64
     """
-    from hpu_fp8_loader.conversion.compressed_tensors import compressed_tensors_scheme, import_compressed_tensors
+    from hpu_fp8_loader.conversion.block_fp8 import import_block_fp8
+    from hpu_fp8_loader.conversion.compressed_tensors import (
+        CompressedTensorsImportResult,
+        compressed_tensors_scheme,
+        import_compressed_tensors,
+    )
     from hpu_fp8_loader.conversion.plan import ConvertOptions
     from hpu_fp8_loader.engine.layer_major import layer_steps
+    from hpu_fp8_loader.io.checkpoint import read_config
     from hpu_fp8_loader.quality.calibrate import CalibrationOptions, one_source_of_statistics
+    from hpu_fp8_loader.sources.block_fp8 import block_fp8_scheme
     from hpu_fp8_loader.sources.resolve import resolve_checkpoint
 
     calibration_given_alone(ctx, run_calibration)
@@ -249,16 +262,21 @@ def import_command(
         one_source_of_statistics(bool(measurement_paths), run_calibration, required=False)
         source = resolve_checkpoint(src, revision)
         extra = _measurement_sets(measurement_paths)
-        if run_calibration:
+        block = block_fp8_scheme(read_config(Path(source)), Path(source) / "config.json")
+        if block is None:
             compressed_tensors_scheme(source)  # a scheme that does not import is refused before the calibration runs
+        if run_calibration:
             with Progress("calibrate", bar=not as_json, unit="step") as progress:
                 extra.append(CalibrationOptions(**calibration).run(source, progress=layer_steps(progress)).measurements)
-        result = import_compressed_tensors(source, out, options, extra)
-    warn_each(result.warnings)
+        run_import = import_compressed_tensors if block is None else import_block_fp8
+        result = run_import(source, out, options, extra)
+    if isinstance(result, CompressedTensorsImportResult):  # what a block import leaves out, the converter has logged
+        warn_each(result.warnings)
     if as_json:
         emit_json({**dataclasses.asdict(result), "target": target, "kv_cache": kv_cache})
         return
-    click.echo(f"{out}: hpu-fp8 v1 ({target.value}, KV cache {kv_cache.value}) from compressed-tensors ({result.scheme})")
+    origin = "compressed-tensors" if block is None else "a block-wise FP8 checkpoint"
+    click.echo(f"{out}: hpu-fp8 v1 ({target.value}, KV cache {kv_cache.value}) from {origin} ({result.scheme})")
     click.echo("relative RMSE the import adds to the source's own quantization, worst ten:")
     for name, error in result.errors[:10]:
         click.echo(f"  {name}: {error:.2e}")

@@ -52,6 +52,7 @@ from hpu_fp8_loader.io.writer import (
 )
 from hpu_fp8_loader.memory import out_of_memory
 from hpu_fp8_loader.numerics import scales
+from hpu_fp8_loader.sources.block_fp8 import open_source
 from hpu_fp8_loader.sources.source_tensors import check_source, detect_layout
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import ExpertRef, KvCacheScheme
@@ -186,7 +187,7 @@ def convert(
     options = options or ConvertOptions()
     src, out = Path(src), Path(out)
     check_apart(out, [src])
-    checkpoint = Checkpoint.open(src)
+    checkpoint = open_source(src)
     refuse_hpu_fp8_source(checkpoint)
     descriptor = describe(checkpoint.config, str(src / CONFIG_FILE), checkpoint.tensors)
     layout = detect_layout(checkpoint, descriptor)

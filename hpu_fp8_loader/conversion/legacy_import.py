@@ -25,6 +25,7 @@ from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.writer import CheckpointWriter
 from hpu_fp8_loader.numerics import e4m3, scales
 from hpu_fp8_loader.numerics.fusion import fuse_columns
+from hpu_fp8_loader.sources.block_fp8 import block_size
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import AmaxSourceKind, DeadExpertPolicy, ExpertRef, KvCacheScheme, is_hpu_fp8
 from hpu_fp8_loader.spec.fp8 import act_amax_problem
@@ -205,6 +206,7 @@ def import_legacy(
         NotHpuFp8CheckpointError: config.json has no ``mix_quant`` quantization_config (a BF16 checkpoint is
             converted with :func:`~hpu_fp8_loader.convert`).
         HpuFp8Error: ``src`` is already an hpu-fp8 checkpoint.
+        ConfigError: ``src`` is a block-wise FP8 checkpoint (``hpu-fp8 import`` reads those).
         ConfigError: a quant_weight, weight_scale or kept tensor is missing or of the wrong dtype or shape, holds
             NaN codes or values beyond ±240, a weight scale is not finite, positive and bf16-exact, an
             activation_scale key names no known point or gives an amax out of range, or a torch-layout MoE
@@ -235,6 +237,8 @@ def import_legacy(
         )
     if is_hpu_fp8(checkpoint.config):
         raise HpuFp8Error(f"{src}: already an hpu-fp8 checkpoint; nothing to import")
+    if block_size(checkpoint.config, Path(src)) is not None:
+        raise ConfigError(f"{src}: a block-wise FP8 checkpoint (block_wise_fp8), not a legacy one; use `hpu-fp8 import`")
     descriptor = describe(checkpoint.config)
     layout = _legacy_layout(checkpoint, descriptor)
     legacy, legacy_s = _legacy_measurements(checkpoint)

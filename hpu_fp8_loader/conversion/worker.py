@@ -27,6 +27,7 @@ from hpu_fp8_loader.memory import out_of_memory
 from hpu_fp8_loader.numerics import e4m3, scales
 from hpu_fp8_loader.numerics.fusion import fuse_columns, transposed
 from hpu_fp8_loader.numerics.requantize import requantize_rows, row_amax
+from hpu_fp8_loader.sources.block_fp8 import block_size, open_source
 from hpu_fp8_loader.sources.source_tensors import source_rows, source_scale
 from hpu_fp8_loader.spec import names
 
@@ -78,7 +79,7 @@ def init_worker(context: WorkerContext) -> None:
     _worker.clear()
     _worker["context"] = context
     try:
-        _worker["source"] = Checkpoint.open(context.src)
+        _worker["source"] = open_source(context.src)
     except HpuFp8Error as exc:  # raised by the first task instead: an initializer's error breaks the whole pool
         _worker["failure"] = exc
         return
@@ -201,8 +202,13 @@ def _write_weight_scale(weight: WeightTensor, amaxes: list, options: ConvertOpti
 
 def _requantizes_by_tables(source: Checkpoint, weight: WeightTensor, parts) -> bool:
     """A linear made only of FP8 ``[out, in]`` matrices (compressed-tensors' layout): its new scale, tensor-wise
-    or per output channel, is constant along each source row, so requantize.py maps its codes by tables."""
-    return weight.is_linear and all(source.tensors[p.name].dtype == "F8_E4M3" and p.transpose for p in parts)
+    or per output channel, is constant along each source row, so requantize.py maps its codes by tables. A block-wise
+    source's scale changes along a row: it is dequantized and quantized as values instead."""
+    return (
+        weight.is_linear
+        and block_size(source.config) is None
+        and all(source.tensors[p.name].dtype == "F8_E4M3" and p.transpose for p in parts)
+    )
 
 
 def _requantize_fp8(source: Checkpoint, weight: WeightTensor, parts, target, options: ConvertOptions, whole: bool):

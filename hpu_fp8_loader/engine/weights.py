@@ -17,6 +17,7 @@ from hpu_fp8_loader.checks.validate import open_validated
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, Checkpoint, read_config
 from hpu_fp8_loader.memory import memory_budget
 from hpu_fp8_loader.numerics.fusion import fuse_columns
+from hpu_fp8_loader.sources.block_fp8 import open_source
 from hpu_fp8_loader.sources.source_tensors import check_source, detect_layout, source_rows
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import is_hpu_fp8
@@ -94,7 +95,7 @@ def open_weights(path: str | Path, cache_bytes: int | None = None) -> EngineWeig
     if is_hpu_fp8(read_config(Path(path))):  # opened once, by the validation
         opened = open_validated(path)
         return EngineWeights(opened.checkpoint, opened.descriptor, cache_bytes)
-    checkpoint = Checkpoint.open(path)
+    checkpoint = open_source(path)
     descriptor = describe(checkpoint.config, str(Path(path) / CONFIG_FILE), checkpoint.tensors)
     check_source(checkpoint, descriptor, detect_layout(checkpoint, descriptor))
     return EngineWeights(checkpoint, descriptor, cache_bytes)

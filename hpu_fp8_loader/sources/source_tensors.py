@@ -3,11 +3,14 @@
 A compressed-tensors (llm-compressor) checkpoint stores a linear as an F8_E4M3 ``X.weight`` beside
 ``X.weight_scale`` (``[1]`` tensor-wise or ``[out, 1]`` per row, bf16 or float32). Its values are
 ``fp8 x scale``; with that one rule the converter and the reference engine take such a checkpoint as
-a source like any BF16 one, and requantize from the source's own FP8 values exactly once.
+a source like any BF16 one, and requantize from the source's own FP8 values exactly once. A block-wise FP8
+checkpoint (:mod:`hpu_fp8_loader.sources.block_fp8`) stores ``X.weight_scale_inv`` instead, one scale per block of
+the stored matrix: its rows are dequantized block by block as they are read, never the whole tensor at once.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Collection
 
@@ -17,9 +20,18 @@ from hpu_fp8_loader.arch import Layout, ModelDescriptor
 from hpu_fp8_loader.errors import ConfigError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.numerics.e4m3 import fp8_to_float32
+from hpu_fp8_loader.sources.block_fp8 import BLOCK_SCALE, block_scales, block_size
 from hpu_fp8_loader.spec.names import scale_name
 
-__all__ = ["SOURCE_DTYPES", "check_source", "detect_layout", "source_problem", "source_rows", "source_scale"]
+__all__ = [
+    "SOURCE_DTYPES",
+    "check_source",
+    "detect_layout",
+    "fp8_scale_name",
+    "source_problem",
+    "source_rows",
+    "source_scale",
+]
 
 SOURCE_DTYPES = ("BF16", "F16", "F32", "F8_E4M3")
 
@@ -36,29 +48,49 @@ def detect_layout(checkpoint: Checkpoint, descriptor: ModelDescriptor) -> Layout
     )
 
 
+def fp8_scale_name(checkpoint: Checkpoint, name: str) -> str:
+    """The scale tensor beside an FP8 source tensor: ``X.weight_scale_inv`` in a block-wise FP8 checkpoint,
+    ``X.weight_scale`` otherwise (compressed-tensors)."""
+    if block_size(checkpoint.config, checkpoint.root) is not None:
+        return name.removesuffix("weight") + BLOCK_SCALE
+    return scale_name(name)
+
+
 def source_problem(checkpoint: Checkpoint, name: str) -> str | None:
     """Why a source tensor cannot be read as values (an unsupported dtype, a missing or bad scale), or None."""
     info = checkpoint.tensors[name]
     if info.dtype not in SOURCE_DTYPES:
-        return f"tensor '{name}' has dtype {info.dtype}; supported: {', '.join(SOURCE_DTYPES)}"
+        return f"tensor '{info.name}' has dtype {info.dtype}; supported: {', '.join(SOURCE_DTYPES)}"
     if info.dtype != "F8_E4M3":
         return None
-    scale = checkpoint.tensors.get(scale_name(name))
+    scale_key = fp8_scale_name(checkpoint, name)
+    scale = checkpoint.tensors.get(scale_key)
     if scale is None:
-        return f"tensor '{name}' is FP8 but '{scale_name(name)}' is missing"
+        return f"tensor '{info.name}' is FP8 but '{scale_key}' is missing"
+    block = block_size(checkpoint.config, checkpoint.root)
+    if block is not None:
+        grid = tuple(math.ceil(n / b) for n, b in zip(info.shape, block, strict=False))
+        if len(info.shape) != 2 or scale.shape != grid:
+            return (
+                f"'{scale.name}' has shape {list(scale.shape)}; the {list(info.shape)} '{info.name}' in "
+                f"{block[0]}x{block[1]} blocks needs {list(grid)}"
+            )
+        return None
     if scale.numel not in (1, info.shape[0]):
-        return f"'{scale_name(name)}' has {scale.numel} values for the {info.shape[0]} rows of '{name}'"
+        return f"'{scale_key}' has {scale.numel} values for the {info.shape[0]} rows of '{name}'"
     return None
 
 
 def source_scale(checkpoint: Checkpoint, name: str) -> np.ndarray:
-    """The float32 weight_scale of an FP8 source tensor, flat: one value, or one per row."""
-    scale = np.asarray(checkpoint.get(scale_name(name))).astype(np.float32).reshape(-1)
+    """The float32 scale of an FP8 source tensor: flat (one value, or one per row), or a block-wise grid."""
+    scale_key = fp8_scale_name(checkpoint, name)
+    scale = np.asarray(checkpoint.get(scale_key)).astype(np.float32)
     if not (np.isfinite(scale).all() and (scale > 0).all()):
         raise ConfigError(
-            f"{checkpoint.root}: '{scale_name(name)}' holds {scale.min()}..{scale.max()}; scales must be finite and > 0"
+            f"{checkpoint.root}: '{checkpoint.tensors[scale_key].name}' holds {scale.min()}..{scale.max()}; "
+            "scales must be finite and > 0"
         )
-    return scale
+    return scale if scale.ndim == 2 and block_size(checkpoint.config) is not None else scale.reshape(-1)
 
 
 def source_rows(checkpoint: Checkpoint, name: str, start: int, stop: int) -> np.ndarray:
@@ -68,9 +100,13 @@ def source_rows(checkpoint: Checkpoint, name: str, start: int, stop: int) -> np.
     if info.dtype != "F8_E4M3":
         return rows
     scale = source_scale(checkpoint, name)
-    per_row = scale[start:stop].reshape(-1, *([1] * (rows.ndim - 1))) if scale.size > 1 else scale[0]
+    block = block_size(checkpoint.config)
+    if block is not None:
+        per_element = block_scales(scale, start, stop, info.shape[1], block)
+    else:
+        per_element = scale[start:stop].reshape(-1, *([1] * (rows.ndim - 1))) if scale.size > 1 else scale[0]
     values = fp8_to_float32(rows)
-    values *= per_row
+    values *= per_element
     return values
 
 
@@ -112,7 +148,7 @@ def check_source(
             elif (problem := source_problem(checkpoint, part.name)) is not None:
                 problems.append(problem)
             elif info.dtype == "F8_E4M3":
-                needed.add(scale_name(part.name))
+                needed.add(fp8_scale_name(checkpoint, part.name))
     left_out: dict[str, int] = {}
     for name in sorted(set(checkpoint.tensors) - needed - set(used_elsewhere)):
         reason = next((why for pattern, why in _NOT_CARRIED if pattern.search(name)), None)

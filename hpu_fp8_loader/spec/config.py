@@ -318,6 +318,8 @@ def parse_quantization_config(config: dict, source: str = "config.json") -> Quan
             )
         elif qc.get("quant_method") == "compressed-tensors":  # llm-compressor's, vLLM's
             hint = " This is a compressed-tensors checkpoint; convert it with `hpu-fp8 import SRC OUT`."
+        elif qc.get("quant_method") == "fp8" or "block_wise_fp8" in (qc.get("dense_quant_type"), qc.get("moe_quant_type")):
+            hint = " This is a block-wise FP8 checkpoint; bring it in with `hpu-fp8 import SRC OUT --calibrate`."
         elif qc.get("quantization") == "mix_quant":
             hint = " It looks like a checkpoint of FastDeploy's legacy converter; bring it in with `hpu-fp8 import-legacy`."
         raise NotHpuFp8CheckpointError(f'{source}: quantization_config.quant_method is {found}, not "hpu_fp8".{hint}')
