@@ -31,6 +31,7 @@ from hpu_fp8_loader.numerics import e4m3, scales
 from hpu_fp8_loader.quality.calibrate import calibrate
 from hpu_fp8_loader.sources.block_fp8 import open_source
 from hpu_fp8_loader.sources.source_tensors import source_rows
+from hpu_fp8_loader.sources.synth import preset_config, synthesize
 from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 from hpu_fp8_loader.spec import names
 from tests.helpers.block_fp8 import block_quantize, hf_block_checkpoint, oracle_dequantize, paddle_block_checkpoint
@@ -242,3 +243,14 @@ def test_cli_import_calibrates_the_dequantized_blocks_and_prints_the_worst_error
     assert "worst ten" in result.output and validate(tmp_path / "out").valid
     sources_kinds = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]["calibration"]
     assert [s["kind"] for s in sources_kinds["sources"]] == ["reference-engine"]
+
+
+@pytest.mark.parametrize("layout", ["hf", "paddle"])
+def test_an_ernie_dense_block_checkpoint_imports_in_both_layouts(tmp_path, layout):
+    """ERNIE-4.5 dense has no tiny trained model: a synthesized one, block-quantized as each layout's release is."""
+    source = synthesize(tmp_path / "bf16", preset_config("ernie-dense-tiny"), "torch", seed=3)
+    block = (hf_block_checkpoint if layout == "hf" else paddle_block_checkpoint)(source, tmp_path / "block")
+    result = import_block_fp8(block, tmp_path / "out", ConvertOptions(), [calibrate(source, samples=2, seq_len=32).measurements])
+    assert validate(tmp_path / "out").valid
+    linears = [w.name for w in describe(json.loads((source / "config.json").read_text())).weights() if w.is_linear]
+    assert sorted(n for n, _ in result.errors) == sorted(linears) and 0 < min(e for _, e in result.errors) < 0.06

@@ -66,7 +66,8 @@ def hf_block_checkpoint(source: Path, out: Path, block: tuple[int, int] = BLOCK)
     d = describe(json.loads((source / "config.json").read_text()))
     linears = {p.name for w in d.weights() if w.is_linear for p in w.source_parts(Layout.TORCH, d.prefix)}
     tensors = {}
-    for name, value in load_file(source / "model.safetensors").items():
+    every = {name: value for shard in sorted(source.glob("*.safetensors")) for name, value in load_file(shard).items()}
+    for name, value in every.items():
         if name in linears:
             codes, grid = block_quantize(value.astype(np.float32), block)
             tensors[name], tensors[name.removesuffix("weight") + "weight_scale_inv"] = codes, grid
