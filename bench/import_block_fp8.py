@@ -53,13 +53,15 @@ PADDLE_BLOCK_FP8 = {  # FastDeploy's mix_quant config for the block-FP8 Paddle r
 }
 
 
-def config_for(layers: int) -> dict:
-    """ERNIE-4.5-300B-A47B's published config.json at ``layers`` layers: layer 0 dense, layers 1.. MoE."""
+def config_for(layers: int, experts: int = 64) -> dict:
+    """ERNIE-4.5-300B-A47B's published config.json at ``layers`` layers (layer 0 dense, layers 1.. MoE) and
+    ``experts`` routed experts (64, the real count, unless a smaller model of the same width is wanted)."""
     return preset_config(
         "ernie-moe-tiny",
         {
             **real_configs.ERNIE_300B,
             "num_hidden_layers": layers,
+            "moe_num_experts": experts,
             "moe_layer_start_index": 1,
             "moe_layer_end_index": layers - 1,
             "rope_theta": 500000.0,
@@ -115,13 +117,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, default=Path("/tmp/hpu-fp8-bench-block-fp8"))
     parser.add_argument("--layers", type=int, default=2, help="layer 0 dense, the rest MoE (2: 15.0 GB BF16)")
+    parser.add_argument(
+        "--experts", type=int, default=64, help="routed experts (64, the real count; fewer: a smaller model, same tensors)"
+    )
     parser.add_argument("--runs", type=int, default=1, help="runs of each command, taking turns (best time, worst peak)")
     parser.add_argument("--keep", action="store_true", help="keep the sources and the last outputs in --work")
     parser.add_argument("--json", action="store_true", help="also print every figure as one JSON document")
     args = parser.parse_args()
     if args.layers < 2:
         parser.error("--layers must be at least 2 (one dense layer, then MoE layers)")
-    config = config_for(args.layers)
+    config = config_for(args.layers, args.experts)
     descriptor = describe(config)
     bf16_bytes = 2 * descriptor.parameter_count()
     needed = 2.1 * bf16_bytes  # the source, its block-FP8 copy and one output, each ~half the source
@@ -132,7 +137,7 @@ def main() -> None:
         sys.exit(f"{args.work}: {args.layers} layers need ~{needed / 1e9:.0f} GB free, there are {free / 1e9:.0f} GB")
     src, block, measurements = args.work / "bf16", args.work / "block-fp8", args.work / "m.json"
     print(
-        f"ERNIE-4.5-300B-A47B width, {args.layers} of 54 layers (1 dense + {args.layers - 1} MoE): {bf16_bytes / 1e9:.1f} GB BF16",
+        f"ERNIE-4.5-300B-A47B width, {args.layers} of 54 layers (1 dense + {args.layers - 1} MoE), {args.experts} experts: {bf16_bytes / 1e9:.1f} GB BF16",
         flush=True,
     )
     synthesize(src, config, "paddle", seed=0, max_shard_bytes=SHARD)
