@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from hpu_fp8_loader.arch import SourcePart
 from hpu_fp8_loader.checks.validate import validate
 from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
+from hpu_fp8_loader.conversion.worker import reads_whole
 from hpu_fp8_loader.sources.measurements import load_measurements, write_measurements
 from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 
@@ -244,6 +246,7 @@ import json, sys
 from pathlib import Path
 from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
+from hpu_fp8_loader.conversion.worker import reads_whole
 from hpu_fp8_loader.sources.measurements import read_measurements
 out = Path(sys.argv[1]) / "out"
 try:
@@ -265,3 +268,15 @@ print(json.dumps(report))
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["error"] == "WriteFailedError" and "no space left" in report["message"]
     assert report["published"] is False and report["manifest_in_partial"] is False
+
+
+def test_an_fp8_source_is_read_whole_only_where_the_same_tensor_in_bf16_would_be():
+    """A whole read becomes float32 whatever the source holds: an FP8 tensor is counted at BF16's 2 bytes an element,
+    so a 300B-width expert (56 MiB of FP8) streams in row blocks as its 112 MiB BF16 twin does."""
+    expert = (SourcePart("w", (8192, 7168)),)  # ERNIE-4.5-300B-A47B's expert up_gate_proj, [in, 2 x 3584]
+    elements = 8192 * 7168
+    threshold = 64 << 20
+    assert not reads_whole(expert, elements, threshold)  # FP8: 56 MiB of bytes, 112 MiB counted
+    assert not reads_whole(expert, 2 * elements, threshold)  # BF16
+    assert reads_whole(expert, elements, 2 * elements)  # FP8 under a threshold its BF16 twin also meets
+    assert not reads_whole(expert, 4 * elements, 2 * elements)  # FP32 counts its own 4 bytes

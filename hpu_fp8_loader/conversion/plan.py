@@ -61,7 +61,8 @@ class ConvertOptions:
         dead_experts: for routed experts no calibration token reached: ``error`` (refuse and list them) or
             ``sibling-max`` (each gets the largest amax of its layer's other experts).
         block_elements: elements per row block when a tensor is streamed (bounds a worker's memory).
-        whole_tensor_bytes: a source tensor of at most this many bytes is read whole (fast path for fused experts).
+        whole_tensor_bytes: a source tensor of at most this many bytes (each element counted as at least 2, BF16's
+            size) is read whole (fast path for fused experts).
         keep_bf16: the groups of linears kept in BF16, as FastDeploy can serve them: ``"dense"`` (attention, dense
             MLPs and shared experts) and ``"experts"`` (every routed expert); empty by default.
         fp8_max: the FP8 range of ``target`` (read-only): 240.0 or 448.0.
@@ -87,7 +88,7 @@ class ConvertOptions:
     workers: int = 1
     dead_experts: DeadExpertPolicy = DeadExpertPolicy.ERROR
     block_elements: int = BLOCK_ELEMENTS  # elements per row block when a tensor is streamed
-    # Tensors whose source is at most this many bytes are read whole (fast path for fused experts).
+    # Tensors whose source is at most this many bytes (an element counted as at least 2) are read whole.
     whole_tensor_bytes: int = 64 << 20
     keep_bf16: frozenset[Bf16Group] = frozenset()
 

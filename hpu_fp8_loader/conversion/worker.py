@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpu_fp8_loader.arch import Layout, WeightTensor
+from hpu_fp8_loader.arch import Layout, SourcePart, WeightTensor
 from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
@@ -31,7 +31,7 @@ from hpu_fp8_loader.sources.block_fp8 import block_size, open_source
 from hpu_fp8_loader.sources.source_tensors import source_rows, source_scale
 from hpu_fp8_loader.spec import names
 
-__all__ = ["WorkerContext", "convert_tensor", "init_worker"]
+__all__ = ["WorkerContext", "convert_tensor", "init_worker", "reads_whole"]
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,17 @@ def convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
         raise out_of_memory(f"converting {weight.name}", exc) from None
 
 
+def reads_whole(parts: tuple[SourcePart, ...], bytes_in: int, whole_tensor_bytes: int) -> bool:
+    """Whether a spec tensor's source parts are read whole rather than in row blocks.
+
+    Each element counts as at least BF16's 2 bytes: a whole read becomes float32 whatever the source holds, so an FP8
+    source counted by its own bytes would be read whole at twice the memory of the same tensor in BF16 (a 300B-width
+    expert, 56 MiB of FP8, took a block-FP8 import's peak from 0.3 to 1.9 GiB: bench/import_block_fp8.py).
+    """
+    elements = sum(math.prod(p.shape) for p in parts)
+    return max(bytes_in, 2 * elements) <= whole_tensor_bytes
+
+
 def _convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
     if "failure" in _worker:
         raise _worker["failure"]
@@ -165,7 +176,7 @@ def _convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
     bytes_in = sum(source.tensors[p.name].nbytes for p in parts)
     if target is None and (scale_name is None or scale_name not in _worker["location"]):
         return bytes_in, None  # everything it writes lives in shards reused from an interrupted run
-    whole = bytes_in <= options.whole_tensor_bytes
+    whole = reads_whole(parts, bytes_in, options.whole_tensor_bytes)
     if quantized and _requantizes_by_tables(source, weight, parts):
         return bytes_in, _requantize_fp8(source, weight, parts, target, options, whole)
     errors = _ErrorSum() if quantized and any(source.tensors[p.name].dtype == "F8_E4M3" for p in parts) else None
