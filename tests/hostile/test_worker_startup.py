@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from hostile.refusal import run_cli
+from hpu_fp8_loader.conversion.convert import _workers_not_started
 from hpu_fp8_loader.sources.measurements import write_measurements
 from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 
@@ -107,3 +108,11 @@ def test_a_convert_killed_while_workers_start_leaves_nothing_on_the_callers_stde
     assert result.stderr == ""  # no resource tracker warning, no worker traceback
     again = run_cli(*_convert(work))
     assert again.exit_code == 0, again.stderr
+
+
+@pytest.mark.parametrize("exc", [EOFError(), BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "reset")])
+def test_a_dead_forkserver_reads_as_died_whichever_side_of_the_pipe_saw_it(exc):
+    """The kill lands between our write and our read at random: both are the same death, one message (a CI run saw
+    "failed: Broken pipe" where the same kill usually reads "died")."""
+    assert "forkserver, which starts them, died (killed by a signal?)" in str(_workers_not_started(exc))
+    assert "failed: Permission denied" in str(_workers_not_started(PermissionError(13, "Permission denied")))
