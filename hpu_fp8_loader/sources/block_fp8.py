@@ -26,7 +26,7 @@ import numpy as np
 from hpu_fp8_loader.errors import ConfigError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 
-__all__ = ["BLOCK_SCALE", "block_fp8_scheme", "block_scales", "block_size", "open_source"]
+__all__ = ["BLOCK_SCALE", "block_fp8_scheme", "block_size", "open_source", "scale_by_blocks"]
 
 BLOCK_SCALE = "weight_scale_inv"
 PADDLE_BLOCK = (128, 128)  # BlockWiseFP8Config's default; mix_quant passes none (mix_quant.py@8c3513a4)
@@ -97,11 +97,16 @@ def open_source(root: str | Path) -> Checkpoint:
     return checkpoint
 
 
-def block_scales(grid: np.ndarray, start: int, stop: int, columns: int, block: tuple[int, int]) -> np.ndarray:
-    """The per-element float32 scales of rows ``start:stop`` (``columns`` wide) from a block ``grid``; the edge
-    blocks cropped (a ragged block covers only the rows and columns that exist)."""
+def scale_by_blocks(values: np.ndarray, grid: np.ndarray, start: int, block: tuple[int, int]) -> None:
+    """Multiply rows ``start:start + len(values)`` of a dequantized matrix, in place, by their scales from a block
+    ``grid``; the edge blocks cropped (a ragged block covers only the rows and columns that exist).
+
+    One column block at a time against a ``[rows, grid columns]`` table, never a per-element scale matrix: that
+    matrix would be as large as the float32 values themselves and set the peak memory of a block-FP8 import.
+    """
     rows, cols = block
     first = start // rows
-    last = math.ceil(stop / rows)
-    per_row = np.repeat(grid[first:last], rows, axis=0)[start - first * rows : stop - first * rows]
-    return np.repeat(per_row, cols, axis=1)[:, :columns]
+    stop = start + values.shape[0]
+    per_row = np.repeat(grid[first : math.ceil(stop / rows)], rows, axis=0)[start - first * rows : stop - first * rows]
+    for j in range(per_row.shape[1]):
+        values[:, j * cols : (j + 1) * cols] *= per_row[:, j : j + 1]

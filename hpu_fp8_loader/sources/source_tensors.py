@@ -20,7 +20,7 @@ from hpu_fp8_loader.arch import Layout, ModelDescriptor
 from hpu_fp8_loader.errors import ConfigError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.numerics.e4m3 import fp8_to_float32
-from hpu_fp8_loader.sources.block_fp8 import BLOCK_SCALE, block_scales, block_size
+from hpu_fp8_loader.sources.block_fp8 import BLOCK_SCALE, block_size, scale_by_blocks
 from hpu_fp8_loader.spec.names import scale_name
 
 __all__ = [
@@ -101,12 +101,11 @@ def source_rows(checkpoint: Checkpoint, name: str, start: int, stop: int) -> np.
         return rows
     scale = source_scale(checkpoint, name)
     block = block_size(checkpoint.config)
-    if block is not None:
-        per_element = block_scales(scale, start, stop, info.shape[1], block)
-    else:
-        per_element = scale[start:stop].reshape(-1, *([1] * (rows.ndim - 1))) if scale.size > 1 else scale[0]
     values = fp8_to_float32(rows)
-    values *= per_element
+    if block is not None:
+        scale_by_blocks(values, scale, start, block)
+    else:
+        values *= scale[start:stop].reshape(-1, *([1] * (rows.ndim - 1))) if scale.size > 1 else scale[0]
     return values
 
 
