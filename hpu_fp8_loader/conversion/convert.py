@@ -359,8 +359,10 @@ def _worker_died(weight: WeightTensor) -> WorkerDiedError:
 
 def _workers_not_started(exc: EOFError | OSError) -> WorkerDiedError:
     # Its death shows as an EOF on our read or a broken pipe on our write, whichever the kill lands between.
-    died = isinstance(exc, EOFError | BrokenPipeError | ConnectionResetError)
-    what = "died (killed by a signal?)" if died else f"failed: {exc.strerror or exc}"
+    if isinstance(exc, EOFError | BrokenPipeError | ConnectionResetError):
+        what = "died (killed by a signal?)"
+    else:
+        what = f"failed: {exc.strerror or exc}"
     return WorkerDiedError(
         f"the worker processes could not be started: multiprocessing's forkserver, which starts them, {what}. "
         "Nothing was published; run the same command again to resume"
