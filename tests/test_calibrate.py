@@ -22,8 +22,9 @@ from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.memory import memory_budget
-from hpu_fp8_loader.quality.calibrate import AmaxObserver, calibrate
+from hpu_fp8_loader.quality.calibrate import calibrate
 from hpu_fp8_loader.quality.datasets import builtin_text, token_batches
+from hpu_fp8_loader.quality.observers import AmaxObserver
 from hpu_fp8_loader.sources.measurements import load_measurements
 
 

@@ -102,7 +102,7 @@ def test_an_hpu_fp8_checkpoint_runs_with_dequantized_weights(source_factory, spe
 
 
 def test_moe_layers_follow_fastdeploys_rule_for_interval_two(tmp_path):
-    from hpu_fp8_loader.quality.calibrate import AmaxObserver
+    from hpu_fp8_loader.quality.observers import AmaxObserver
 
     config = preset_config(
         "ernie-moe-tiny", {"num_hidden_layers": 5, "moe_layer_start_index": 2, "moe_layer_end_index": 4, "moe_layer_interval": 2}

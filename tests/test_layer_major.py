@@ -21,8 +21,9 @@ from hpu_fp8_loader.engine.weights import EngineWeights, open_weights
 from hpu_fp8_loader.errors import WriteFailedError
 from hpu_fp8_loader.fastdeploy.mapping import Parallelism, map_rank
 from hpu_fp8_loader.io.checkpoint import Checkpoint
-from hpu_fp8_loader.quality.calibrate import AmaxObserver, calibrate
+from hpu_fp8_loader.quality.calibrate import calibrate
 from hpu_fp8_loader.quality.datasets import dataset_tokens, token_batches
+from hpu_fp8_loader.quality.observers import AmaxObserver
 from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 from hpu_fp8_loader.spec.config import parse_quantization_config
 

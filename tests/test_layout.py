@@ -79,3 +79,52 @@ def test_the_checker_sees_a_violation(tmp_path: Path):
         "def f():\n    from hpu_fp8_loader.cli.main import main\n\nfrom hpu_fp8_loader import __version__, errors\n"
     )
     assert _imports(module) == [(2, "hpu_fp8_loader.cli.main"), (4, "hpu_fp8_loader.errors")]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle found by a depth-first walk, each as the modules on it (one per back edge)."""
+    cycles, state = [], {}  # state: 1 on the walk's path, 2 finished
+
+    def walk(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for target in sorted(edges.get(node, ())):
+            if state.get(target) == 1:
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                walk(target, [*path, target])
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            walk(node, [node])
+    return cycles
+
+
+def _package_imports() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, type-only and deferred imports included (an arrow is an arrow)."""
+    modules = {_module_name(p) for p in MODULES}
+    edges: dict[str, set[str]] = {}
+    for path in MODULES:
+        own = _module_name(path)
+        for _, imported in _imports(path):
+            while imported not in modules and "." in imported:  # `from pkg.mod import name` names a module's attribute
+                imported = imported.rsplit(".", 1)[0]
+            if imported in modules and imported != own:
+                edges.setdefault(own, set()).add(imported)
+    return edges
+
+
+def test_no_two_modules_import_each_other_even_through_others():
+    """Within a stage the arrows run one way too: quality's report once imported calibrate and evaluate, which
+    imported it (the observers now have one home, quality/observers.py)."""
+    assert _import_cycles(_package_imports()) == []
+
+
+def test_the_cycle_finder_sees_a_cycle():
+    assert _import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert _import_cycles({"a": {"b"}, "b": set(), "c": {"b"}}) == []

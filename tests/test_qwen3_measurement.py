@@ -19,7 +19,7 @@ import pytest
 from hpu_fp8_loader.arch import ModelDescriptor
 from hpu_fp8_loader.engine.model import forward
 from hpu_fp8_loader.engine.weights import EngineWeights, open_weights
-from hpu_fp8_loader.quality.calibrate import AmaxObserver
+from hpu_fp8_loader.quality.observers import AmaxObserver
 from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 from hpu_fp8_loader.spec import names
 

@@ -13,9 +13,10 @@ from hpu_fp8_loader.arch import describe
 from hpu_fp8_loader.cli.main import main
 from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
-from hpu_fp8_loader.quality.calibrate import AmaxObserver, calibrate
+from hpu_fp8_loader.quality.calibrate import calibrate
 from hpu_fp8_loader.quality.evaluate import evaluate
-from hpu_fp8_loader.quality.report import REPORT_FILE, ConverterFp8, LinearErrorObserver, Report, TeeObserver
+from hpu_fp8_loader.quality.observers import AmaxObserver, ConverterFp8, LinearErrorObserver, TeeObserver
+from hpu_fp8_loader.quality.report import REPORT_FILE, Report
 from hpu_fp8_loader.quality.report_plots import render, shown_name
 from hpu_fp8_loader.sources.synth import preset_config
 from hpu_fp8_loader.sources.tiny_models import TINY_MODELS

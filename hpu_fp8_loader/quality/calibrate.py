@@ -23,11 +23,12 @@ import numpy as np
 
 from hpu_fp8_loader import __version__
 from hpu_fp8_loader.engine.layer_major import LayerProgress, run_layer_major
-from hpu_fp8_loader.engine.model import EngineConfig, Observer, ReferenceModel
+from hpu_fp8_loader.engine.model import EngineConfig, ReferenceModel
 from hpu_fp8_loader.engine.weights import open_weights
 from hpu_fp8_loader.errors import MeasurementError, NonFiniteError
 from hpu_fp8_loader.io.file_output import check_output_file, write_text_atomically
 from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, dataset_tokens, token_windows
+from hpu_fp8_loader.quality.observers import AmaxObserver
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import AmaxSourceKind
 from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements, ModelIdentity
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from hpu_fp8_loader.quality.report import Report
 
 __all__ = [
-    "AmaxObserver",
     "CalibrationOptions",
     "CalibrationResult",
     "calibrate",
@@ -46,28 +46,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class AmaxObserver(Observer):
-    def __init__(self, prefix: str, all_experts: bool = False):
-        self.prefix = prefix
-        self.wants_all_experts = all_experts
-        self.amax: dict[str, float] = {}
-        self.expert_tokens: dict[str, int] = {}
-
-    def record(self, module: str, values: np.ndarray) -> None:
-        """Keep the running max |x|; a NaN or inf is refused, never recorded (``max(0, nan)`` is 0)."""
-        if values.size:
-            peak = float(np.max(np.abs(values)))
-            if not np.isfinite(peak):
-                what = "NaN" if np.isnan(peak) else "inf"
-                raise NonFiniteError(f"activation {module} holds {what}")
-            self.amax[module] = max(self.amax.get(module, 0.0), peak)
-
-    def record_expert(self, layer: int, expert: int, intermediate: np.ndarray, routed_tokens: int) -> None:
-        self.record(names.expert(self.prefix, layer, expert, "down_proj"), intermediate)
-        key = names.expert_tokens_key(self.prefix, layer, expert)
-        self.expert_tokens[key] = self.expert_tokens.get(key, 0) + routed_tokens
 
 
 @dataclass

@@ -314,7 +314,7 @@ def evaluate(
     if warning:
         result.warnings.append(warning)
     if report is not None:
-        report.evaluation = result
+        report.evaluation = result.to_dict()
     return result
 
 

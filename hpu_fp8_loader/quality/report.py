@@ -5,7 +5,7 @@ collects, while calibrate or eval runs its float32 forward anyway (no second pas
 
 - per linear, ``||y_fp8 - y|| / ||y||`` with ``y = x @ W`` (float32) and ``y_fp8`` the same product with the
   activation cast to e4m3 at ±240 with its per-tensor scale and the FP8 weight with its scale (per tensor, or
-  per output channel for routed experts, as the converter makes it), on up to :data:`ROWS_PER_CALL` evenly
+  per output channel for routed experts, as the converter makes it), on up to :data:`~hpu_fp8_loader.quality.observers.ROWS_PER_CALL` evenly
   spaced rows of each input the forward hands over;
 - each linear's weight spread: max / min of its per-output-channel amax (what a per-tensor scale wastes on
   the small channels);
@@ -28,206 +28,41 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from hpu_fp8_loader import __version__
-from hpu_fp8_loader.arch import ModelDescriptor, Role, WeightTensor
+from hpu_fp8_loader.arch import ModelDescriptor, Role
 from hpu_fp8_loader.arch.base import linear_group
 from hpu_fp8_loader.conversion.plan import check_keep_bf16
 from hpu_fp8_loader.engine.model import Observer
 from hpu_fp8_loader.errors import ConfigError, OutputExistsError, UnsafePathError, WriteFailedError, force_flag, require_optional
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.writer import check_apart, publish_output_dir
-from hpu_fp8_loader.numerics import e4m3, scales
+from hpu_fp8_loader.quality.observers import (
+    AmaxObserver,
+    CheckpointFp8,
+    ConverterFp8,
+    Fp8Side,
+    LinearErrorObserver,
+    TeeObserver,
+)
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.choices import Bf16Group
 from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX
 
-if TYPE_CHECKING:
-    from hpu_fp8_loader.quality.calibrate import AmaxObserver
-    from hpu_fp8_loader.quality.evaluate import EvaluationResult
-
 __all__ = [
     "REPORT_FILE",
-    "ROWS_PER_CALL",
     "STARVED_SHARE",
-    "CheckpointFp8",
-    "ConverterFp8",
-    "LinearErrorObserver",
     "Report",
-    "TeeObserver",
     "check_report_dir",
 ]
 
 REPORT_FILE = "report.json"
 REPORT_FORMAT = "hpu-fp8-report"
-# Rows of each input (a batch, a layer-major chunk, an expert's routed tokens) the error is measured on: enough
-# for a stable ratio, few enough that the report costs a fraction of the forward.
-ROWS_PER_CALL = 64
 # An expert that got fewer than this share of its layer's mean routed tokens is marked starved (0 is dead).
 STARVED_SHARE = 0.1
-
-
-class TeeObserver(Observer):
-    """Hands every event to each observer in turn, in order: an amax observer first refuses a NaN before
-    anything later computes on it, and has updated the amax a later one reads."""
-
-    def __init__(self, *observers: Observer):
-        self.observers = observers
-        self.wants_all_experts = any(o.wants_all_experts for o in observers)
-
-    def record(self, module: str, values: np.ndarray) -> None:
-        for observer in self.observers:
-            observer.record(module, values)
-
-    def record_expert(self, layer: int, expert: int, intermediate: np.ndarray, routed_tokens: int) -> None:
-        for observer in self.observers:
-            observer.record_expert(layer, expert, intermediate, routed_tokens)
-
-    def enter_layer(self, layer: int, weights: dict[str, np.ndarray]) -> None:
-        for observer in self.observers:
-            observer.enter_layer(layer, weights)
-
-
-class Fp8Side(Protocol):
-    """Where the FP8 side of a linear comes from: an activation scale per point, a dequantized FP8 weight."""
-
-    description: str
-
-    def act_scale(self, point: str) -> float | None: ...
-
-    def weight(self, weight: WeightTensor, values: np.ndarray) -> np.ndarray: ...
-
-
-class ConverterFp8:
-    """Calibrate's FP8 side: weights quantized as ``convert`` does at ±240 (no scale rounding), activations
-    at the amax measured so far (``amax`` is the amax observer's live dict)."""
-
-    description = "weights quantized as convert does (±240, no scale rounding); activations at the running amax"
-
-    def __init__(self, amax: Mapping[str, float]):
-        self.amax = amax
-
-    def act_scale(self, point: str) -> float | None:
-        amax = self.amax.get(point)
-        return float(scales.act_scale_from_amax(amax, GAUDI2_FP8_MAX)) if amax else None
-
-    def weight(self, weight: WeightTensor, values: np.ndarray) -> np.ndarray:
-        amax = e4m3.channel_abs_max(values, weight.name) if weight.channel_wise else e4m3.abs_max(values, weight.name)
-        scale = scales.weight_scale_from_amax(amax, GAUDI2_FP8_MAX).reshape(-1)
-        used = scale if weight.channel_wise else scale[0]
-        return e4m3.dequantize(e4m3.quantize(values, used, GAUDI2_FP8_MAX, weight.name), used)
-
-
-class CheckpointFp8:
-    """Eval's FP8 side: the hpu-fp8 checkpoint's own weight codes, weight scales and act_scale tensors."""
-
-    description = "the FP8 checkpoint's weight codes, weight scales and act_scale tensors"
-
-    def __init__(self, checkpoint: Checkpoint):
-        self.checkpoint = checkpoint
-
-    def _scalar(self, name: str) -> float | None:
-        if name not in self.checkpoint.tensors:
-            return None
-        return float(np.asarray(self.checkpoint.get(name), np.float32).reshape(-1)[0])
-
-    def act_scale(self, point: str) -> float | None:
-        return self._scalar(names.tensor(point, names.ACT_SCALE))
-
-    def weight(self, weight: WeightTensor, values: np.ndarray) -> np.ndarray:
-        scale = np.asarray(self.checkpoint.get(names.tensor(weight.module, names.WEIGHT_SCALE)), np.float32).reshape(-1)
-        return e4m3.dequantize(self.checkpoint.get(weight.name), scale if weight.channel_wise else scale[0])
-
-
-@dataclass
-class LinearError:
-    """One linear's accumulated FP8 output error (squared sums over the rows measured) and weight spread."""
-
-    module: str
-    role: Role
-    layer: int
-    expert: int | None
-    point: str  # the activation point feeding it (routed experts' up_gate: the layer's shared input)
-    squared_error: float = 0.0
-    squared_reference: float = 0.0
-    rows: int = 0
-    channel_spread: float | None = None  # max / min per-output-channel amax; None when a channel is all zeros
-
-    @property
-    def relative_error(self) -> float | None:
-        return (self.squared_error / self.squared_reference) ** 0.5 if self.squared_reference else None
-
-
-def _evenly_spaced_rows(values: np.ndarray, count: int) -> np.ndarray:
-    rows = values.reshape(-1, values.shape[-1])
-    if rows.shape[0] > count:
-        rows = rows[np.linspace(0, rows.shape[0] - 1, count).astype(np.int64)]
-    return np.ascontiguousarray(rows, np.float32)
-
-
-class LinearErrorObserver(Observer):
-    """Accumulates each linear's FP8 output error from the inputs the forward records and the weights
-    ``enter_layer`` hands over; works whether each layer is entered once (layer-major) or once per batch.
-    FP8 weights are made once per entry of a layer, and only for linears whose input arrives."""
-
-    def __init__(self, descriptor: ModelDescriptor, fp8: Fp8Side, rows_per_call: int = ROWS_PER_CALL):
-        self.fp8 = fp8
-        self.prefix = descriptor.prefix
-        self.rows_per_call = rows_per_call
-        self.linears: dict[str, LinearError] = {}
-        self._by_point: dict[str, list[WeightTensor]] = {}
-        for w in descriptor.weights():
-            if not w.is_linear:
-                continue
-            assert w.layer is not None  # every linear belongs to a decoder layer
-            point = names.shared_expert_input(self.prefix, w.layer) if w.role is Role.EXPERT_UP_GATE else w.module
-            self._by_point.setdefault(point, []).append(w)
-            self.linears[w.module] = LinearError(w.module, w.role, w.layer, w.expert, point)
-        self._weights: dict[str, np.ndarray] = {}
-        self._fp8_weights: dict[str, np.ndarray] = {}
-        self._spread_done: set[int] = set()
-
-    def enter_layer(self, layer: int, weights: dict[str, np.ndarray]) -> None:
-        self._weights, self._fp8_weights = weights, {}
-        if layer in self._spread_done:
-            return
-        self._spread_done.add(layer)
-        for stats in self.linears.values():
-            if stats.layer == layer:
-                values = weights[names.tensor(stats.module, names.WEIGHT)]
-                channels = e4m3.channel_abs_max(values, stats.module)
-                low = float(channels.min())
-                stats.channel_spread = float(channels.max()) / low if low > 0 else None
-
-    def record(self, module: str, values: np.ndarray) -> None:
-        for weight in self._by_point.get(module, ()):
-            self._measure(weight, module, values)
-
-    def record_expert(self, layer: int, expert: int, intermediate: np.ndarray, routed_tokens: int) -> None:
-        module = names.expert(self.prefix, layer, expert, names.DOWN)
-        for weight in self._by_point.get(module, ()):
-            self._measure(weight, module, intermediate)
-
-    def _measure(self, weight: WeightTensor, point: str, values: np.ndarray) -> None:
-        scale = self.fp8.act_scale(point)
-        if not values.size or scale is None:
-            return
-        x = _evenly_spaced_rows(values, self.rows_per_call)
-        reference = self._weights[weight.name]
-        if weight.name not in self._fp8_weights:
-            self._fp8_weights[weight.name] = self.fp8.weight(weight, reference)
-        x_fp8 = e4m3.dequantize(e4m3.quantize(x, scale, GAUDI2_FP8_MAX, f"activation {point}"), scale)
-        y = x @ reference
-        difference = x_fp8 @ self._fp8_weights[weight.name] - y
-        stats = self.linears[weight.module]
-        stats.squared_error += float(np.einsum("ij,ij", difference, difference, dtype=np.float64))
-        stats.squared_reference += float(np.einsum("ij,ij", y, y, dtype=np.float64))
-        stats.rows += x.shape[0]
 
 
 def _point_type(module: str) -> str:
@@ -259,7 +94,7 @@ class Report:
         self.expert_tokens: Mapping[str, int] = {}
         self.checkpoint: str | None = None  # eval: the FP8 checkpoint compared with the model
         self.checkpoint_amax: dict[str, float] = {}
-        self.evaluation: EvaluationResult | None = None  # set by evaluate
+        self.evaluation: dict | None = None  # set by evaluate: its EvaluationResult.to_dict()
 
     def _start(
         self, kind: str, model: str | Path, descriptor: ModelDescriptor, fp8: Fp8Side, amax_observer: AmaxObserver
@@ -278,8 +113,6 @@ class Report:
     def evaluation_observer(self, model: str | Path, descriptor: ModelDescriptor, checkpoint: Checkpoint) -> Observer:
         """What eval's reference forward runs: held-out amax and expert load, and each linear's error against the
         checkpoint's FP8 weights and scales."""
-        from hpu_fp8_loader.quality.calibrate import AmaxObserver
-
         self.checkpoint = str(checkpoint.root)
         self.checkpoint_amax = {
             name.removesuffix("." + names.ACT_AMAX): float(np.asarray(checkpoint.get(name), np.float32).reshape(-1)[0])
@@ -383,7 +216,7 @@ class Report:
     def _evaluation(self) -> dict | None:
         if self.evaluation is None:
             return None
-        data = self.evaluation.to_dict()
+        data = dict(self.evaluation)
         kl = {row["variant"]: row["mean_kl"] for row in data["rows"]}
         data["kv_kl_difference"] = kl["fp8"] - kl["no-kv-fp8"] if {"fp8", "no-kv-fp8"} <= set(kl) else None
         return data
