@@ -15,6 +15,9 @@ from click.testing import CliRunner
 from hpu_fp8_loader.cli.main import main
 from hpu_fp8_loader.sources.measurements import write_measurements
 from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
+from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
@@ -118,3 +121,38 @@ def test_every_help_ends_with_commented_examples_that_parse():
                     pass
             except click.UsageError as exc:  # BadParameter, MissingParameter and NoSuchOption among them
                 pytest.fail(f"{line!r} does not parse: {exc.format_message()}")
+
+
+def _ppl_cell(row: dict) -> str:
+    change = 100 * row["perplexity_increase"]
+    sign = "−" if change < 0 else "+"  # the docs write a minus sign, not a hyphen
+    return f"{row['perplexity_bf16']:.3f} → {row['perplexity_fp8']:.3f} ({sign}{abs(change):.2f}%)"
+
+
+@pytest.mark.parametrize("model", sorted(TINY_MODELS))
+def test_the_accuracy_rows_in_the_readme_and_the_guide_are_what_demo_prints(tmp_path, model):
+    """Every shipped tiny model's rows, as `hpu-fp8 demo --model NAME` computes them now (a retrained model or a
+    changed emulation must update both documents)."""
+    result = CliRunner().invoke(main, ["demo", "--model", model, "--out", str(tmp_path / "demo"), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {row["variant"]: row for row in json.loads(result.stdout)["evaluation"]["rows"]}
+    fp8 = rows["fp8"]
+    low, high = (100 * v for v in fp8["top1_agreement_interval"])
+    kl_low, kl_high = fp8["mean_kl_interval"]
+    readme = (
+        f"| {model} | fp8 (KV fp8) | {100 * fp8['top1_agreement']:.2f}% [{low:.2f}, {high:.2f}] | "
+        f"{fp8['mean_kl']:.4f} [{kl_low:.4f}, {kl_high:.4f}] | {_ppl_cell(fp8)} |"
+    )
+    assert readme in (ROOT / "README.md").read_text().splitlines()
+    guide = (ROOT / "docs" / "guide.md").read_text().splitlines()
+    lines = [
+        f"| {first} | {100 * row['top1_agreement']:.2f}% | {row['mean_kl']:.4f} | {row['relative_logit_rmse']:.4f} | {_ppl_cell(row)} |"
+        for first, row in (
+            (f"{model} | fp8 (KV fp8)", fp8),
+            ("| weights-only", rows["weights-only"]),
+            ("| no-kv-fp8", rows["no-kv-fp8"]),
+        )
+    ]
+    assert lines[0] in guide
+    start = guide.index(lines[0])
+    assert guide[start : start + 3] == lines

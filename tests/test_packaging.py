@@ -20,6 +20,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from hpu_fp8_loader.errors import OPTIONAL_DEPENDENCIES
+from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 
 ROOT = Path(__file__).resolve().parents[1]
 # a PYTHONPATH naming a checkout would show pip and the interpreter that checkout instead of the wheel
@@ -219,7 +220,7 @@ def installed_wheel(tmp_path_factory) -> Path:
 def test_the_wheel_ships_the_templates_the_tiny_models_and_py_typed(installed_wheel: Path):
     names = set(zipfile.ZipFile(installed_wheel).namelist())
     assert {"hpu_fp8_loader/py.typed", "hpu_fp8_loader/model_cards/hpu_fp8.md.j2"} <= names
-    for model in ("ernie-moe-bytes", "qwen2-bytes"):
+    for model in TINY_MODELS:  # every model demo --model offers
         assert {
             f"hpu_fp8_loader/tiny_models/{model}/config.json",
             f"hpu_fp8_loader/tiny_models/{model}/model.safetensors",

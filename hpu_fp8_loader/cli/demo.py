@@ -1,8 +1,8 @@
 """The embedded default job: a tiny model trained here, taken through the whole pipeline on CPU.
 
 calibrate (reference engine, built-in text) -> convert -> validate -> eval (emulated Gaudi FP8
-against the BF16 model on held-out text) -> the accuracy table. The two tiny models ship with the
-package (``tiny_models/``, made by scripts/train_tiny.py); nothing is downloaded or trained.
+against the BF16 model on held-out text) -> the accuracy table. The tiny models (ERNIE-4.5 MoE, Qwen2, Qwen3,
+Qwen3-MoE) ship with the package (``tiny_models/``, made by scripts/train_tiny.py); nothing is downloaded or trained.
 """
 
 from __future__ import annotations
