@@ -10,9 +10,11 @@ import json
 import logging
 import re
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers.block_fp8 import hf_block_checkpoint
 
 from hpu_fp8_loader import console
 from hpu_fp8_loader.cli.main import main
@@ -20,6 +22,7 @@ from hpu_fp8_loader.console import LINE_AT_LEAST_EVERY_S, LINE_AT_MOST_EVERY_S, 
 from hpu_fp8_loader.sources.measurements import write_measurements
 from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 
+FIXTURES = Path(__file__).with_name("fixtures")
 LINE = re.compile(r"^hpu-fp8: progress: (?P<desc>[\w ]+): (?P<body>.*)$")
 ELAPSED = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)? elapsed")
 DURATION = r"(?:\d+h)?(?:\d+m)?(?:\d+s)?"
@@ -176,6 +179,26 @@ def test_eval_and_convert_lines_stay_off_json_stdout(tmp_path, source_factory, s
     assert converted.exit_code == 0, converted.stderr
     bodies = [body for desc, body in progress_lines(converted.stderr) if desc == "convert"]
     assert bodies and all(re.search(r"\d+/\d+ tensors, ", body) for body in bodies[:-1]), converted.stderr
+
+
+@pytest.mark.parametrize("kind", ["block-fp8", "compressed-tensors"])
+def test_import_writes_its_conversion_lines_to_a_log(tmp_path, fake_clock, kind):
+    """A 300B block-FP8 import runs for hours: it reports as convert does, and -q silences it."""
+    if kind == "block-fp8":
+        bf16 = synthesize(tmp_path / "bf16", preset_config("qwen2-tiny"), "torch", seed=0)
+        source = hf_block_checkpoint(bf16, tmp_path / "source")
+    else:
+        source = FIXTURES / "qwen2-bytes-fp8-dynamic"
+    measurements = tmp_path / "m.json"
+    write_measurements(measurements, synthetic_measurements(preset_config("qwen2-tiny")))
+    imported = invoke("import", source, tmp_path / "out", "--measurements", measurements, "--json")
+    assert imported.exit_code == 0, imported.stderr
+    assert json.loads(imported.stdout)["errors"]  # the lines stay off the JSON on stdout
+    bodies = [body for desc, body in progress_lines(imported.stderr) if desc == "import"]
+    assert len(bodies) > 1 and bodies[-1].startswith("done, ")
+    assert all(re.search(r"\d+/\d+ tensors, ", body) for body in bodies[:-1]), imported.stderr
+    quiet = invoke("import", source, tmp_path / "quiet", "--measurements", measurements, "-q")
+    assert quiet.exit_code == 0 and "progress" not in quiet.stderr, quiet.stderr
 
 
 @pytest.mark.slow  # a whole push (calibrate, convert, eval) against the Hub double: ~10 s

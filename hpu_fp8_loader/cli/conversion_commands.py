@@ -195,6 +195,7 @@ def convert(
 @revision_option("SRC")
 @force_option()
 @json_option()
+@quiet_option()
 @click.pass_context
 def import_command(
     ctx: click.Context,
@@ -210,6 +211,7 @@ def import_command(
     revision: str | None,
     force: bool,
     as_json: bool,
+    quiet: bool,
 ) -> None:
     """Bring a compressed-tensors FP8 checkpoint (llm-compressor's, vLLM's) or a block-wise FP8 one (Qwen3-*-FP8,
     DeepSeek; FastDeploy's Paddle block_wise_fp8, ERNIE-4.5-300B-A47B-FP8-Paddle) to hpu-fp8 v1 for Gaudi.
@@ -242,6 +244,7 @@ def import_command(
         compressed_tensors_scheme,
         import_compressed_tensors,
     )
+    from hpu_fp8_loader.conversion.convert import convert_steps
     from hpu_fp8_loader.conversion.plan import ConvertOptions
     from hpu_fp8_loader.engine.layer_major import layer_steps
     from hpu_fp8_loader.io.checkpoint import read_config
@@ -266,10 +269,11 @@ def import_command(
         if block is None:
             compressed_tensors_scheme(source)  # a scheme that does not import is refused before the calibration runs
         if run_calibration:
-            with Progress("calibrate", bar=not as_json, unit="step") as progress:
+            with Progress("calibrate", quiet=quiet, bar=not as_json, unit="step") as progress:
                 extra.append(CalibrationOptions(**calibration).run(source, progress=layer_steps(progress)).measurements)
         run_import = import_compressed_tensors if block is None else import_block_fp8
-        result = run_import(source, out, options, extra)
+        with Progress("import", quiet=quiet, bar=not as_json) as progress:
+            result = run_import(source, out, options, extra, convert_steps(progress))
     if isinstance(result, CompressedTensorsImportResult):  # what a block import leaves out, the converter has logged
         warn_each(result.warnings)
     if as_json:

@@ -11,12 +11,12 @@ it through the same dequantizing view). MTP draft weights are left out with a wa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpu_fp8_loader.arch import describe
-from hpu_fp8_loader.conversion.convert import convert
+from hpu_fp8_loader.conversion.convert import ConvertProgress, convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import ConfigError, MeasurementError
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE
@@ -55,6 +55,7 @@ def import_block_fp8(
     out: str | Path,
     options: ConvertOptions | None = None,
     measurements: Sequence[Measurements] = (),
+    progress: Callable[[ConvertProgress], None] | None = None,
 ) -> BlockFp8ImportResult:
     """A block-wise FP8 checkpoint (Hugging Face or FastDeploy Paddle layout) -> hpu-fp8 v1 at ``options.fp8_max``.
 
@@ -65,6 +66,8 @@ def import_block_fp8(
         options: as for :func:`~hpu_fp8_loader.convert`.
         measurements: activation statistics for every point (the source has none): measurement files, or a
             calibration of ``src`` itself.
+        progress: called after each tensor with a :class:`~hpu_fp8_loader.conversion.convert.ConvertProgress`, as
+            :func:`~hpu_fp8_loader.convert` calls it.
 
     Returns:
         A :class:`BlockFp8ImportResult`: the scheme, the error the requantization added per linear, what was left out.
@@ -96,6 +99,6 @@ def import_block_fp8(
     descriptor = describe(checkpoint.config, str(Path(src) / CONFIG_FILE), checkpoint.tensors)
     result = BlockFp8ImportResult(Path(out), scheme)
     result.left_out = check_source(checkpoint, descriptor, detect_layout(checkpoint, descriptor))  # refused before work
-    converted = convert(src, out, measurements, options)
+    converted = convert(src, out, measurements, options, progress)
     result.errors = list(converted.requantization_errors.items())
     return result

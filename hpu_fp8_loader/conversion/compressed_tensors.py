@@ -14,7 +14,7 @@ dequantized model.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hpu_fp8_loader.arch import Layout, ModelDescriptor, Role, describe
-from hpu_fp8_loader.conversion.convert import convert
+from hpu_fp8_loader.conversion.convert import ConvertProgress, convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import ConfigError, MeasurementError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
@@ -202,6 +202,7 @@ def import_compressed_tensors(
     out: str | Path,
     options: ConvertOptions | None = None,
     measurements: Sequence[Measurements] = (),
+    progress: Callable[[ConvertProgress], None] | None = None,
 ) -> CompressedTensorsImportResult:
     """A compressed-tensors FP8 checkpoint -> hpu-fp8 v1 at ``options.fp8_max`` (±240 for Gaudi2).
 
@@ -220,6 +221,8 @@ def import_compressed_tensors(
         options: as for :func:`~hpu_fp8_loader.convert`; ``ConvertOptions()`` by default (Gaudi2, FP8 KV cache).
         measurements: activation measurements for the points the source has no static scale for; where both
             have a point, the source's own scale wins.
+        progress: called after each tensor with a :class:`~hpu_fp8_loader.conversion.convert.ConvertProgress`, as
+            :func:`~hpu_fp8_loader.convert` calls it.
 
     Returns:
         A :class:`~hpu_fp8_loader.CompressedTensorsImportResult`: the scheme found, the requantization error per
@@ -276,6 +279,6 @@ def import_compressed_tensors(
                 "dequantized to float32, as FastDeploy keeps the router unquantized"
             )
     # the converter reads FP8 sources as fp8 x weight_scale
-    converted = convert(src, out, sources, options, used_elsewhere=scale_tensors)
+    converted = convert(src, out, sources, options, progress, used_elsewhere=scale_tensors)
     result.errors = list(converted.requantization_errors.items())
     return result
