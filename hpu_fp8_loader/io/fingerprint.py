@@ -13,21 +13,26 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import struct
 from pathlib import Path
+
+from hpu_fp8_loader.io.hub_cache import cache_blob
 
 __all__ = ["SAMPLED_BLOCKS", "SAMPLE_BYTES", "file_fingerprint"]
 
 SAMPLED_BLOCKS = 64
 SAMPLE_BYTES = 4096
-_BLOB_NAME = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
 def _hub_blob_name(path: Path) -> str | None:
-    """The content hash a Hugging Face cache snapshot link points at, if ``path`` is one."""
-    target = path.resolve()
-    return target.name if target.parent.name == "blobs" and _BLOB_NAME.fullmatch(target.name) else None
+    """The content hash a Hugging Face cache snapshot link points at, if ``path`` is one of the cache's own links.
+
+    Only a link of a snapshot that really lies in huggingface_hub's cache, onto its repository's own blob
+    (:func:`~hpu_fp8_loader.io.hub_cache.cache_blob`): a directory merely shaped like one elsewhere
+    (``x/snapshots/model/f -> ../../blobs/<64 hex digits>``) names nothing about its content, so it is sampled.
+    """
+    blob = cache_blob(path.parent, path)
+    return None if blob is None else blob.name
 
 
 def file_fingerprint(path: str | Path) -> str:

@@ -8,6 +8,7 @@ OUT that appears while a command runs is never deleted at publish without ``--fo
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -15,9 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.hub_cache import add_to_cache
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
 from hpu_fp8_loader.io import writer
+from hpu_fp8_loader.io.fingerprint import file_fingerprint
 from hpu_fp8_loader.io.manifest import write_manifest
 from hpu_fp8_loader.sources.measurements import write_measurements
 from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
@@ -112,6 +115,29 @@ def test_push_dry_run_of_a_cache_shaped_source_stages_no_secret(tmp_path, source
     env = {"HF_TOKEN": SECRET, "HF_HOME": str(fake_home), "HF_HUB_CACHE": str(tmp_path / "real-cache")}
     assert_refused(run_cli(*args, env=env), "vocab.txt")
     assert SECRET.encode() not in _all_bytes(work)
+
+
+def test_a_resume_trusts_a_blob_name_only_in_the_real_cache(tmp_path, source_factory, monkeypatch):
+    """The resume fingerprint took any ``.../blobs/<hex>`` link target's name as a hash of its content: a
+    cache-shaped source outside the cache, its blob rewritten with other weights, would have resumed from shards
+    of the old ones. Now only the cache's own links name their content; the rest is sampled."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    source = source_factory("qwen2-tiny")
+    shard = next(p for p in sorted(source.iterdir()) if p.suffix == ".safetensors")
+    snapshot = add_to_cache(tmp_path / "cache", "acme/qwen", source)
+    assert file_fingerprint(snapshot / shard.name) == "blob:" + hashlib.sha256(shard.read_bytes()).hexdigest()
+    shaped = tmp_path / "x" / "snapshots" / "model"
+    shaped.mkdir(parents=True)
+    (tmp_path / "x" / "blobs").mkdir()
+    blob = tmp_path / "x" / "blobs" / ("ab" * 32)
+    blob.write_bytes(shard.read_bytes())
+    (shaped / shard.name).symlink_to(f"../../blobs/{blob.name}")
+    before = file_fingerprint(shaped / shard.name)
+    assert not before.startswith("blob:")
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 0xFF  # other weights, same size and the same blob name (the tail is always sampled)
+    blob.write_bytes(bytes(data))
+    assert file_fingerprint(shaped / shard.name) != before
 
 
 # ---------------------------------------------------------------------------------------------- item 2: planted names
