@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers.block_fp8 import hf_block_checkpoint
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
 from hpu_fp8_loader.sources.measurements import write_measurements
@@ -45,6 +46,8 @@ COMMANDS: dict[str, Callable[[Path, Path], list[object]]] = {
     "convert-out": lambda w, path: ["convert", w / "model", path, "--measurements", w / "m.json", "-q"],
     "retarget-out": lambda w, path: ["retarget", w / "fp8", path, "--target", "gaudi3"],
     "export-legacy-out": lambda w, path: ["export-legacy", w / "fp8", path],
+    "export-compressed-tensors-out": lambda w, path: ["export-compressed-tensors", w / "fp8", path],
+    "import-out": lambda w, path: ["import", w / "block", path, "--measurements", w / "m.json"],
     "map-output": lambda w, path: ["map", w / "fp8", "-o", path],
     "calibrate-output": lambda w, path: ["calibrate", w / "model", "-o", path, *QUICK],
     "calibrate-fastdeploy-format": lambda w, path: [
@@ -69,6 +72,7 @@ def work(tmp_path, source_factory, spec_factory) -> Path:
     shutil.copytree(source_factory("qwen2-tiny", "paddle"), tmp_path / "model")
     shutil.copytree(spec_factory("qwen2-tiny"), tmp_path / "fp8")
     write_measurements(tmp_path / "m.json", synthetic_measurements(preset_config("qwen2-tiny")))
+    hf_block_checkpoint(source_factory("qwen2-tiny", "torch"), tmp_path / "block")
     return tmp_path
 
 

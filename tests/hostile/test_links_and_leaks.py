@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.block_fp8 import hf_block_checkpoint
 from helpers.hub_cache import add_to_cache
 
 from hostile.refusal import assert_refused, run_cli, tree_digest
@@ -159,8 +160,16 @@ def legacy(tmp_path, ckpt):
     return out
 
 
+@pytest.fixture
+def block(tmp_path, source_factory):
+    """A block-wise FP8 checkpoint (Hugging Face layout) of qwen2-tiny, for import."""
+    return hf_block_checkpoint(source_factory("qwen2-tiny", "torch"), tmp_path / "project" / "block")
+
+
 # Every command that stages a checkpoint directory in OUT.partial, as (argv builder, fixture it reads).
 STAGING_WRITERS = {
+    "import": (lambda s, o, m: ("import", s, o, "--measurements", m, "-q"), "block"),
+    "export-compressed-tensors": (lambda s, o, m: ("export-compressed-tensors", s, o, "-q"), "ckpt"),
     "convert": (lambda s, o, m: ("convert", s, o, "--measurements", m, "-q", "--workers", "1"), "src"),
     "synth": (lambda s, o, m: ("synth", o, "--preset", "qwen2-tiny", "-q"), None),
     "retarget": (lambda s, o, m: ("retarget", s, o, "--target", "gaudi3"), "ckpt"),
