@@ -7,8 +7,12 @@ fault. ``tree_digest`` before and after proves the input was not modified and no
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import re
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from click.testing import CliRunner, Result
@@ -67,3 +71,30 @@ def tree_digest(root: Path) -> dict[str, str]:
         else:
             digest[key] = "dir"
     return digest
+
+
+@contextlib.contextmanager
+def deadline(seconds: int = 10) -> Iterator[None]:
+    """Fail what blocks or loops for ``seconds`` (a TimeoutError), instead of hanging the test session."""
+
+    def expire(_signum, _frame):
+        raise TimeoutError(f"took over {seconds} s: a hang or a loop on hostile input")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def within_deadline(test: Callable) -> Callable:
+    """Each example of a property (put it under ``@given``) runs within :func:`deadline`: no reader may hang."""
+
+    @functools.wraps(test)
+    def bounded(*args, **kwargs):
+        with deadline():
+            return test(*args, **kwargs)
+
+    return bounded

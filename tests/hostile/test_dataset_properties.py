@@ -8,14 +8,11 @@ Example counts come from tests/conftest.py's profiles: few in the inner loop, mo
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
 import re
-import signal
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
 
@@ -24,6 +21,7 @@ import pyarrow.parquet as pq
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hostile.refusal import deadline
 from hpu_fp8_loader.errors import DatasetError
 from hpu_fp8_loader.quality import dataset_files
 from hpu_fp8_loader.quality.datasets import dataset_tokens
@@ -42,22 +40,6 @@ RECORDS = st.lists(
     ),
     max_size=8,
 )
-
-
-@contextlib.contextmanager
-def deadline(seconds: int = 10) -> Iterator[None]:
-    """Fail an example that blocks or loops for ``seconds``, instead of hanging the test session."""
-
-    def expire(_signum, _frame):
-        raise TimeoutError(f"reading the dataset took over {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def tokens_or_refusal(name: str, content: bytes, chunk: int) -> tuple[Path, bytes | str]:

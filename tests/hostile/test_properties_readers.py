@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from hostile.refusal import tree_digest
+from hostile.refusal import tree_digest, within_deadline
 from hpu_fp8_loader.arch import describe
 from hpu_fp8_loader.conversion.journal import JOURNAL, reusable_shards
 from hpu_fp8_loader.errors import (
@@ -131,6 +131,7 @@ def edited_text(original: dict) -> st.SearchStrategy[str]:
 
 
 @given(documents(JSON_VALUES.map(json.dumps)))
+@within_deadline
 def test_parse_json_gives_a_value_or_a_one_line_json_format_error(data):
     try:
         value = parse_json(data)
@@ -147,6 +148,7 @@ QWEN2 = preset_config("qwen2-tiny")
 
 @EXAMPLES_SHARE_NO_FIXTURE
 @given(documents(edited_text(QWEN2)))
+@within_deadline
 def test_config_json_gives_a_model_or_a_config_error_naming_it(data):
     with folder() as root:
         (root / "config.json").write_bytes(data)
@@ -163,6 +165,7 @@ INDEX = {"metadata": {"total_size": 4096}, "weight_map": {"a.weight": "model-000
 
 @EXAMPLES_SHARE_NO_FIXTURE
 @given(documents(edited_text(INDEX)))
+@within_deadline
 def test_the_index_gives_a_weight_map_of_file_names_or_an_index_error_naming_it(data):
     with folder() as root:
         (root / "model.safetensors.index.json").write_bytes(data)
@@ -182,6 +185,7 @@ def checkpoint(spec_factory) -> Path:
 
 @EXAMPLES_SHARE_NO_FIXTURE
 @given(data=st.data())
+@within_deadline
 def test_the_manifest_gives_a_list_of_one_line_problems_and_never_raises(checkpoint, data):
     manifest = json.loads((checkpoint / MANIFEST_FILE).read_text())
     content = data.draw(documents(edited_text(manifest)))
@@ -204,6 +208,7 @@ MEASUREMENTS.update(format="hpu-fp8-measurements", version=1)
 
 @EXAMPLES_SHARE_NO_FIXTURE
 @given(documents(edited_text(MEASUREMENTS)))
+@within_deadline
 def test_a_measurement_file_gives_measurements_or_a_measurement_error_naming_it(data):
     with folder() as root:
         (root / "m.json").write_bytes(data)
@@ -236,6 +241,7 @@ TOKENIZER_CONFIG = {
 
 @EXAMPLES_SHARE_NO_FIXTURE
 @given(config=documents(edited_text(TOKENIZER_CONFIG)), tokenizer=documents(edited_text(TOKENIZER_JSON)))
+@within_deadline
 def test_tokenizer_files_give_a_tokenizer_or_a_tokenizer_error_naming_the_file(config, tokenizer):
     with folder() as root:
         (root / "tokenizer_config.json").write_bytes(config)
@@ -253,6 +259,7 @@ def test_tokenizer_files_give_a_tokenizer_or_a_tokenizer_error_naming_the_file(c
 
 @EXAMPLES_SHARE_NO_FIXTURE
 @given(documents(edited_text({"bos_token_id": 1, "eos_token_id": 2, "max_length": 64})))
+@within_deadline
 def test_a_sources_generation_config_is_copied_only_when_it_is_a_json_object(source_factory, data):
     with folder() as where:
         root = where / "src"
@@ -268,6 +275,7 @@ def test_a_sources_generation_config_is_copied_only_when_it_is_a_json_object(sou
 
 @EXAMPLES_SHARE_NO_FIXTURE
 @given(documents(JSON_VALUES.map(lambda v: json.dumps({"fingerprint": "another", "shards": v}))))
+@within_deadline
 def test_a_resume_journal_that_vouches_for_nothing_clears_the_staging_directory(data):
     with folder() as staging:
         (staging / JOURNAL).write_bytes(data)
@@ -310,6 +318,7 @@ def shards(draw) -> bytes:
 
 @EXAMPLES_SHARE_NO_FIXTURE
 @given(shards())
+@within_deadline
 def test_a_safetensors_header_we_accept_the_safetensors_library_accepts_too(data):
     from safetensors import safe_open
 
@@ -350,6 +359,7 @@ def fastdeploy_text(draw) -> bytes:
 
 @EXAMPLES_SHARE_NO_FIXTURE
 @given(fastdeploy_text())
+@within_deadline
 def test_a_fastdeploy_measurement_file_gives_finite_amax_or_a_measurement_error_naming_it(data):
     with folder() as root:
         path = root / "model_measurement.txt"
@@ -376,6 +386,7 @@ PIECES = [
 @pytest.mark.slow  # a child interpreter per example
 @EXAMPLES_SHARE_NO_FIXTURE
 @given(st.lists(st.sampled_from(PIECES), max_size=8).map("".join), st.lists(st.text(max_size=20), min_size=1, max_size=3))
+@within_deadline
 def test_a_chat_template_gives_text_or_a_tokenizer_error_naming_the_record_within_the_deadline(template, contents):
     messages = [{"role": "user", "content": content} for content in contents]
     with folder() as cwd:
