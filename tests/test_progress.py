@@ -23,7 +23,7 @@ from hpu_fp8_loader.sources.measurements import write_measurements
 from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 
 FIXTURES = Path(__file__).with_name("fixtures")
-LINE = re.compile(r"^hpu-fp8: progress: (?P<desc>[\w ]+): (?P<body>.*)$")
+LINE = re.compile(r"^hpu-fp8: progress: (?P<desc>[\w -]+): (?P<body>.*)$")
 ELAPSED = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)? elapsed")
 DURATION = r"(?:\d+h)?(?:\d+m)?(?:\d+s)?"
 LEFT = re.compile(r"about (?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)? left")
@@ -199,6 +199,27 @@ def test_import_writes_its_conversion_lines_to_a_log(tmp_path, fake_clock, kind)
     assert all(re.search(r"\d+/\d+ tensors, ", body) for body in bodies[:-1]), imported.stderr
     quiet = invoke("import", source, tmp_path / "quiet", "--measurements", measurements, "-q")
     assert quiet.exit_code == 0 and "progress" not in quiet.stderr, quiet.stderr
+
+
+def test_the_rewriting_commands_write_their_lines_to_a_log(tmp_path, spec_factory, fake_clock):
+    """retarget, export-legacy and import-legacy rewrite a whole checkpoint (hundreds of GB at 300B): each reports
+    the bytes it has written, and -q silences it."""
+    checkpoint = spec_factory("qwen2-tiny")
+    measurements = tmp_path / "m.json"
+    write_measurements(measurements, synthetic_measurements(preset_config("qwen2-tiny")))
+    runs = {
+        "retarget": ("retarget", checkpoint, tmp_path / "g3", "--target", "gaudi3"),
+        "export-legacy": ("export-legacy", checkpoint, tmp_path / "legacy"),
+        "import-legacy": ("import-legacy", tmp_path / "legacy", tmp_path / "back", "--measurements", measurements),
+    }
+    for desc, args in runs.items():  # in this order: import-legacy reads what export-legacy wrote
+        result = invoke(*args)
+        assert result.exit_code == 0, result.stderr
+        bodies = [body for d, body in progress_lines(result.stderr) if d == desc]
+        assert len(bodies) > 1 and bodies[-1].startswith("done, "), result.stderr
+        assert all(re.search(r"\(\d+%\)", body) for body in bodies[:-1]), result.stderr  # of a known total
+        quiet = invoke(*args[:2], tmp_path / f"quiet-{desc}", *args[3:], "-q")
+        assert quiet.exit_code == 0 and "progress" not in quiet.stderr, quiet.stderr
 
 
 @pytest.mark.slow  # a whole push (calibrate, convert, eval) against the Hub double: ~10 s

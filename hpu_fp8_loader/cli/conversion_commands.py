@@ -296,6 +296,7 @@ def import_command(
 @shard_size_option()
 @force_option()
 @json_option()
+@quiet_option()
 def import_legacy(
     src: Path,
     out: Path,
@@ -304,6 +305,7 @@ def import_legacy(
     max_shard_size: str,
     force: bool,
     as_json: bool,
+    quiet: bool,
 ) -> None:
     """Bring a checkpoint of FastDeploy's legacy converter (Model_convert.py) into hpu-fp8 v1.
 
@@ -326,9 +328,9 @@ def import_legacy(
     """
     from hpu_fp8_loader.conversion.legacy_import import import_legacy as run_import
 
-    with user_errors():
+    with user_errors(), Progress("import-legacy", quiet=quiet, bar=not as_json) as progress:
         extra = _measurement_sets(measurement_paths)
-        report = run_import(src, out, extra, dead_experts, parse_size(max_shard_size), force)
+        report = run_import(src, out, extra, dead_experts, parse_size(max_shard_size), force, progress.show)
     warn_each(report.warnings)
     if as_json:
         emit_json(report)
@@ -356,7 +358,8 @@ def import_legacy(
 @shard_size_option()
 @force_option()
 @json_option()
-def retarget(src: Path, out: Path, target: Target, max_shard_size: str, force: bool, as_json: bool) -> None:
+@quiet_option()
+def retarget(src: Path, out: Path, target: Target, max_shard_size: str, force: bool, as_json: bool, quiet: bool) -> None:
     """Move hpu-fp8 checkpoint SRC between the Gaudi3 (±448) and Gaudi2 (±240) FP8 ranges.
 
     \b
@@ -370,8 +373,8 @@ def retarget(src: Path, out: Path, target: Target, max_shard_size: str, force: b
     """
     from hpu_fp8_loader.conversion.retarget import retarget as run_retarget
 
-    with user_errors():
-        report = run_retarget(src, out, target, parse_size(max_shard_size), force)
+    with user_errors(), Progress("retarget", quiet=quiet, bar=not as_json) as progress:
+        report = run_retarget(src, out, target, parse_size(max_shard_size), force, progress.show)
     if as_json:
         emit_json(report)
         return

@@ -20,13 +20,14 @@ from hpu_fp8_loader.cli.group import (
     kv_cache_option,
     main,
     parse_size,
+    quiet_option,
     revision_option,
     shard_size_option,
     tp_option,
     user_errors,
     warn_each,
 )
-from hpu_fp8_loader.console import emit_json, human_bytes, human_count
+from hpu_fp8_loader.console import Progress, emit_json, human_bytes, human_count
 from hpu_fp8_loader.fastdeploy.doctor import DEFAULT_TIMEOUT
 from hpu_fp8_loader.spec.choices import Bf16Group, KvCacheScheme, Target
 
@@ -237,7 +238,8 @@ def map_command(
 @shard_size_option()
 @force_option()
 @json_option()
-def export_legacy(src: Path, out: Path, tp: int, max_shard_size: str, force: bool, as_json: bool) -> None:
+@quiet_option()
+def export_legacy(src: Path, out: Path, tp: int, max_shard_size: str, force: bool, as_json: bool, quiet: bool) -> None:
     """Write hpu-fp8 checkpoint SRC in the legacy layout stock FastDeploy reads without the hook.
 
     Serve it with FastDeploy's v0 loader (--load-choices default), without expert parallelism.
@@ -254,8 +256,8 @@ def export_legacy(src: Path, out: Path, tp: int, max_shard_size: str, force: boo
     """
     from hpu_fp8_loader.fastdeploy.legacy import export_legacy as run_export
 
-    with user_errors():
-        report = run_export(src, out, tp, parse_size(max_shard_size), force)
+    with user_errors(), Progress("export-legacy", quiet=quiet, bar=not as_json) as progress:
+        report = run_export(src, out, tp, parse_size(max_shard_size), force, progress=progress.show)
     warn_each(report.warnings)
     if as_json:
         emit_json(report)

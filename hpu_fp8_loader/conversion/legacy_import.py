@@ -7,7 +7,7 @@ experts), requantized once; the error that adds is reported per tensor.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -179,6 +179,7 @@ def import_legacy(
     dead_experts: DeadExpertPolicy = DeadExpertPolicy.ERROR,
     max_shard_bytes: int = 5 * 10**9,
     force: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> LegacyImportResult:
     """A legacy FastDeploy FP8 checkpoint -> hpu-fp8 v1, one tensor at a time.
 
@@ -197,6 +198,7 @@ def import_legacy(
             ``"sibling-max"`` (give each the largest amax of its layer's other experts).
         max_shard_bytes: the largest output shard.
         force: replace an existing ``out`` (only a checkpoint this tool wrote, or an empty directory).
+        progress: called after each write with the bytes written and the total (e.g. ``Progress.show``).
 
     Returns:
         A :class:`~hpu_fp8_loader.LegacyImportResult`: the layout and expert scales found, the KV cache scheme,
@@ -266,7 +268,7 @@ def import_legacy(
         )
     options = ConvertOptions(kv_cache=kv, dead_experts=dead_experts, max_shard_bytes=max_shard_bytes)
     qc = quantization_config_for(descriptor, options, act, origin, sources, filled)
-    writer = CheckpointWriter(out, planned_tensors(descriptor, qc), max_shard_bytes, force, {"format": "pd"}, [src])
+    writer = CheckpointWriter(out, planned_tensors(descriptor, qc), max_shard_bytes, force, {"format": "pd"}, [src], progress)
     for w in descriptor.weights():
         if w.is_linear:
             weight, scale = _import_linear(checkpoint, w, layout, descriptor.prefix, report)

@@ -11,6 +11,7 @@ code); it is relabelled, and no precision is gained without the source.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,7 +72,12 @@ def _doubled(name: str, scale: np.ndarray) -> np.ndarray:
 
 
 def retarget(
-    src: str | Path, out: str | Path, target: Target | str, max_shard_bytes: int = 5 * 10**9, force: bool = False
+    src: str | Path,
+    out: str | Path,
+    target: Target | str,
+    max_shard_bytes: int = 5 * 10**9,
+    force: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> RetargetResult:
     """Retarget ``src`` for ``target``, writing ``out``; a checkpoint that already targets it is refused.
 
@@ -88,6 +94,7 @@ def retarget(
         target: ``Target.GAUDI2`` / ``"gaudi2"`` or ``Target.GAUDI3`` / ``"gaudi3"``.
         max_shard_bytes: the largest output shard.
         force: replace an existing ``out`` (only a checkpoint this tool wrote, or an empty directory).
+        progress: called after each write with the bytes written and the total (e.g. ``Progress.show``).
 
     Returns:
         A :class:`~hpu_fp8_loader.RetargetResult`: what was done, and how many fp8 values rounded.
@@ -135,7 +142,7 @@ def retarget(
         rescale = False
         message = "relabelled for gaudi2: the checkpoint already uses ±240"
     planned = [PlannedTensor(name, info.dtype, info.shape) for name, info in checkpoint.tensors.items()]
-    writer = CheckpointWriter(out, planned, max_shard_bytes, force, {"format": "pd"}, [src])
+    writer = CheckpointWriter(out, planned, max_shard_bytes, force, {"format": "pd"}, [src], progress)
     report = RetargetResult(Path(out), "rescaled" if rescale else "relabelled", message)
     for name, info in checkpoint.tensors.items():
         shard = checkpoint.files[info.file]

@@ -14,6 +14,7 @@ FastDeploy can read (docs/fastdeploy.md, "Qwen3 and Qwen3-MoE").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -172,6 +173,7 @@ def export_legacy(
     max_shard_bytes: int = 5 * 10**9,
     force: bool = False,
     rank: Parallelism | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> LegacyExportResult:
     """hpu-fp8 v1 -> the legacy layout stock FastDeploy reads (v0 loader, ``--load-choices default``).
 
@@ -191,6 +193,7 @@ def export_legacy(
         max_shard_bytes: the largest output shard.
         force: replace an existing ``out`` (only a checkpoint this tool wrote, or an empty directory).
         rank: write only this tensor-parallel rank's share (``Parallelism(tp_size, tp_rank)``).
+        progress: called after each write with the bytes written and the total (e.g. ``Progress.show``).
 
     Returns:
         A :class:`~hpu_fp8_loader.LegacyExportResult`.
@@ -241,7 +244,7 @@ def export_legacy(
             if tied_key and w.role is Role.EMBEDDING:
                 planned.append(PlannedTensor(tied_key, checkpoint.tensors[w.name].dtype, shape))
     planned += [PlannedTensor(names.fastdeploy_key_from_module(m), "BF16", (1,)) for m in modules]
-    writer = CheckpointWriter(out, planned, max_shard_bytes, force, {"format": "pd"}, [src])
+    writer = CheckpointWriter(out, planned, max_shard_bytes, force, {"format": "pd"}, [src], progress)
     for w in descriptor.weights():
         share = rank_share(checkpoint, descriptor, w, rank)
         if w.is_linear and w.module not in qc.ignore:

@@ -419,7 +419,8 @@ class CheckpointWriter:
     """A new checkpoint written tensor by tensor (or row block by row block) in one process.
 
     For the tools that rewrite a checkpoint (import, export, retarget, synth): plan, write, finish.
-    Nothing is resumed: a leftover ``OUT.partial`` is cleared first.
+    Nothing is resumed: a leftover ``OUT.partial`` is cleared first. ``progress`` (e.g. ``Progress.show``) is called
+    after each write with the bytes written so far and the planned total.
     """
 
     def __init__(
@@ -430,6 +431,7 @@ class CheckpointWriter:
         force: bool = False,
         metadata: dict[str, str] | None = None,
         sources: Iterable[str | Path] = (),
+        progress: Callable[[int, int], None] | None = None,
     ):
         self.out = Path(out)
         self.force = force
@@ -438,11 +440,16 @@ class CheckpointWriter:
         self.shards = plan_shards(planned, max_shard_bytes)
         self._files = [ShardFile(self.staging, shard, metadata) for shard in self.shards]
         self._owner = {t.name: f for f in self._files for t in f.shard.tensors}
+        self._progress, self._written, self._total = progress, 0, sum(t.nbytes for t in planned)
         for f in self._files:
             f.create()
 
     def write(self, name: str, array: np.ndarray, first_row: int = 0) -> None:
+        """Write rows of ``name`` (see :meth:`ShardFile.write`); ``progress`` hears the bytes written of the total."""
         self._owner[name].write(name, array, first_row)
+        if self._progress is not None:
+            self._written += array.nbytes
+            self._progress(self._written, self._total)
 
     def finish(self, config: dict, copy_from: Path | None = None) -> Path:
         for f in self._files:
