@@ -98,7 +98,7 @@ def _parse_config(src: Path, raw: object) -> _CompressedTensorsConfig:
         raise ConfigError(f"{where} is a {type(raw).__name__} ({raw!r:.60}), not an object")
     if raw.get("quant_method") != "compressed-tensors":
         found = repr(raw["quant_method"]) if "quant_method" in raw else "missing"
-        raise ConfigError(f"{src}: quant_method is {found}, not 'compressed-tensors'")
+        raise ConfigError(f"{where}.quant_method is {found}, not 'compressed-tensors'")
     try:
         return _CompressedTensorsConfig.model_validate(raw)
     except ValidationError as exc:
@@ -108,11 +108,12 @@ def _parse_config(src: Path, raw: object) -> _CompressedTensorsConfig:
 
 
 def _check_scheme(src: Path, qc: _CompressedTensorsConfig) -> str:
-    """The FP8 scheme found, or a refusal naming what was found instead."""
+    """The FP8 scheme found, or a refusal naming what was found instead (and config.json, where it was found)."""
+    config = src / "config.json"
     sparsity = (qc.sparsity_config or {}).get("format")
     if sparsity not in (None, "dense"):
         raise ConfigError(
-            f"{src}: sparsity_config.format is {sparsity!r}; only dense weights import (no 2:4 or bitmask sparsity)"
+            f"{config}: sparsity_config.format is {sparsity!r}; only dense weights import (no 2:4 or bitmask sparsity)"
         )
     described = []
     for name, group in qc.config_groups.items():
@@ -120,17 +121,17 @@ def _check_scheme(src: Path, qc: _CompressedTensorsConfig) -> str:
         found = f"{weights.type or 'untyped'}{weights.num_bits or ''} {weights.strategy or ''}".strip()
         if group_format != "float-quantized" or weights.type != "float" or weights.num_bits != 8:
             raise ConfigError(
-                f"{src}: config group {name!r} is {found} ({group_format or 'no format'}); "
+                f"{config}: config group {name!r} is {found} ({group_format or 'no format'}); "
                 "only FP8 (float, 8 bits, float-quantized) imports"
             )
         if not weights.symmetric:
-            raise ConfigError(f"{src}: config group {name!r} is asymmetric (zero points); only symmetric FP8 imports")
+            raise ConfigError(f"{config}: config group {name!r} is asymmetric (zero points); only symmetric FP8 imports")
         if weights.block_structure or weights.group_size or weights.strategy not in ("tensor", "channel"):
             shape = ", ".join(
                 f"{key} {value}" for key, value in (("block", weights.block_structure), ("group", weights.group_size)) if value
             )
             raise ConfigError(
-                f"{src}: config group {name!r} uses {weights.strategy or 'unstated'} weight scales"
+                f"{config}: config group {name!r} uses {weights.strategy or 'unstated'} weight scales"
                 + (f" ({shape})" if shape else "")
                 + "; only tensor or channel import"
             )
@@ -138,11 +139,11 @@ def _check_scheme(src: Path, qc: _CompressedTensorsConfig) -> str:
         activation = "none" if inputs is None else ("dynamic" if inputs.dynamic else f"static {inputs.strategy}")
         if inputs is not None and not inputs.dynamic and inputs.strategy != "tensor":
             raise ConfigError(
-                f"{src}: config group {name!r} has {activation} activation scales; only tensor-wise static ones import"
+                f"{config}: config group {name!r} has {activation} activation scales; only tensor-wise static ones import"
             )
         described.append(f"FP8 weights per {weights.strategy}, activations {activation}")
     if not described:
-        raise ConfigError(f"{src}: compressed-tensors config without config_groups")
+        raise ConfigError(f"{config}: compressed-tensors config without config_groups")
     return "; ".join(sorted(set(described)))
 
 

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from hostile.refusal import tree_digest, within_deadline
 from hpu_fp8_loader.arch import describe
+from hpu_fp8_loader.conversion.compressed_tensors import _scheme as compressed_tensors_config_scheme
 from hpu_fp8_loader.conversion.journal import JOURNAL, reusable_shards
 from hpu_fp8_loader.errors import (
     CheckpointIndexError,
@@ -41,6 +42,7 @@ from hpu_fp8_loader.io.safetensors_file import SafetensorsFile
 from hpu_fp8_loader.io.writer import Shard
 from hpu_fp8_loader.quality.chat_template import ChatRenderer
 from hpu_fp8_loader.quality.tokenizer import load_tokenizer
+from hpu_fp8_loader.sources.block_fp8 import block_fp8_scheme
 from hpu_fp8_loader.sources.measurements import read_fastdeploy_file, read_measurements
 from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 from hpu_fp8_loader.spec import names
@@ -155,6 +157,49 @@ def test_config_json_gives_a_model_or_a_config_error_naming_it(data):
         before = tree_digest(root)
         try:
             describe(read_config(root), str(root / "config.json"))
+        except ConfigError as exc:
+            assert "config.json" in one_line(exc)
+        assert tree_digest(root) == before
+
+
+# quantization_config as the releases write it: block-wise FP8 (Hugging Face and FastDeploy's Paddle kind) and
+# llm-compressor's compressed-tensors FP8 (the static fixture's own, tests/fixtures).
+BLOCK_HF = {
+    **QWEN2,
+    "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
+}
+BLOCK_PADDLE = {
+    **QWEN2,
+    "quantization_config": {
+        "quantization": "mix_quant",
+        "dense_quant_type": "block_wise_fp8",
+        "moe_quant_type": "block_wise_fp8",
+    },
+}
+COMPRESSED = {
+    **QWEN2,
+    "quantization_config": json.loads(
+        (Path(__file__).parents[1] / "fixtures" / "qwen2-bytes-fp8-static" / "config.json").read_text()
+    )["quantization_config"],
+}
+
+
+@EXAMPLES_SHARE_NO_FIXTURE
+@given(documents(st.sampled_from([BLOCK_HF, BLOCK_PADDLE, COMPRESSED]).flatmap(edited_text)))
+@within_deadline
+def test_a_quantization_config_gives_its_scheme_or_a_config_error_naming_config_json(data):
+    """What import reads first, block-wise or compressed-tensors: a scheme in words, 'not this kind' (None), or one
+    ConfigError line naming config.json; never another exception."""
+    with folder() as root:
+        (root / "config.json").write_bytes(data)
+        before = tree_digest(root)
+        try:
+            config = read_config(root)
+            scheme = block_fp8_scheme(config, root / "config.json")
+            if scheme is None:
+                scheme = compressed_tensors_config_scheme(root, config)
+            assert isinstance(scheme, str) and scheme
+            event("scheme: " + scheme.split(" (")[0])
         except ConfigError as exc:
             assert "config.json" in one_line(exc)
         assert tree_digest(root) == before
