@@ -101,6 +101,22 @@ def test_a_revision_sha_that_is_no_commit_id_writes_nothing_outside_the_cache(hu
     assert outside_the_cache(tmp_path) == before
 
 
+@pytest.mark.parametrize(
+    "name", ["../escaped.json", "../" + "2" * 40 + "/config.json", "{tmp}/escaped.json", "a/../../escaped.json"]
+)
+def test_a_file_name_in_the_listing_that_leaves_its_snapshot_writes_nothing_there(hub, tmp_path, name):
+    """A listed file name is a path inside the commit's snapshot to huggingface_hub; one that climbs out of it (into
+    another commit's snapshot, or anywhere) is refused in one line, and nothing lands outside the snapshot."""
+    name = name.format(tmp=tmp_path)
+    hub.repos["acme/fp8"].files[COMMIT][name] = StoredFile(b'{"planted": true}', lfs=False)
+    before = outside_the_cache(tmp_path)
+    snapshots = tmp_path / "place" / "hf-cache" / "models--acme--fp8" / "snapshots"
+    assert_refused(run_cli("pull", "acme/fp8"), "acme/fp8")
+    assert outside_the_cache(tmp_path) == before
+    planted = [p for p in snapshots.rglob("*") if p.is_file() and b"planted" in p.read_bytes()] if snapshots.exists() else []
+    assert planted == [], planted
+
+
 def test_a_source_repo_with_a_hostile_etag_is_refused_by_convert_and_push(hub, tmp_path, source_factory):
     """convert ORG/NAME and push ORG/NAME download their source the same way as pull."""
     from hpu_fp8_loader.sources.measurements import write_measurements
