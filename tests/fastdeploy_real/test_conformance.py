@@ -183,6 +183,73 @@ def test_qwen2_at_tp2_against_fastdeploys_presharded_loading(run_case, checkpoin
         assert_conforms(run_case({"oracle": tmp_path / "ranks", "hook": spec, "tp": 2, "rank": rank}))
 
 
+def with_unfused_qkv_bias(legacy: Path, out: Path, config: dict) -> Path:
+    """``legacy`` with each layer's fused ``qkv_proj.bias`` stored as the ``q_proj`` / ``k_proj`` / ``v_proj`` biases
+    FastDeploy's v0 loader also reads (``QKVParallelLinear.load_state_dict`` concatenates them) and its Qwen2
+    tensor-parallel mappings split: a plain cut at the head counts, no tensor-parallel arithmetic of ours."""
+    import json
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(legacy, out)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    q_width, kv_width = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+    for shard in sorted(out.glob("*.safetensors")):
+        tensors = load_file(shard)
+        for key in [k for k in tensors if k.endswith(".self_attn.qkv_proj.bias")]:
+            fused = tensors.pop(key)
+            del index["weight_map"][key]
+            assert fused.shape == (q_width + 2 * kv_width,), fused.shape
+            for name, part in zip(("q", "k", "v"), np.split(fused, [q_width, q_width + kv_width]), strict=True):
+                tensors[key.replace("qkv_proj", f"{name}_proj")] = part
+                index["weight_map"][key.replace("qkv_proj", f"{name}_proj")] = shard.name
+        save_file(tensors, shard, metadata={"format": "pd"})
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return out
+
+
+def test_fastdeploys_own_split_of_qwen2_at_tp2_agrees_with_the_hook_but_for_the_fp8_weights(run_case, checkpoints, tmp_path):
+    """The Qwen2 split checked by FastDeploy's code, not ours. Its v0 loader, given the TP 1 export with separate
+    q/k/v biases at TP 2, splits every tensor its tensor-parallel mappings list
+    (``Qwen2PretrainedModel._get_tensor_parallel_mappings``: the q/k/v biases, the embedding, lm_head) and
+    concatenates each rank's q|k|v bias itself; it gives each rank the FP8 linear weights whole (why export-legacy
+    refuses Qwen2 at TP > 1). So on each rank exactly the FP8 weights may differ from the hook's share, each at twice
+    the rank's width; every bias column, scale, norm, embedding row and lm_head column must equal FastDeploy's own
+    split."""
+    from test_qwen3_conformance import json_shapes
+
+    config = preset_config("qwen2-tiny", {"tie_word_embeddings": False})
+    spec, legacy = checkpoints("qwen2-tiny", False)
+    oracle = with_unfused_qkv_bias(legacy, tmp_path / "legacy-unfused-bias", config)
+    linears = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.up_gate_proj", "mlp.down_proj")
+    whole = {f"qwen2.layers.{i}.{linear}.weight" for i in range(config["num_hidden_layers"]) for linear in linears}
+    for rank in range(2):
+        report = run_case({"oracle": oracle, "hook": spec, "tp": 2, "rank": rank})
+        assert "error" not in report, report["error"] + "\n" + report["stderr"][-6000:]
+        shapes = {name: json_shapes(rest) for name, _, rest in (d.partition(": ") for d in report["differences"])}
+        assert set(shapes) == whole, "\n".join(report["differences"])
+        for fastdeploys, hooks in shapes.values():  # the rank's width doubled: the whole tensor on this rank
+            assert sorted(f // h for f, h in zip(fastdeploys, hooks, strict=True)) == [1, 2], (fastdeploys, hooks)
+        assert report["parameters"] > len(whole)  # the rest, the q|k|v biases included, compared and equal
+
+
+def test_fastdeploys_own_split_cannot_load_a_tied_qwen2_at_tp2(run_case, checkpoints, tmp_path):
+    """Why the split above is checked untied only, pinned so a FastDeploy that fixes it is noticed: its v0 mappings
+    cut ``lm_head.weight`` column-wise (``partial(fn, is_column=True)``), which for a tied model's key (the embedding,
+    ``[vocab, hidden]``) halves the hidden axis, and ``ParallelLMHead.load_state_dict`` then transposes it, so the
+    rank's ``[hidden, vocab / 2]`` parameter is handed ``[hidden / 2, vocab]``. A tied Qwen2 at TP > 1 loads only
+    through the hook or pre-sharded ranks (test_qwen2_at_tp2_against_fastdeploys_presharded_loading)."""
+    config = preset_config("qwen2-tiny", {"tie_word_embeddings": True})
+    spec, legacy = checkpoints("qwen2-tiny", True)
+    oracle = with_unfused_qkv_bias(legacy, tmp_path / "legacy-unfused-bias", config)
+    report = run_case({"oracle": oracle, "hook": spec, "tp": 2, "rank": 0})
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    assert "Shape not match" in report.get("error", ""), report
+    assert f"[{hidden}, {vocab // 2}]" in report["error"] and f"[{hidden // 2}, {vocab}]" in report["error"], report["error"]
+
+
 def doctor_path(environment) -> str:
     """PYTHONPATH for a doctor run: its child interpreter starts with the CPU stand-ins too (runtime/doctor_site)."""
     from fd_environment import RUNTIME
