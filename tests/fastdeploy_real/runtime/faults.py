@@ -1,7 +1,10 @@
 """Faults put into what the hook hands FastDeploy, for the suite's negative controls: each one wrong value.
 
 ``inject(kind)`` replaces ``mapping.map_rank``, which the hook's ``fill_model`` looks up when it runs; the emulation
-(``engine/fp8.py``) imported the real one by name, so it never sees the fault. Returns the fault's kind.
+(``engine/fp8.py``) imported the real one by name, so it never sees the fault. One kind is inside the hook's own
+rules instead: ``expert-keys-hold-raw-amax`` makes ``mapping.holds_raw_amax`` true for expert keys too, so every
+MoE input scale is derived 240x wrong; ``export-legacy`` shares that rule, and a test that writes its oracle with
+the same fault shows why only an oracle from PaddleCustomDevice's own converter can catch it. Returns the kind.
 """
 
 from __future__ import annotations
@@ -56,9 +59,17 @@ def _qk_norms_swapped(pieces: list, mapping) -> list:
     return pieces
 
 
+def expert_keys_hold_raw_amax(real: Callable[[str], bool]) -> Callable[[str], bool]:
+    """``holds_raw_amax`` with expert keys read as the raw amax too (they hold amax / 240)."""
+    return lambda key: real(key) or ".experts." in key
+
+
 def inject(kind: str) -> str:
     from hpu_fp8_loader.fastdeploy import mapping
 
+    if kind == "expert-keys-hold-raw-amax":
+        mapping.holds_raw_amax = expert_keys_hold_raw_amax(mapping.holds_raw_amax)
+        return kind
     real = mapping.map_rank
 
     def faulty(*args, **kwargs) -> Iterator:
