@@ -46,6 +46,33 @@ def _within_tolerance(name: str, x, y, scale: bool) -> bool:
     return relative <= TOLERANCE["relative"]
 
 
+# Parameters FastDeploy computes as a bf16 tensor divided by a Python number (``act_scale / 240.0`` in
+# HpuTensorWiseFP8LinearMethod.process_prequanted_weights, self_attn keys only). CPU paddle's kernel for it multiplies
+# by bf16(1 / 240) and rounds again, one bf16 ulp from the correctly rounded value at times; the hook evaluates the
+# formula in float32 and rounds once. What the HPU's kernel gives is not known here, so these values may differ by
+# exactly one bf16 ulp, and each such value is reported by name as device-rounded, never counted as agreement.
+DEVICE_ROUNDED_SUFFIXES = (".self_attn.qkv_proj.act_scale_inv", ".self_attn.o_proj.act_scale_inv")
+DEVICE_ROUNDED: list[dict] = []  # {"name", "fastdeploy", "hook"}: each value one bf16 ulp apart
+
+
+def _one_bf16_ulp_apart(x: np.ndarray, y: np.ndarray) -> bool:
+    """Same sign, finite, and at most one step apart in bf16 (the bits of a positive bf16 value order as integers)."""
+    a, b = x.astype(np.int32), y.astype(np.int32)
+    same_sign = ((a ^ b) & 0x8000) == 0
+    finite = ((a & 0x7F80) != 0x7F80) & ((b & 0x7F80) != 0x7F80)
+    return bool(np.all(same_sign & finite & (np.abs(a - b) <= 1)))
+
+
+def _device_rounded(name: str, a, b, x: np.ndarray, y: np.ndarray) -> bool:
+    if a.dtype != paddle.bfloat16 or not name.endswith(DEVICE_ROUNDED_SUFFIXES) or not _one_bf16_ulp_apart(x, y):
+        return False
+    values = [
+        float(v) for v in (a.astype(paddle.float32).numpy().reshape(-1)[0], b.astype(paddle.float32).numpy().reshape(-1)[0])
+    ]
+    DEVICE_ROUNDED.append({"name": name, "fastdeploy": values[0], "hook": values[1]})
+    return True
+
+
 def _difference(name: str, a, b, scale: bool = False) -> str | None:
     """None when ``a`` (FastDeploy's) and ``b`` (the hook's) are the same to the bit (or, for scales
     derived from an amax the legacy layout rounds, within TOLERANCE), else what differs."""
@@ -65,7 +92,7 @@ def _difference(name: str, a, b, scale: bool = False) -> str | None:
         if a.dtype != b.dtype or list(a.shape) != list(b.shape):
             return f"{name}: FastDeploy {_describe(a)}, hook {_describe(b)}"
         x, y = bits(a), bits(b)
-        if not np.array_equal(x, y) and not _within_tolerance(name, a, b, scale):
+        if not np.array_equal(x, y) and not _device_rounded(name, a, b, x, y) and not _within_tolerance(name, a, b, scale):
             where = np.argwhere(x != y)
             return f"{name}: {len(where)} of {x.size} values differ, first at {where[0].tolist()}"
         return None
@@ -180,6 +207,7 @@ def run(case: dict) -> dict:
         "kernel_calls": len(oracle_calls),
         "kernel_differences": compare_kernel_arguments(oracle_calls, hook_calls),
         "bf16_weights": bf16_linear_weights(hook_model),
+        "device_rounded": DEVICE_ROUNDED,
         "rounded_values": TOLERANCE["values"],
         "largest_relative_difference": TOLERANCE["largest"],
     }

@@ -4,11 +4,13 @@
    ``paddle.is_compiled_with_custom_device("intel_hpu")`` is true (``fastdeploy/platforms``,
    ``layers/backends/__init__.py`` at import time); it answers true here for ``intel_hpu`` only.
 2. The compiled HPU ops: ``stubs/`` provides ``paddle_custom_device.intel_hpu`` (see its docstring).
-3. Two CPU kernel gaps of paddle's CPU wheel, filled with exact equivalents: ``paddle.stack`` of
+3. Two CPU kernel gaps of paddle's CPU wheel, filled only where that wheel raises: ``paddle.stack`` of
    float8_e4m3fn tensors (FastDeploy's HPU MoE loading stacks its experts) goes through a uint8 view,
-   bit for bit; ``paddle.divide`` of bfloat16 tensors (its linear loading divides bf16 activation
-   scales) computes in float32 and rounds once to bf16, as a correctly rounded bf16 division would
-   [assumed of the HPU kernel].
+   bit for bit; a division whose divisor is a bfloat16 tensor (``240.0 / act_scale``, ``1.0 / act_scale``
+   in its linear loading) computes in float32 and rounds once to bf16, as a correctly rounded bf16
+   division would [assumed of the HPU kernel]. A bf16 tensor divided by a Python number
+   (``act_scale / 240.0``) has a CPU kernel and keeps it: its last bit is then CPU paddle's, which
+   the hook's float32 arithmetic need not share (conformance.py reports such values as device-rounded).
 
 Everything else is FastDeploy's code, read from where it lies.
 """
@@ -50,15 +52,23 @@ _divide = paddle.Tensor.__truediv__
 _rdivide = paddle.Tensor.__rtruediv__
 
 
-def _bf16_in_float32(operation):
-    def divide(a, b):
-        if getattr(a, "dtype", None) == paddle.bfloat16 or getattr(b, "dtype", None) == paddle.bfloat16:
-            wide = [v.astype(paddle.float32) if isinstance(v, paddle.Tensor) else v for v in (a, b)]
-            return operation(*wide).astype(paddle.bfloat16)
-        return operation(a, b)
-
-    return divide
+def _is_bf16(value) -> bool:
+    return isinstance(value, paddle.Tensor) and value.dtype == paddle.bfloat16
 
 
-paddle.Tensor.__truediv__ = _bf16_in_float32(_divide)
-paddle.Tensor.__rtruediv__ = _bf16_in_float32(_rdivide)
+def _bf16_tensor_by_bf16_tensor(a, b):
+    """``a / b`` of two bf16 tensors, which CPU paddle has no kernel for: in float32, rounded once to bf16."""
+    if _is_bf16(a) and _is_bf16(b):
+        return _divide(a.astype(paddle.float32), b.astype(paddle.float32)).astype(paddle.bfloat16)
+    return _divide(a, b)  # a bf16 tensor by a Python number, or mixed dtypes: CPU paddle's own kernel
+
+
+def _number_by_bf16_tensor(a, b):
+    """``b / a`` of a Python number by a bf16 tensor ``a`` (CPU paddle has no kernel): in float32, rounded once."""
+    if _is_bf16(a) and not isinstance(b, paddle.Tensor):
+        return _rdivide(a.astype(paddle.float32), b).astype(paddle.bfloat16)
+    return _rdivide(a, b)
+
+
+paddle.Tensor.__truediv__ = _bf16_tensor_by_bf16_tensor
+paddle.Tensor.__rtruediv__ = _number_by_bf16_tensor

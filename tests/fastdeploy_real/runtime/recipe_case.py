@@ -155,9 +155,10 @@ def run(case: dict) -> dict:
     hook = state(model)
     report["parameters"] = len(hook)
     if oracle_model is not None:
-        from conformance import compare_states
+        from conformance import DEVICE_ROUNDED, compare_states
 
         report["differences"] = compare_states(state(oracle_model), hook)
+        report["device_rounded"] = DEVICE_ROUNDED
     return report
 
 
