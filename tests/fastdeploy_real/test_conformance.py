@@ -28,6 +28,11 @@ from hpu_fp8_loader.spec.measurements import Measurements
 pytestmark = pytest.mark.slow
 
 
+# The legacy layout stores every activation amax in bf16 (2^-8 relative at most); FastDeploy then derives
+# its scales from that value and rounds them to bf16 (or float32) again: 2^-7 bounds the two roundings.
+LEGACY_ROUNDING = 2.0**-7
+
+
 def legacy_exact(measurements: Measurements) -> Measurements:
     """The same measurements with every amax moved to the nearest value the legacy layout stores exactly."""
     exact = {}
@@ -128,6 +133,27 @@ def test_the_values_cpu_paddle_rounds_twice_are_the_hooks_rounded_once(run_case,
         assert abs(entry["hook"] - exact) < abs(entry["fastdeploy"] - exact), entry
 
 
+# Where the negative controls run: each setting a case of its own above (the ordinary-amax one with the legacy
+# layout's rounding allowed), so a fault must stand out from what each allows.
+FAULT_SETTINGS = {
+    "TP1": {"tp": 1, "rank": 0},
+    "TP2-rank1": {"tp": 2, "rank": 1},
+    "TP2-rank1-pr5855": {"tp": 2, "rank": 1, "moe_layout": "pr5855"},
+    "TP2-rank1-ordinary-amax": {"tp": 2, "rank": 1, "exact": False},
+}
+
+
+def run_with_fault(run_case, checkpoints, fault: str, setting: str) -> dict:
+    case = dict(FAULT_SETTINGS[setting])
+    exact = case.pop("exact", True)
+    spec, legacy = checkpoints("ernie-moe-tiny", True if exact else None, "fp8", exact=exact)
+    tolerance = {} if exact else {"tolerance": LEGACY_ROUNDING}
+    report = run_case({"oracle": legacy, "hook": spec, "inject": fault, **case, **tolerance})
+    assert "error" not in report, report["error"]
+    return report
+
+
+@pytest.mark.parametrize("setting", FAULT_SETTINGS)
 @pytest.mark.parametrize(
     ("fault", "where"),
     [
@@ -136,14 +162,39 @@ def test_the_values_cpu_paddle_rounds_twice_are_the_hooks_rounded_once(run_case,
         ("expert-scales-swapped", "down_proj_in_scale"),
     ],
 )
-def test_a_fault_in_the_hooks_output_is_reported(run_case, checkpoints, fault, where):
-    """Negative control: one wrong value in what the hook hands FastDeploy is found and named."""
-    spec, legacy = checkpoints("ernie-moe-tiny", True)
-    report = run_case({"oracle": legacy, "hook": spec, "tp": 1, "rank": 0, "inject": fault})
-    assert "error" not in report, report["error"]
+def test_a_fault_in_the_hooks_output_is_reported(run_case, checkpoints, fault, where, setting):
+    """Negative control: one wrong value in what the hook hands FastDeploy is found and named, on every setting."""
+    report = run_with_fault(run_case, checkpoints, fault, setting)
     assert len(report["differences"]) == 1 and where in report["differences"][0], report["differences"]
     # MLP and MoE layers are driven to their kernels (attention is not): the fault shows there too
     assert bool(report["kernel_differences"]) == (where != "qkv_proj.weight"), report["kernel_differences"]
+
+
+@pytest.mark.parametrize(
+    ("fault", "setting", "spoiled"),
+    [
+        # every parameter a rank holds a share of: each weight, embedding row, lm_head column and expert channel scale
+        ("every-rank-as-rank-0", "TP2-rank1", (".weight", "_weight", "_weight_scale")),
+        # both scales of every dense linear, attention and MLP
+        ("linear-multiplier-as-descale", "TP1", (".act_scale", ".act_scale_inv")),
+        ("expert-scale-split-before-5757", "TP2-rank1", (".mlp.experts.up_gate_proj_weight_scale",)),
+        ("expert-activation-scales-swapped", "TP2-rank1-pr5855", (".mlp.experts.down_proj_in_scale",)),
+    ],
+)
+def test_a_fault_in_the_hooks_own_rules_is_reported(run_case, checkpoints, fault, setting, spoiled):
+    """Negative control inside the hook (runtime/faults.py HOOK_RULES): a rule gone wrong is found, and every
+    parameter named is one the rule spoils, in every MoE layer for an expert rule."""
+    report = run_with_fault(run_case, checkpoints, fault, setting)
+    named = [difference.split(":")[0] for difference in report["differences"]]
+    assert named and all(name.endswith(spoiled) for name in named), "\n".join(report["differences"])
+    if fault == "every-rank-as-rank-0":
+        assert any(name.endswith(".self_attn.qkv_proj.weight") for name in named), named
+    if fault == "linear-multiplier-as-descale":
+        for linear in (".self_attn.qkv_proj.", ".self_attn.o_proj.", ".mlp.up_gate_proj.", ".mlp.down_proj."):
+            assert any(linear in name for name in named), (linear, named)
+    if fault.startswith("expert-"):  # ernie-moe-tiny's MoE layers are 1 and 2
+        assert sorted(name.split(".layers.")[1].split(".")[0] for name in named) == ["1", "2"], named
+    print(f"{fault} at {setting}: {len(named)} parameters named, e.g. {named[0]}")
 
 
 def test_the_hook_is_routed_whatever_fastdeploy_imports_first(run_case, checkpoints):
@@ -171,11 +222,6 @@ def test_installing_the_package_leaves_fastdeploys_environment_alone(fastdeploy_
     changed = {name: (before.get(name), version) for name, version in after.items() if before.get(name) != version}
     assert set(changed) <= {"hpu-fp8-loader", "hpu_fp8_loader"}, changed
     assert after["paddlepaddle"] == before["paddlepaddle"]
-
-
-# The legacy layout stores every activation amax in bf16 (2^-8 relative at most); FastDeploy then derives
-# its scales from that value and rounds them to bf16 (or float32) again: 2^-7 bounds the two roundings.
-LEGACY_ROUNDING = 2.0**-7
 
 
 @pytest.mark.parametrize(("preset", "tp"), [("ernie-moe-tiny", 2), ("qwen2-tiny", 1)])

@@ -4,11 +4,13 @@
 (``engine/fp8.py``) imported the real one by name, so it never sees the fault. One kind is inside the hook's own
 rules instead: ``expert-keys-hold-raw-amax`` makes ``mapping.holds_raw_amax`` true for expert keys too, so every
 MoE input scale is derived 240x wrong; ``export-legacy`` shares that rule, and a test that writes its oracle with
-the same fault shows why only an oracle from PaddleCustomDevice's own converter can catch it. Returns the kind.
+the same fault shows why only an oracle from PaddleCustomDevice's own converter can catch it; ``HOOK_RULES`` holds
+faults of the same kind inside the hook's other rules. Returns the kind.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -64,11 +66,69 @@ def expert_keys_hold_raw_amax(real: Callable[[str], bool]) -> Callable[[str], bo
     return lambda key: real(key) or ".experts." in key
 
 
+# Faults inside the hook's own rules, one of each kind an independent review put there; each replaces one function of
+# ``mapping`` that the hook looks up when it runs (``export-legacy`` imported its own by name and stays right).
+
+
+def _every_rank_as_rank_0(mapping) -> None:
+    real = mapping.map_rank
+
+    def rank_0(checkpoint, qc, d, par, *args, **kwargs):
+        return real(checkpoint, qc, d, dataclasses.replace(par, tp_rank=0, ep_rank=0), *args, **kwargs)
+
+    mapping.map_rank = rank_0
+
+
+def _linear_multiplier_as_descale(mapping) -> None:
+    """A dense linear's (act_scale, act_scale_inv) handed over the wrong way round."""
+    real = mapping._linear_act_scales
+    mapping._linear_act_scales = lambda s, raw: real(s, raw)[::-1]
+
+
+def _expert_scale_split_before_5757(mapping) -> None:
+    """An expert up_gate's weight_scale split contiguously, as FastDeploy did before #5757, not gate|up-paired."""
+    real = mapping.scale_share
+
+    def contiguous(checkpoint, d, w, par):
+        if w.role is not mapping.Role.EXPERT_UP_GATE or par.tp_size == 1:
+            return real(checkpoint, d, w, par)
+        part = w.shape[1] // par.tp_size
+        name = mapping.names.tensor(w.module, mapping.names.WEIGHT_SCALE)
+        return mapping._read(checkpoint, name, columns=((par.tp_rank * part, (par.tp_rank + 1) * part),))
+
+    mapping.scale_share = contiguous
+
+
+def _expert_activation_scales_swapped(mapping) -> None:
+    """Experts 0 and 1 of every MoE layer read each other's down_proj activation amax."""
+    real = mapping._activation_scale
+    swap = {".experts.0.": ".experts.1.", ".experts.1.": ".experts.0."}
+
+    def swapped(checkpoint, module, qc):
+        for this, other in swap.items():
+            if this in module:
+                return real(checkpoint, module.replace(this, other), qc)
+        return real(checkpoint, module, qc)
+
+    mapping._activation_scale = swapped
+
+
+HOOK_RULES: dict[str, Callable] = {
+    "every-rank-as-rank-0": _every_rank_as_rank_0,
+    "linear-multiplier-as-descale": _linear_multiplier_as_descale,
+    "expert-scale-split-before-5757": _expert_scale_split_before_5757,
+    "expert-activation-scales-swapped": _expert_activation_scales_swapped,
+}
+
+
 def inject(kind: str) -> str:
     from hpu_fp8_loader.fastdeploy import mapping
 
     if kind == "expert-keys-hold-raw-amax":
         mapping.holds_raw_amax = expert_keys_hold_raw_amax(mapping.holds_raw_amax)
+        return kind
+    if kind in HOOK_RULES:
+        HOOK_RULES[kind](mapping)
         return kind
     real = mapping.map_rank
 
