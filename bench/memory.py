@@ -73,10 +73,11 @@ class Measured:
     disk_bytes_read: int = 0  # block reads of the process and its reaped descendants (wait4)
 
 
-def run_measured(command: list[str], interval: float = 0.05) -> Measured:
-    """Run ``command``; wall time, the peak of the summed PSS of its process tree and the bytes it read."""
+def run_measured(command: list[str], interval: float = 0.05, **popen) -> Measured:
+    """Run ``command`` (``popen``: e.g. ``env``, ``cwd``, ``stdout``); wall time, the peak of the summed PSS of its
+    process tree and the bytes it read."""
     start = time.perf_counter()
-    process = subprocess.Popen(command)
+    process = subprocess.Popen(command, **popen)
     peak = 0
     read: dict[int, int] = {}
     stop = threading.Event()

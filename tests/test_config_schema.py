@@ -96,6 +96,7 @@ def test_calibration_references_must_exist(config):
         ({"torch_dtype": "bfloat16"}, "torch_dtype"),
         ({"transformers_version": "4.57.1"}, "4.57.1 > 4.56.0"),
         ({"architectures": ["Ernie4_5_MoeForCausalLMPT"]}, "FastDeploy registers"),
+        ({"head_dim": None}, "'head_dim': null"),
     ],
 )
 def test_fastdeploy_paddle_format_rules(config, change, message):

@@ -20,7 +20,7 @@ from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error, MeasurementError, NonFiniteError, OutputExistsError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.sources.measurements import write_measurements
-from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
+from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 from hpu_fp8_loader.spec import names
 
 
@@ -68,6 +68,17 @@ def test_output_config_is_fastdeploy_paddle_format_from_a_torch_source(source_fa
     assert (out / "generation_config.json").read_bytes() == (
         source_factory("qwen2-tiny", "torch") / "generation_config.json"
     ).read_bytes()
+
+
+def test_a_null_head_dim_is_written_as_the_number_fastdeploy_needs(tmp_path):
+    """Some copies of ERNIE-4.5-21B-A3B's config.json say ``"head_dim": null``; FastDeploy derives head_dim only
+    where the key is absent, so the output states hidden / heads (docs/spec.md section 4.3)."""
+    config = preset_config("ernie-moe-tiny", {"head_dim": None})
+    synthesize(tmp_path / "src", config, seed=1)
+    out = convert(tmp_path / "src", tmp_path / "o", [synthetic_measurements(config)]).out
+    written = json.loads((out / "config.json").read_text())
+    assert written["head_dim"] == config["hidden_size"] // config["num_attention_heads"]
+    assert json.loads((tmp_path / "src" / "config.json").read_text())["head_dim"] is None  # the source untouched
 
 
 def _convert_fails(src, out, error, match, measurements=None):

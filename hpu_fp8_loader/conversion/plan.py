@@ -181,6 +181,9 @@ def output_config(source_config: dict, descriptor: ModelDescriptor, qc: Quantiza
     config["dtype"] = "bfloat16"
     # keys whose absence FastDeploy reads with other defaults than the model's own (docs/fastdeploy.md section 3)
     config["tie_word_embeddings"] = descriptor.tie_word_embeddings
+    # FastDeploy derives head_dim only where the key is absent: a null (as in some copies of ERNIE-4.5-21B-A3B's
+    # config.json) reaches its rotary table as None and fails before any weight is loaded
+    config["head_dim"] = descriptor.head_dim
     if descriptor.moe is not None:
         config["moe_layer_start_index"] = descriptor.moe.start
         config["moe_use_aux_free"] = descriptor.moe.correction_bias

@@ -26,7 +26,9 @@ class Status(Enum):
 
 LEGEND = (
     "**checked**: a case of the conformance suite runs FastDeploy's own code on a CPU, and the model the hook loads "
-    "equals FastDeploy's own loading to the bit; **conforms**: FastDeploy has no loading of its own to compare with; "
+    "equals FastDeploy's own loading to the bit, but for a self-attention linear's `act_scale_inv`, which CPU "
+    "paddle's bf16 kernel rounds twice and the hook once (one bf16 ulp, each named; hpu-fp8-loader's docs/fastdeploy.md "
+    "section 12); **conforms**: FastDeploy has no loading of its own to compare with; "
     "a case runs its code on a CPU, every parameter it creates is filled with the shape and dtype it created, and "
     "every argument of each layer's first attention and MoE kernel call equals what the project's emulation "
     "computes with; **not checked** (or not listed): the hook maps it, no case runs it; "
@@ -151,7 +153,11 @@ def model_status(model_type: str, kv_cache: str) -> str:
 
     checked, conforming = where(Status.CHECKED), where(Status.CONFORMS)
     if checked:
-        done = f"checked on FastDeploy's own code on a CPU at {checked}: the model the hook loads equals FastDeploy's own loading to the bit"
+        done = (
+            f"checked on FastDeploy's own code on a CPU at {checked}: the model the hook loads equals FastDeploy's own "
+            "loading to the bit, but for one bf16 rounding CPU paddle does twice (hpu-fp8-loader's docs/fastdeploy.md "
+            "section 12)"
+        )
     elif conforming:
         done = (
             f"checked on FastDeploy's own code on a CPU at {conforming} for conformance only (FastDeploy has no loading "

@@ -355,6 +355,11 @@ def fastdeploy_config_problems(config: dict) -> list[str]:
     version = config.get("transformers_version")
     if version is not None and _version_tuple(version) > (4, 56, 0):
         problems.append(f"config.json has transformers_version {version} > 4.56.0: FastDeploy would treat it as torch format")
+    if "head_dim" in config and config["head_dim"] is None:
+        problems.append(
+            "config.json has 'head_dim': null: FastDeploy derives head_dim only where the key is absent and fails "
+            "building its rotary table (convert writes it explicitly)"
+        )
     model_type = config.get("model_type")
     expected = FASTDEPLOY_ARCHITECTURES.get(model_type) if isinstance(model_type, str) else None
     if expected is None:
