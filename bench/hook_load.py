@@ -38,7 +38,7 @@ from hpu_fp8_loader.fastdeploy.legacy import export_legacy
 from hpu_fp8_loader.sources.synth import synthesize, synthetic_measurements
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fastdeploy_real"))
-from fd_environment import RUNTIME, FastDeployEnvironment, prepare
+from fd_environment import RUNTIME, FastDeployEnvironment, prepare, write_case
 
 # The legacy layout stores each activation amax in bf16 and FastDeploy rounds what it derives: 2^-7 bounds the two
 # (tests/fastdeploy_real/test_conformance.py, LEGACY_ROUNDING).
@@ -61,17 +61,11 @@ def make_checkpoints(work: Path, layers: int) -> tuple[Path, Path]:
     return spec, legacy
 
 
-def _case_dir(work: Path, name: str, case: dict) -> Path:
+def _case_dir(work: Path, name: str, case: dict) -> tuple[Path, dict[str, str]]:
+    """A fresh working directory for one run, and the variables it runs with (as the suite's run_case)."""
     run = work / f"run-{name}"
     shutil.rmtree(run, ignore_errors=True)
-    (run / "prometheus").mkdir(parents=True)
-    (run / "case.json").write_text(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in case.items()}))
-    return run
-
-
-def _variables(run: Path) -> dict[str, str]:
-    """What the suite's run_case sets for a case (tests/fastdeploy_real/conftest.py)."""
-    return {"FD_PLUGINS": "hpu_fp8", "FD_ATTENTION_BACKEND": "HPU_ATTN", "PROMETHEUS_MULTIPROC_DIR": str(run / "prometheus")}
+    return run, write_case(run, case)
 
 
 def _report(output: Path, what: str) -> dict:
@@ -83,11 +77,11 @@ def _report(output: Path, what: str) -> dict:
 
 
 def timed_load(environment: FastDeployEnvironment, work: Path, name: str, case: dict) -> tuple[Measured, dict]:
-    run = _case_dir(work, name, case)
+    run, variables = _case_dir(work, name, case)
     with (run / "stdout").open("w") as stdout, (run / "stderr").open("w") as stderr:
         measured = run_measured(
             [str(environment.python), str(RUNTIME / "load_timing.py"), "case.json"],
-            interval=0.1, env=environment.env(**_variables(run)), cwd=run, stdout=stdout, stderr=stderr,
+            interval=0.1, env=environment.env(**variables), cwd=run, stdout=stdout, stderr=stderr,
         )  # fmt: skip
     return measured, _report(run / "stdout", name)
 
@@ -104,7 +98,7 @@ def main() -> None:
     spec, legacy = make_checkpoints(args.work, args.layers)
     environment, _, _ = prepare()
     loads = {"fastdeploy": (legacy, "default"), "hook": (spec, "hpu_fp8")}
-    best: dict[str, dict] = {}
+    runs: dict[str, list[dict]] = {name: [] for name in loads}
     for repeat in range(args.repeats):
         for name, (checkpoint, choice) in loads.items():
             case = {"checkpoint": checkpoint, "load_choices": choice, "tp": args.tp, "rank": 0}
@@ -112,15 +106,14 @@ def main() -> None:
             print(f"-- {name} load {repeat + 1}: {report['load_seconds']:.1f} s load_model, process {measured.seconds:.1f} s, "
                   f"peak {measured.peak_pss / 2**30:.2f} GiB, {report['parameters']} parameters "
                   f"({report['parameter_bytes'] / 2**30:.2f} GiB)", flush=True)  # fmt: skip
-            figures = {"load_seconds": report["load_seconds"], "peak_bytes": measured.peak_pss, **report}
-            if name not in best:
-                best[name] = figures
-            else:
-                best[name] = {**figures, "load_seconds": min(best[name]["load_seconds"], report["load_seconds"]),
-                              "peak_bytes": min(best[name]["peak_bytes"], measured.peak_pss)}  # fmt: skip
+            runs[name].append({**report, "peak_bytes": measured.peak_pss})
+    best = {
+        name: {**done[-1], "load_seconds": min(r["load_seconds"] for r in done), "peak_bytes": min(r["peak_bytes"] for r in done)}
+        for name, done in runs.items()
+    }
     conformance_case = {"oracle": legacy, "hook": spec, "tp": args.tp, "rank": 0, "tolerance": LEGACY_ROUNDING}
-    run = _case_dir(args.work, "conformance", conformance_case)
-    done = environment.run([str(RUNTIME / "conformance.py"), "case.json"], cwd=run, timeout=3600, **_variables(run))
+    run, variables = _case_dir(args.work, "conformance", conformance_case)
+    done = environment.run([str(RUNTIME / "conformance.py"), "case.json"], cwd=run, timeout=3600, **variables)
     (run / "stdout").write_text(done.stdout)
     (run / "stderr").write_text(done.stderr)
     compared = _report(run / "stdout", "conformance")

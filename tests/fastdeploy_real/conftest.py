@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
 import pytest
-from fd_environment import RUNTIME, FastDeployEnvironment, FastDeployUnavailableError, prepare
+from fd_environment import RUNTIME, FastDeployEnvironment, FastDeployUnavailableError, prepare, write_case
 
 REQUIRE = "HPU_FP8_REQUIRE_FASTDEPLOY"
 
@@ -34,12 +33,7 @@ def run_case(fastdeploy_env, tmp_path):
 
     def run(case: dict, plugins: str = "hpu_fp8", script: str = "conformance.py") -> dict:
         work = tmp_path / f"run-{len(list(tmp_path.glob('run-*')))}"
-        (work / "prometheus").mkdir(parents=True)
-        (work / "case.json").write_text(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in case.items()}))
-        done = environment.run(
-            [str(RUNTIME / script), "case.json"], cwd=work,
-            FD_PLUGINS=plugins, FD_ATTENTION_BACKEND="HPU_ATTN", PROMETHEUS_MULTIPROC_DIR=str(work / "prometheus"),
-        )  # fmt: skip
+        done = environment.run([str(RUNTIME / script), "case.json"], cwd=work, **write_case(work, case, plugins))
         lines = done.stdout.strip().splitlines()
         assert done.returncode == 0 and lines, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
         report = json.loads(lines[-1])

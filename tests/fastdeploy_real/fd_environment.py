@@ -22,6 +22,7 @@ two files and the Python version; the extracted source is keyed by its commit.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -61,6 +62,14 @@ class FastDeployEnvironment:
         return subprocess.run(
             [str(self.python), *args], cwd=cwd, env=self.env(**extra_env), capture_output=True, text=True, timeout=timeout
         )
+
+
+def write_case(run: Path, case: dict, plugins: str = "hpu_fp8") -> dict[str, str]:
+    """Make ``run`` a case's working directory (``case.json``, a Prometheus directory FastDeploy's metrics need);
+    the variables a case runs with: the plugins FastDeploy loads, its HPU attention backend, that directory."""
+    (run / "prometheus").mkdir(parents=True)
+    (run / "case.json").write_text(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in case.items()}))
+    return {"FD_PLUGINS": plugins, "FD_ATTENTION_BACKEND": "HPU_ATTN", "PROMETHEUS_MULTIPROC_DIR": str(run / "prometheus")}
 
 
 def _cache() -> Path:
