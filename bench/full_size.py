@@ -1,4 +1,5 @@
-"""The whole pipeline at ERNIE-4.5-21B-A3B's real size on this machine (issue 16), as ratios (never asserts).
+"""The whole pipeline at ERNIE-4.5-21B-A3B's real size on this machine (issue 16), or at ERNIE-4.5-300B-A47B's full
+width (issue 26 item 5: ``--model ernie-300b``), as ratios (never asserts).
 
 Synthesizes ERNIE-4.5-21B-A3B at its real configuration (28 layers, 64 experts, hidden 2560: 43.6 GB BF16;
 the config.json values of the public release) with a sentencepiece tokenizer trained here, then runs, each
@@ -15,6 +16,13 @@ Goals (ratios against baselines measured in the same run):
    float32 matmul GFLOP/s measured on the same shapes;
 3. convert time <= 1.0x a plain copy of the same files through safetensors' numpy API.
 
+With ``--model ernie-300b`` the model is ERNIE-4.5-300B-A47B's published width (hidden 8192, 64 experts of 3584, a
+dense MLP of 28672; bench/import_block_fp8.py ``config_for``: layer 0 dense, the rest MoE), ``--layers`` 3 by default
+(one dense and two MoE layers, 28 GB BF16): one MoE layer is 22.5 GB in float32, more than this machine's memory.
+Goal 4: every step completes with a peak (summed PSS of the process tree) <= 8 GiB; ``plan`` and ``map`` run at TP 8
+and EP 8. eval is not run there: the FP8 emulation still maps a whole layer (issue 26 item 1 covers the reference
+engine so far), so it cannot fit one 300B MoE layer; the output says so.
+
 Disk: the source, its FP8 checkpoint (half its size) and one shard of headroom, ~70 GB at 28 layers. Where the
 disk has less, the most layers that fit are used, at full width, and the output says so. The copy baseline
 deletes each copied shard once written (it is timed, not kept), and the source is deleted before ``map``
@@ -23,6 +31,7 @@ writes rank 0's file. Nothing here is run by CI.
     python bench/full_size.py --work /path/with/70GB/free [--layers N] [--samples 16] [--json]
     python bench/full_size.py --synth-only; python bench/full_size.py --reuse-source   # the source made beforehand
     python bench/full_size.py --reuse-source --calibrate-only                          # calibrate's goals alone
+    python bench/full_size.py --model ernie-300b --work /path/with/50GB/free           # 300B width, 3 layers
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 from convert import COPY
+from import_block_fp8 import config_for as ernie_300b_config
 from memory import Measured, run_measured
 
 from hpu_fp8_loader.arch import describe
@@ -52,21 +62,26 @@ ERNIE_21B = {**real_configs.ERNIE_21B, "rope_theta": 500000.0, "rms_norm_eps": 1
 SHARD = 2 * 10**9  # bytes per source shard: the copy baseline's disk headroom
 HEADROOM = 3 * 10**9  # for measurements, scratch and the filesystem itself
 TOKENIZER_VOCAB = 8000
+PEAK_GOAL = 8 * 2**30  # goal 4 (--model ernie-300b): every step's peak memory
+MODELS = {"ernie-21b": ("ERNIE-4.5-21B-A3B", 28), "ernie-300b": ("ERNIE-4.5-300B-A47B", 54)}
 
 
-def config_for(layers: int) -> dict:
+def config_for(layers: int, model: str = "ernie-21b") -> dict:
+    if model == "ernie-300b":
+        return ernie_300b_config(layers)
     return preset_config("ernie-moe-tiny", {**ERNIE_21B, "num_hidden_layers": layers, "moe_layer_end_index": layers - 1})
 
 
-def model_bytes(layers: int) -> int:
-    return 2 * describe(config_for(layers)).parameter_count()
+def model_bytes(layers: int, model: str = "ernie-21b") -> int:
+    return 2 * describe(config_for(layers, model)).parameter_count()
 
 
-def layers_that_fit(work: Path, wanted: int) -> int:
-    """The most layers (at most ``wanted``) whose source, FP8 checkpoint and headroom fit the free disk."""
+def layers_that_fit(work: Path, wanted: int, model: str) -> int:
+    """The most layers (at most ``wanted``; at least 3, one dense and two MoE) whose source, FP8 checkpoint and
+    headroom fit the free disk."""
     free = shutil.disk_usage(work).free
     layers = wanted
-    while layers > 2 and 1.5 * model_bytes(layers) + SHARD + HEADROOM > free:
+    while layers > 3 and 1.5 * model_bytes(layers, model) + SHARD + HEADROOM > free:
         layers -= 1
     return layers
 
@@ -145,7 +160,10 @@ def step(results: dict, name: str, command: list[str]) -> Measured:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, default=Path("/tmp/hpu-fp8-full-size"))
-    parser.add_argument("--layers", type=int, default=28, help="at most this many layers (fewer when the disk is short)")
+    parser.add_argument("--model", choices=sorted(MODELS), default="ernie-21b", help="whose width and layer count")
+    parser.add_argument(
+        "--layers", type=int, help="at most this many layers (fewer when the disk is short); default 28, or 3 at 300B"
+    )
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--eval-samples", type=int, default=2)
@@ -154,6 +172,9 @@ def main() -> None:
     parser.add_argument("--synth-only", action="store_true", help="make the source (and its tokenizer), then stop")
     parser.add_argument("--calibrate-only", action="store_true", help="stop after calibrate, keeping the source")
     args = parser.parse_args()
+    full_name, full_layers = MODELS[args.model]
+    wide = args.model == "ernie-300b"
+    wanted = args.layers or (3 if wide else full_layers)
     src, out, results = args.work / "src", args.work / "fp8", {}
     marker = src / "bench-source.json"  # written once the source and its tokenizer are complete
     reused = args.reuse_source and marker.is_file()
@@ -165,12 +186,14 @@ def main() -> None:
     else:
         shutil.rmtree(args.work, ignore_errors=True)
         args.work.mkdir(parents=True)
-        layers = layers_that_fit(args.work, args.layers)
-    config = config_for(layers)
-    size = model_bytes(layers)
-    print(f"ERNIE-4.5-21B-A3B-sized: {layers} of 28 layers at full width, {size / 1e9:.1f} GB BF16", flush=True)
-    if layers < 28:
-        print(f"   (28 layers need {(1.5 * model_bytes(28) + SHARD + HEADROOM) / 1e9:.0f} GB free; {args.work} has less)")
+        layers = layers_that_fit(args.work, wanted, args.model)
+    config = config_for(layers, args.model)
+    size = model_bytes(layers, args.model)
+    print(f"{full_name}-sized: {layers} of {full_layers} layers at full width, {size / 1e9:.1f} GB BF16", flush=True)
+    if layers < wanted:
+        print(
+            f"   ({wanted} layers need {(1.5 * model_bytes(wanted, args.model) + SHARD + HEADROOM) / 1e9:.0f} GB free; {args.work} has less)"
+        )
     cli = str(Path(sys.executable).with_name("hpu-fp8"))
     py = sys.executable
     if reused:
@@ -219,17 +242,37 @@ def main() -> None:
         shutil.rmtree(args.work / "copy", ignore_errors=True)
         convert = step(results, "convert", [cli, "convert", str(src), str(out), "--measurements", str(measurements), "-q"])
         step(results, "validate", [cli, "validate", "-q", str(out)])
-        evaluation = [cli, "eval", str(src), str(out), "--samples", str(args.eval_samples), "--seq-len", str(args.seq_len)]
-        step(results, "eval", [*evaluation, "--json"])
+        if wide:
+            print("-- eval: not run at 300B width: the FP8 emulation maps a whole MoE layer (22.5 GB in float32)")
+        else:
+            evaluation = [cli, "eval", str(src), str(out), "--samples", str(args.eval_samples), "--seq-len", str(args.seq_len)]
+            step(results, "eval", [*evaluation, "--json"])
         shutil.rmtree(src)  # map's rank file needs the room (--reuse-source cannot reuse it after a whole run)
+        tp = "8" if wide else "2"
+        step(results, "plan", [cli, "plan", str(out), "--tp", tp])
         rank_file = str(args.work / "rank0.safetensors")
-        step(results, "map", [cli, "map", str(out), "--tp", "2", "--rank", "0", "-o", rank_file])
+        step(results, "map", [cli, "map", str(out), "--tp", tp, "--rank", "0", "-o", rank_file])
+        if wide:
+            Path(rank_file).unlink()
+            step(results, "map EP", [cli, "map", str(out), "--ep", "8", "--ep-rank", "0", "-o", rank_file])
         ratios["convert_over_copy"] = convert.seconds / copy.seconds
         print(f"convert {convert.seconds:.0f} s, copy {copy.seconds:.0f} s:")
         print(f"  -> {ratios['convert_over_copy']:.2f}x the copy (goal <= 1.0)")
+        print(f"convert read {convert.bytes_read / 1e9:.1f} GB of a {size / 1e9:.1f} GB source:")
+        print(f"  -> {convert.bytes_read / size:.2f}x the source (goal <= 1.05)")
+    if wide:
+        peaks = {name: m.peak_pss for name, m in results.items() if name not in ("synth", "copy baseline")}
+        worst = max(peaks, key=peaks.__getitem__)
+        ratios["largest_peak_over_8_gib"] = peaks[worst] / PEAK_GOAL
+        print(f"largest peak: {worst}, {peaks[worst] / 2**30:.2f} GiB:")
+        print(f"  -> {ratios['largest_peak_over_8_gib']:.2f}x 8 GiB (goal <= 1.0)")
     if args.json:
         figures = {name: vars(m) for name, m in results.items()}
-        print(json.dumps({"layers": layers, "model_bytes": size, "gflops": rate, "steps": figures, "ratios": ratios}))
+        print(
+            json.dumps(
+                {"model": args.model, "layers": layers, "model_bytes": size, "gflops": rate, "steps": figures, "ratios": ratios}
+            )
+        )
     if not args.calibrate_only:
         shutil.rmtree(args.work, ignore_errors=True)
 

@@ -17,14 +17,16 @@ from hpu_fp8_loader.arch import describe
 from hpu_fp8_loader.engine.fp8 import EmulationOptions, Fp8Emulator, Fp8Parameters
 from hpu_fp8_loader.engine.layer_major import LayerProgress, layer_steps, run_layer_major
 from hpu_fp8_loader.engine.model import EngineConfig, ReferenceModel, forward
-from hpu_fp8_loader.engine.weights import EngineWeights, open_weights
+from hpu_fp8_loader.engine.weights import ROUTER, EngineWeights, open_weights, part_of
 from hpu_fp8_loader.errors import WriteFailedError
 from hpu_fp8_loader.fastdeploy.mapping import Parallelism, map_rank
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.quality.calibrate import calibrate
 from hpu_fp8_loader.quality.datasets import dataset_tokens, token_batches
 from hpu_fp8_loader.quality.observers import AmaxObserver
+from hpu_fp8_loader.sources.synth import preset_config, synthesize
 from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
+from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import parse_quantization_config
 
 SAMPLES, SEQ_LEN, BATCH = 6, 32, 4  # two chunks, the second short: 4 + 2 windows
@@ -53,39 +55,99 @@ def test_layer_major_calibration_equals_batch_major_to_the_bit(source_factory, m
     assert result.tokens == SAMPLES * SEQ_LEN
 
 
+def test_the_amax_order_is_the_models_whatever_the_chunks(tmp_path):
+    """Each point enters the measurements when its stage first sees it, and an expert's stage runs every chunk
+    before the next expert's: the file's order is layer by layer, experts in number order, whatever the batch size
+    (a window at a time, every expert cannot have been routed tokens in the first chunk)."""
+    root = tmp_path / "sixteen-experts"
+    synthesize(root, preset_config("ernie-moe-tiny", {"moe_num_experts": 16, "moe_k": 2}), "paddle", seed=3)
+    orders = [list(calibrate(root, samples=6, seq_len=16, batch_size=b).measurements.amax) for b in (1, 4, 6)]
+    assert orders[0] == orders[1] == orders[2]
+    experts = [names.expert_of(key) for key in orders[0] if names.expert_of(key) is not None]
+    assert experts == sorted(experts) and len(experts) > 16
+
+
 class CountingWeights(EngineWeights):
-    """The real weights, counting how often each layer is read from the checkpoint, read-ahead included (never
-    cached)."""
+    """The real weights, counting how often each part of a layer and each block of the embedding is read from
+    the checkpoint, read-ahead included (never cached)."""
 
     def __init__(self, root):
         opened = open_weights(root)
         super().__init__(opened.checkpoint, opened.descriptor, cache_bytes=0)
         self.reads: Counter = Counter()
 
-    def _read(self, index):
-        self.reads[index] += 1
-        return super()._read(index)
+    def _read(self, key):
+        self.reads[key] += 1
+        return super()._read(key)
+
+    def embedding_rows(self, start, stop):
+        self.reads[("embedding", start)] += 1
+        return super().embedding_rows(start, stop)
 
 
-class EnteredLayers(AmaxObserver):
+class EnteredParts(AmaxObserver):
     def __init__(self, prefix: str):
         super().__init__(prefix)
-        self.entered: list[int] = []
+        self.entered: list[tuple[int, list[str]]] = []
 
-    def enter_layer(self, layer, weights):
-        self.entered.append(layer)
+    def enter_weights(self, layer, weights):
+        self.entered.append((layer, list(weights)))
 
 
 @pytest.mark.parametrize("windows", [1, 3, 8])
-def test_each_layer_is_read_once_whatever_the_number_of_windows(source_factory, windows):
+def test_each_part_is_read_once_whatever_the_number_of_windows(source_factory, monkeypatch, windows):
+    """Every part of every layer (attention, MLP or router, each expert) and every block of the embedding is read
+    once, and entered once, whatever the number of chunks: 3 blocks of the embedding here."""
+    import hpu_fp8_loader.engine.weights as weights_module
+
     weights = CountingWeights(source_factory("ernie-moe-tiny"))
-    assert weights.reads_ahead  # a tiny model: layer L + 1 is read while layer L runs, and still only once
-    observer = EnteredLayers("ernie")
-    ids = np.arange(windows * 16).reshape(windows, 16) % 500
+    d = weights.descriptor
+    monkeypatch.setattr(weights_module, "EMBEDDING_BLOCK_BYTES", 4 * d.hidden_size * (d.vocab_size // 3 + 1))
+    assert weights.reads_ahead  # a tiny model: the next part is read while this one runs, and still only once
+    observer = EnteredParts("ernie")
+    ids = np.arange(windows * 16).reshape(windows, 16) * 37 % d.vocab_size
     run_layer_major({"m": ReferenceModel(weights, observer=observer)}, ids, 2)
-    layers = weights.descriptor.num_layers
-    assert weights.reads == Counter({None: 1, **dict.fromkeys(range(layers), 1)})  # no head for calibration
-    assert observer.entered == list(range(layers))  # once per layer, not per chunk
+    parts = [(layer, part) for layer in range(d.num_layers) for part in weights.parts(layer)]
+    blocks = [("embedding", start) for start, _ in weights.embedding_blocks()]
+    assert len(blocks) == 3
+    assert weights.reads == Counter(dict.fromkeys(parts + blocks, 1))  # no head for calibration
+    # once per part, not per chunk; an MoE layer's router part once more, as its shared experts run
+    again = [(layer, ROUTER) for layer in d.moe_layers()]
+    entered = [(layer, next(part_of(w) for w in d.weights() if w.name == names_[0])) for layer, names_ in observer.entered]
+    assert Counter(entered) == Counter(parts + again)
+    assert d.moe is not None and len(weights.parts(d.moe_layers()[0])) == 2 + d.moe.num_experts
+    everything = {name for _, names_ in observer.entered for name in names_}
+    embedding = names.tensor(names.embedding(d.prefix), names.WEIGHT)
+    assert everything == {w.name for w in d.weights() if w.layer is not None} and embedding not in everything
+
+
+def test_an_moe_layer_holds_one_expert_at_a_time(source_factory):
+    """As an expert's weights are entered, the experts' weights still alive are its own and at most the next
+    expert's, being read ahead: never the layer's other experts (weak references to every array read)."""
+    import weakref
+
+    d = open_weights(source_factory("ernie-moe-tiny")).descriptor
+    read: list[weakref.ref] = []
+
+    class Tracked(CountingWeights):
+        def _read(self, key):
+            arrays = super()._read(key)
+            if isinstance(key[1], int):
+                read.extend(weakref.ref(array) for array in arrays.values())
+            return arrays
+
+    alive: list[int] = []
+
+    class Watch(AmaxObserver):
+        def enter_weights(self, layer, weights):
+            if any(w.expert is not None for w in d.weights() if w.name in weights):
+                alive.append(sum(ref() is not None for ref in read))
+
+    weights = Tracked(source_factory("ernie-moe-tiny"))
+    run_layer_major({"m": ReferenceModel(weights, observer=Watch("ernie"))}, np.arange(3 * 16).reshape(3, 16), 2)
+    assert d.moe is not None and len(alive) == d.moe.num_experts * len(d.moe_layers())
+    assert max(alive) <= 2 * 2  # up_gate and down of this expert and of the next one
+    assert sum(ref() is not None for ref in read) <= 2  # after the run: at most the last expert's pair
 
 
 class CountingParameters(Fp8Parameters):
@@ -152,8 +214,8 @@ class ScratchWatcher(AmaxObserver):
         self.mapped: list[str] = []
         self.stop_at = stop_at
 
-    def enter_layer(self, layer, weights):
-        if layer == 1:
+    def enter_weights(self, layer, weights):
+        if layer == 1 and not self.mapped:
             self.mapped = [line for line in Path("/proc/self/maps").read_text().splitlines() if ".hpu-fp8-hidden-" in line]
         if layer == self.stop_at:
             raise KeyboardInterrupt
@@ -167,7 +229,9 @@ def test_a_forced_scratch_file_gives_the_same_amax_and_leaves_nothing_behind(tmp
     in_memory, scratch = AmaxObserver("ernie"), ScratchWatcher("ernie")
     run_layer_major({"m": ReferenceModel(weights, config, in_memory)}, ids, 4)
     run_layer_major({"m": ReferenceModel(weights, config, scratch)}, ids, 4, scratch_dir=tmp_path, memory_bytes=0)
-    assert len(scratch.mapped) == 1 and str(tmp_path) in scratch.mapped[0] and "(deleted)" in scratch.mapped[0]
+    # the hidden states, the normed input and the routed sum: each its own scratch file
+    assert len(scratch.mapped) == ReferenceModel.stores
+    assert all(str(tmp_path) in line and "(deleted)" in line for line in scratch.mapped)
     assert list(scratch.amax.items()) == list(in_memory.amax.items()) and scratch.expert_tokens == in_memory.expert_tokens
     assert list(tmp_path.iterdir()) == []
 
@@ -188,11 +252,12 @@ def test_a_scratch_directory_that_does_not_exist_is_named(tmp_path, source_facto
 
 
 def test_calibration_progress_counts_up_to_a_known_total(source_factory):
+    """A step is one chunk through one stage: a dense layer's attention and MLP, 3 chunks each."""
     seen: list[LayerProgress] = []
     calibrate(source_factory("qwen2-tiny"), samples=5, seq_len=16, batch_size=2, progress=seen.append)
     layers = seen[0].layers
-    assert [p.done for p in seen] == list(range(1, 3 * layers + 1))  # 3 chunks through every layer
-    assert {p.total for p in seen} == {3 * layers} and [p.layer for p in seen[::3]] == list(range(layers))
+    assert [p.done for p in seen] == list(range(1, 6 * layers + 1))  # 3 chunks through 2 stages of every layer
+    assert {p.total for p in seen} == {6 * layers} and [p.layer for p in seen[::6]] == list(range(layers))
 
 
 def test_the_cli_bar_shows_the_total_and_the_layer(monkeypatch):
@@ -210,28 +275,29 @@ def test_the_cli_bar_shows_the_total_and_the_layer(monkeypatch):
 
 
 def test_read_ahead_hands_over_the_plain_reads_to_the_bit_and_drops_what_is_not_asked_for(source_factory):
-    """Layer L + 1 is read on the second thread as soon as layer L is asked for; what it hands over is what a
-    plain read gives; a read-ahead that is not asked for next (another layer) is waited for and dropped."""
+    """The next part a forward uses is read on the second thread as soon as this one is asked for; what it hands
+    over is what a plain read gives; a read-ahead that is not asked for next is waited for and dropped."""
     root = source_factory("ernie-moe-tiny")
     ahead, plain = CountingWeights(root), CountingWeights(root)
     plain.reads_ahead = False
-    for layer in range(ahead.descriptor.num_layers):
-        mine, theirs = ahead.layer(layer), plain.layer(layer)
+    order = [(layer, part) for layer in range(ahead.descriptor.num_layers) for part in ahead.parts(layer)]
+    for key, after in zip(order, [*order[1:], None], strict=True):
+        mine, theirs = ahead.part(*key), plain.part(*key)
         assert mine.keys() == theirs.keys()
         assert all(np.array_equal(mine[name], theirs[name]) for name in mine)
-        if layer + 1 < ahead.descriptor.num_layers:
-            assert ahead.reads[layer + 1] == 1 or ahead._ahead is not None  # under way, or already done
-    assert ahead.reads == Counter(dict.fromkeys(range(ahead.descriptor.num_layers), 1))  # nothing after the last
-    ahead.layer(0)  # not read ahead: read again, and layer 1 read ahead ...
-    ahead.layer(2)  # ... which is not asked for: waited for and dropped, layer 2 read plainly
-    assert ahead.reads == Counter({0: 2, 1: 2, 2: 2})
+        if after is not None:
+            assert ahead.reads[after] == 1 or ahead._ahead is not None  # under way, or already done
+    assert ahead.reads == Counter(dict.fromkeys(order, 1))  # nothing after the last
+    ahead.part(*order[0])  # not read ahead: read again, and the second part read ahead ...
+    ahead.part(*order[2])  # ... which is not asked for: waited for and dropped, the third read plainly
+    assert ahead.reads == Counter({**dict.fromkeys(order, 1), order[0]: 2, order[1]: 2, order[2]: 2})
 
 
-def test_there_is_no_read_ahead_when_two_layers_do_not_fit(source_factory, monkeypatch):
+def test_there_is_no_read_ahead_when_two_parts_do_not_fit(source_factory, monkeypatch):
     import hpu_fp8_loader.engine.weights as weights_module
 
     root = source_factory("ernie-moe-tiny")
-    largest = 4 * CountingWeights(root).descriptor.largest_layer_parameters()
+    largest = 4 * CountingWeights(root).largest_part_parameters(decoder=True)
     monkeypatch.setattr(weights_module, "memory_budget", lambda: 4 * largest - 1)
     assert not CountingWeights(root).reads_ahead
     monkeypatch.setattr(weights_module, "memory_budget", lambda: 4 * largest)

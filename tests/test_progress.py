@@ -145,6 +145,7 @@ def invoke(*args: object, env: dict | None = None):
 
 def test_calibrate_writes_layer_lines_to_a_log(tmp_path, fake_clock):
     layers, source = 6, tmp_path / "six-layers"
+    fake_clock.tick = 2.0  # 8 steps (4 chunks x 2 stages) of 2 s: a layer of 16 s
     synthesize(source, preset_config("qwen2-tiny", {"num_hidden_layers": layers}), "paddle", seed=0)
     args = ("calibrate", source, "-o", tmp_path / "m.json", "--samples", "4", "--seq-len", "16", "--batch-size", "1")
     result = invoke(*args)
@@ -152,10 +153,11 @@ def test_calibrate_writes_layer_lines_to_a_log(tmp_path, fake_clock):
     lines = progress_lines(result.stderr)
     assert lines and {desc for desc, _ in lines} == {"calibrate"}
     *during, last = lines
-    assert last[1].startswith(f"done, {4 * layers} steps in ") and len(during) == layers - 1  # layers of 16 s
+    # 4 chunks through each dense layer's 2 stages (attention, MLP)
+    assert last[1].startswith(f"done, {8 * layers} steps in ") and len(during) == layers - 1  # layers of 16 s
     for _, body in during:
         assert re.match(
-            rf"layer \d+ of {layers}, step \d+ of {4 * layers} \(\d+%\), {DURATION} elapsed, about {DURATION} left$", body
+            rf"layer \d+ of {layers}, step \d+ of {8 * layers} \(\d+%\), {DURATION} elapsed, about {DURATION} left$", body
         )
     elapsed = [seconds(ELAPSED.search(body)) for _, body in during]
     assert all(b - a >= LINE_AT_MOST_EVERY_S for a, b in pairwise(elapsed))

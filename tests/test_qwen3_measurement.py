@@ -18,7 +18,7 @@ import pytest
 
 from hpu_fp8_loader.arch import ModelDescriptor
 from hpu_fp8_loader.engine.model import forward
-from hpu_fp8_loader.engine.weights import EngineWeights, open_weights
+from hpu_fp8_loader.engine.weights import ATTENTION, EngineWeights, open_weights
 from hpu_fp8_loader.quality.observers import AmaxObserver
 from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 from hpu_fp8_loader.spec import names
@@ -52,7 +52,7 @@ FACTOR = 1.4
 def test_fastdeploys_measurement_would_record_q_and_k_scales_off_by_more_than_the_factor(source_factory, model):
     path = TINY_MODELS.get(model) or source_factory(model, "paddle")
     weights = open_weights(path)
-    q_norm = weights.layer(0)[names.tensor(names.layer_names(weights.descriptor.prefix, 0).q_norm, names.WEIGHT)]
+    q_norm = weights.part(0, ATTENTION)[names.tensor(names.layer_names(weights.descriptor.prefix, 0).q_norm, names.WEIGHT)]
     assert not np.allclose(q_norm, 1.0)  # the norm weights matter, not only the normalisation
     ratios = scale_ratios(path)
     print(model, {point: round(ratio, 3) for point, ratio in ratios.items()})

@@ -43,7 +43,7 @@ def test_a_linear_whose_weights_fp8_cannot_hold_is_ranked_first():
     weights = _layer_weights(d, 0, rng)
     m = names.layer_names(d.prefix, 0)
     weights[names.tensor(m.o_proj, names.WEIGHT)][0] *= np.float32(1e6)
-    tee.enter_layer(0, weights)
+    tee.enter_weights(0, weights)
     for module, width in ((m.qkv, d.hidden_size), (m.o_proj, d.q_width)):
         x = rng.standard_normal((2, 8, width)).astype(np.float32)
         x[..., 0] = 0
@@ -63,10 +63,10 @@ def test_each_layer_entry_counts_whichever_order_the_forward_uses():
     amax = {names.layer_names(d.prefix, 0).qkv: float(max(np.abs(c).max() for c in chunks))}
     module = names.layer_names(d.prefix, 0).qkv
     layer_major, batch_major = LinearErrorObserver(d, ConverterFp8(amax)), LinearErrorObserver(d, ConverterFp8(amax))
-    layer_major.enter_layer(0, weights)
+    layer_major.enter_weights(0, weights)
     for chunk in chunks:
         layer_major.record(module, chunk)
-        batch_major.enter_layer(0, weights)
+        batch_major.enter_weights(0, weights)
         batch_major.record(module, chunk)
     a, b = layer_major.linears[module], batch_major.linears[module]
     assert a.rows == b.rows == 12 and a.relative_error == pytest.approx(b.relative_error, rel=1e-12)

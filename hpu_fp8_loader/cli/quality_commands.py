@@ -125,11 +125,15 @@ def calibrate(
     The output files are checked before any work and written atomically; an existing one is
     replaced only with --force, and never one inside MODEL.
 
-    Layer-major: every window goes through layer L before layer L+1 is read, so each layer is read
-    once (the next one read while this one runs). Memory: one layer's float32 weights (two when
-    they fit half the available memory), --batch-size windows' activations, and the hidden
-    states of all windows (samples x seq-len x hidden x 4 bytes), kept in memory when they fit a
-    quarter of the available memory, else in a scratch file beside -o (deleted when done).
+    Layer-major: every window goes through layer L before layer L+1 is read, and a layer's weights
+    are read in parts, each once for all windows: attention, then the dense MLP, or the router and
+    each routed expert in turn (the next part read while this one runs). Memory: the largest part
+    in float32 (a dense MLP or the attention; an MoE layer holds its router part and one expert,
+    whatever the expert count: 0.35 GB at ERNIE-4.5-300B-A47B's width, where the whole layer is
+    22.5 GB), two when they fit half the available memory, --batch-size windows' activations, and
+    three stores of all windows' hidden states (3 x samples x seq-len x hidden x 4 bytes), kept in
+    memory when they fit a quarter of the available memory, else in scratch files beside -o
+    (deleted when done).
 
     \b
     Examples:
@@ -260,8 +264,10 @@ def eval_command(
     Tokens come from BF16_SOURCE's own tokenizer, as for calibrate.
 
     Layer-major: every window goes through layer L of the BF16 model and of every row before layer
-    L+1 is read; each layer is read (and mapped) once. Memory: one layer of each model in float32
-    (the BF16 model's next one read ahead when two fit half the available memory),
+    L+1 is read; each layer is read (and mapped) once. Memory: the BF16 model's largest part of a
+    layer in float32, as for calibrate (one expert of an MoE layer; the next part read ahead when
+    two fit half the available memory), one whole layer of the FP8 model in float32 (its emulation
+    maps a layer at a time: an MoE layer's every expert),
     4 windows' activations and logits, and the hidden states of all windows per model, in memory
     when they fit a quarter of the available memory, else in --scratch-dir (deleted when done).
 

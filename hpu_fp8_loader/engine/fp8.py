@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpu_fp8_loader.arch import ModelDescriptor, WeightTensor, describe
+from hpu_fp8_loader.engine.layer_major import Stage, StageLoader, Workspace, run_batch
 from hpu_fp8_loader.engine.model import EngineConfig, rms_norm, rotary, route, silu
 from hpu_fp8_loader.fastdeploy.mapping import (
     ACT_SCALE_INV_PARAMETER,
@@ -297,18 +298,38 @@ class Fp8Emulator:
             return np.concatenate([x @ p[LM_HEAD_PARAMETER] for p in ranks], axis=-1)
         return np.concatenate([x @ p[embedding_parameter(self.d.prefix)].T for p in ranks], axis=-1)
 
-    def embedding(self) -> Callable[[np.ndarray], np.ndarray]:
-        ranks = self.parameters.layer(None)
-        return lambda ids: self.embed(ranks, ids)
+    stores = 1  # the hidden states: a layer is one stage
+
+    def largest_part_parameters(self) -> int:
+        return self.d.largest_layer_parameters()
+
+    def embedding(self, space: Workspace) -> list[StageLoader]:
+        def load() -> Stage:
+            ranks = self.parameters.layer(None)
+
+            def stage(part: slice) -> None:
+                space.hidden[part] = self.embed(ranks, space.windows[part])
+
+            return stage
+
+        return [load]
 
     def head(self) -> Callable[[np.ndarray], np.ndarray]:
         ranks = self.parameters.layer(None)
         return lambda x: self.logits(ranks, x)
 
-    def layer(self, index: int) -> Callable[[np.ndarray], np.ndarray]:
-        """Map layer ``index`` of every rank (once, shared with the other variants); the step runs any batch on it."""
-        ranks = self.parameters.layer(index)
-        return lambda x: self._step(ranks, index, x)
+    def layer(self, index: int, space: Workspace) -> list[StageLoader]:
+        """Map layer ``index`` of every rank (once, shared with the other variants): one stage, any chunk."""
+
+        def load() -> Stage:
+            ranks = self.parameters.layer(index)
+
+            def stage(part: slice) -> None:
+                space.hidden[part] = self._step(ranks, index, np.array(space.hidden[part]))
+
+            return stage
+
+        return [load]
 
     def _step(self, ranks: list[dict], layer: int, x: np.ndarray) -> np.ndarray:
         d, round_, first = self.d, self.round, ranks[0]
@@ -330,9 +351,5 @@ class Fp8Emulator:
 
     def forward(self, ids: np.ndarray) -> np.ndarray:
         """Logits ``[B, T, vocab]`` (float32) of the emulated FP8 model, batch-major: one batch through every layer,
-        each layer mapped again (:func:`~hpu_fp8_loader.engine.layer_major.run_layer_major` maps each once)."""
-        top = self.parameters.layer(None)
-        x = self.embed(top, ids)
-        for layer in range(self.d.num_layers):
-            x = self.layer(layer)(x)
-        return self.logits(top, x)
+        as one chunk of a layer-major run (:func:`~hpu_fp8_loader.engine.layer_major.run_layer_major`)."""
+        return run_batch(self, ids, str(self.parameters.checkpoint.root))

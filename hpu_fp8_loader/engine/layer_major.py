@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -31,26 +32,61 @@ from hpu_fp8_loader.console import Progress, human_bytes
 from hpu_fp8_loader.errors import NonFiniteError, WriteFailedError
 from hpu_fp8_loader.memory import memory_budget, out_of_memory
 
-__all__ = ["LayerModel", "LayerProgress", "hidden_store", "run_layer_major"]
+__all__ = ["LayerModel", "LayerProgress", "Stage", "StageLoader", "Workspace", "hidden_store", "run_batch", "run_layer_major"]
 
 log = logging.getLogger(__name__)
 
 Step = Callable[[np.ndarray], np.ndarray]
+Stage = Callable[[slice], None]
+"""One chunk of windows (a slice of the run's windows) through one stage of a layer, in the model's workspace."""
+StageLoader = Callable[[], Stage]
+"""Reads the weights a stage needs and returns the stage, which holds them until it is dropped."""
+
+
+class Workspace:
+    """What the stages of one model share across all windows of a run.
+
+    ``hidden`` holds every window's hidden states ``[N, T, hidden]`` between stages and layers; :meth:`store`
+    gives further arrays of that shape a layer keeps between its stages (the normed input of an MLP, the MoE
+    output being summed), made once and reused by every layer. Every store is in memory or in a scratch file, as the run decided (:func:`hidden_store`).
+    """
+
+    def __init__(self, windows: np.ndarray, hidden_size: int, in_memory: bool, scratch_dir, stack: ExitStack):
+        self.windows = windows
+        self._shape = (*windows.shape, hidden_size)
+        self._in_memory, self._scratch_dir, self._stack = in_memory, scratch_dir, stack
+        self._stores: dict[str, np.ndarray] = {}
+        self.hidden = self.store("hidden")
+
+    def store(self, name: str) -> np.ndarray:
+        if name not in self._stores:
+            self._stores[name] = self._stack.enter_context(hidden_store(self._shape, self._in_memory, self._scratch_dir))
+        return self._stores[name]
 
 
 class LayerModel(Protocol):
-    """A model that runs in stages: each method reads what its stage needs and returns the stage as a function,
-    which holds those weights until it is dropped."""
+    """A model that runs in stages, each a function of one chunk of windows in a :class:`Workspace`: the
+    embedding and each decoder layer are lists of stage loaders, run in order, every chunk through a stage before
+    the next stage's weights are read. A stage holds its weights until it is dropped.
+
+    ``stores`` is how many hidden-state-sized arrays the model's layers keep in its workspace, ``hidden``
+    included: what the run sizes memory by, with :meth:`largest_part_parameters`."""
+
+    stores: int
 
     @property
     def descriptor(self) -> ModelDescriptor: ...
 
-    def embedding(self) -> Step:
-        """Token ids ``[B, T]`` -> hidden states ``[B, T, hidden]``."""
+    def largest_part_parameters(self) -> int:
+        """Parameters of the most weights a stage holds at a time."""
         ...
 
-    def layer(self, index: int) -> Step:
-        """Hidden states through decoder layer ``index``."""
+    def embedding(self, space: Workspace) -> list[StageLoader]:
+        """Stages that write ``space.hidden[part]`` from the token ids ``space.windows[part]``."""
+        ...
+
+    def layer(self, index: int, space: Workspace) -> list[StageLoader]:
+        """Stages that take ``space.hidden[part]`` through decoder layer ``index``."""
         ...
 
     def head(self) -> Step:
@@ -125,16 +161,19 @@ def run_layer_major(
     memory_bytes: int | None = None,
     progress: Callable[[LayerProgress], object] | None = None,
 ) -> None:
-    """Run token ``windows`` ``[N, T]`` through every model, layer-major: each layer of each model is read once.
+    """Run token ``windows`` ``[N, T]`` through every model, layer-major: each part of each layer is read once.
 
     ``models`` are keyed by the label an error names (a NaN or inf is a NonFiniteError ``label: windows a..b: ...``,
-    whether a step refused it or a layer's output holds it). Within a layer the models run in their order, ``chunk`` windows at a time. With ``logits``, each
+    whether a step refused it or a layer's output holds it). Within a layer the models run in their order, and
+    within a model each stage of the layer takes every chunk of ``chunk`` windows before the next stage's weights
+    are read: an MoE layer's experts are read one after another, each once for all windows. With ``logits``, each
     chunk then goes through every model's head and ``logits(windows slice, label, logits)`` is called per model in
     their order, the chunks in order; without it, the heads are neither read nor run (calibration).
 
-    The hidden states of all windows stay in memory when the stores take at most a quarter of ``memory_bytes``
-    (default: :func:`memory_budget`) after one layer's weights, else in scratch files in ``scratch_dir``
-    (:func:`hidden_store`). Memory: one layer's weights per model kind, a chunk of hidden states and its
+    The stores of all windows (:class:`Workspace`) stay in memory when they take at most a quarter of
+    ``memory_bytes`` (default: :func:`memory_budget`) after one part of a layer, else in scratch files in
+    ``scratch_dir`` (:func:`hidden_store`). Memory: one part of a layer per model kind (the largest: a dense
+    MLP, or attention; an MoE layer's router part beside one expert), a chunk of hidden states and its
     activations, plus the stores when they are in memory.
     """
     if scratch_dir is not None and not (Path(scratch_dir).is_dir() and os.access(scratch_dir, os.W_OK | os.X_OK)):
@@ -142,10 +181,11 @@ def run_layer_major(
         raise WriteFailedError(f"{scratch_dir}: the scratch directory {why}")  # refused before any work, used or not
     first = next(iter(models.values()))
     d = first.descriptor
-    shape = (*windows.shape, d.hidden_size)
-    stores_bytes = len(models) * math.prod(shape) * 4
+    stores_bytes = sum(model.stores for model in models.values()) * math.prod(windows.shape) * d.hidden_size * 4
     budget = memory_budget() if memory_bytes is None else memory_bytes
-    in_memory = stores_bytes <= (budget - 4 * d.largest_layer_parameters()) // 4  # after one float32 layer
+    in_memory = (
+        stores_bytes <= (budget - 4 * max(model.largest_part_parameters() for model in models.values())) // 4
+    )  # after one float32 part of a layer
     log.info(
         "hidden states of %d window(s): %s %s",
         len(windows),
@@ -153,34 +193,30 @@ def run_layer_major(
         "in memory" if in_memory else f"in scratch files in {scratch_dir or tempfile.gettempdir()}",
     )
     chunks = [slice(start, min(start + chunk, len(windows))) for start in range(0, len(windows), chunk)]
-    total = len(models) * len(chunks) * (d.num_layers + (1 if logits else 0))
-    done = 0
-
-    def advance(layer: int) -> None:
-        nonlocal done
-        done += 1
-        if progress:
-            progress(LayerProgress(done, total, layer, d.num_layers))
-
     doing = f"the hidden states of {len(windows)} window(s)"  # what an allocation that fails was for
     try:
         with ExitStack() as stack:
-            stores = {label: stack.enter_context(hidden_store(shape, in_memory, scratch_dir)) for label in models}
+            spaces = {label: Workspace(windows, d.hidden_size, in_memory, scratch_dir, stack) for label in models}
+            layers = {label: [model.layer(i, spaces[label]) for i in range(d.num_layers)] for label, model in models.items()}
+            total = len(chunks) * (
+                sum(len(stages) for plan in layers.values() for stages in plan) + (len(models) if logits else 0)
+            )
+            done = 0
+
+            def advance(layer: int) -> None:
+                nonlocal done
+                done += 1
+                if progress:
+                    progress(LayerProgress(done, total, layer, d.num_layers))
+
             for label, model in models.items():
                 doing = f"{label}: the embedding"
-                embed = model.embedding()
-                for part in chunks:
-                    stores[label][part] = embed(windows[part])
-                del embed
+                _run_stages(model.embedding(spaces[label]), chunks, label)
             for layer in range(d.num_layers):
-                for label, model in models.items():
+                for label in models:
                     doing = f"{label}: layer {layer}"
-                    step = model.layer(layer)
-                    for part in chunks:
-                        doing = f"{label}: windows {part.start}..{part.stop - 1}, layer {layer}"
-                        stores[label][part] = _run(step, label, part, np.array(stores[label][part]), layer)
-                        advance(layer)
-                    del step
+                    _run_stages(layers[label][layer], chunks, label, spaces[label].hidden, layer, partial(advance, layer))
+                    layers[label][layer] = []  # its stages (and the weights they read) are done with
             if logits is None:
                 return
             doing = "the output heads"
@@ -188,23 +224,49 @@ def run_layer_major(
             for part in chunks:
                 for label, head in heads.items():
                     doing = f"{label}: windows {part.start}..{part.stop - 1}, the logits"
-                    logits(part, label, _run(head, label, part, np.array(stores[label][part])))
+                    x = np.array(spaces[label].hidden[part])
+                    logits(part, label, _run(partial(head, x), label, part))
                     advance(d.num_layers)
     except MemoryError as exc:
         raise out_of_memory(doing, exc) from None
 
 
-def _run(step: Step, label: str, part: slice, x: np.ndarray, layer: int | None = None) -> np.ndarray:
-    """One step on one chunk; a NaN or inf, refused inside it or left in a layer's output, is one line naming the
-    model and the windows (an overflow no cast or observer saw would otherwise reach the next layer silently)."""
-    where = f"{label}: windows {part.start}..{part.stop - 1}"
+def run_batch(model: LayerModel, ids: np.ndarray, label: str) -> np.ndarray:
+    """Logits ``[B, T, vocab]`` of one batch of token ids ``[B, T]``: a run of one chunk, each part read again
+    (unless the model's weights are cached). ``label`` names the model in an error."""
+    out: list[np.ndarray] = []
+    run_layer_major({label: model}, ids, len(ids), lambda part, label, logits: out.append(logits))
+    return out[0]
+
+
+def _run_stages(
+    loaders: list[StageLoader],
+    chunks: list[slice],
+    label: str,
+    hidden: np.ndarray | None = None,
+    layer: int | None = None,
+    advance: Callable[[], None] | None = None,
+) -> None:
+    """Each stage in turn over every chunk, the stage (and its weights) dropped before the next is read; after a
+    layer's last stage, each chunk's hidden states are checked finite."""
+    for index, load in enumerate(loaders):
+        stage = load()
+        last = index == len(loaders) - 1
+        for part in chunks:
+            _run(partial(stage, part), label, part)
+            if last and hidden is not None and not np.isfinite(hidden[part]).all():
+                raise NonFiniteError(
+                    f"{label}: windows {part.start}..{part.stop - 1}: the hidden states after layer {layer} are not "
+                    "finite (a weight is so large that the float32 arithmetic overflows)"
+                )
+            if advance:
+                advance()
+        del stage
+
+
+def _run(step: Callable[[], object], label: str, part: slice):
+    """One step on one chunk; a NaN or inf refused inside it is one line naming the model and the windows."""
     try:
-        out = step(x)
+        return step()
     except NonFiniteError as exc:
-        raise NonFiniteError(f"{where}: {exc}") from None
-    if layer is not None and not np.isfinite(out).all():
-        raise NonFiniteError(
-            f"{where}: the hidden states after layer {layer} are not finite (a weight is so large that the float32 "
-            "arithmetic overflows)"
-        )
-    return out
+        raise NonFiniteError(f"{label}: windows {part.start}..{part.stop - 1}: {exc}") from None

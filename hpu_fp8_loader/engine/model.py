@@ -21,7 +21,6 @@ section 10, "Measurement mode"), keyed by spec module names: that is all calibra
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,7 +28,8 @@ import numpy as np
 
 from hpu_fp8_loader.arch import ModelDescriptor
 from hpu_fp8_loader.console import human_bytes
-from hpu_fp8_loader.engine.weights import EngineWeights
+from hpu_fp8_loader.engine.layer_major import Stage, StageLoader, Workspace, run_batch
+from hpu_fp8_loader.engine.weights import ATTENTION, HEAD, MLP, ROUTER, EngineWeights, Part
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error
 from hpu_fp8_loader.spec import names
 
@@ -92,9 +92,11 @@ class Observer:
     def record_expert(self, layer: int, expert: int, intermediate: np.ndarray, routed_tokens: int) -> None:
         """An expert's SwiGLU output over the tokens routed to it (all tokens with --all-experts)."""
 
-    def enter_layer(self, layer: int, weights: dict[str, np.ndarray]) -> None:
-        """Layer ``layer`` is about to run on these float32 weights (spec names, ``[in, out]``): what a report
-        needs to relate each linear's input to its weight without reading the layer a second time."""
+    def enter_weights(self, layer: int, weights: dict[str, np.ndarray]) -> None:
+        """A part of layer ``layer`` (its attention, its MLP, its router, one expert) is about to run on these
+        float32 weights (spec names, ``[in, out]``): what a report needs to relate each linear's input to its
+        weight without reading it a second time. A routed expert's up_gate input (the layer's shared input) is
+        recorded before that expert's weights are entered."""
 
     wants_all_experts = False
 
@@ -161,9 +163,8 @@ def _attention(
     return out @ w[names.tensor(m.o_proj, names.WEIGHT)]
 
 
-def _mlp(module: str, w: dict, x: np.ndarray, observer: Observer, record_input: bool = True) -> np.ndarray:
-    if record_input:
-        observer.record(names.tensor(module, names.UP_GATE), x)
+def _mlp(module: str, w: dict, x: np.ndarray, observer: Observer) -> np.ndarray:
+    observer.record(names.tensor(module, names.UP_GATE), x)
     gate_up = x @ w[names.tensor(names.tensor(module, names.UP_GATE), names.WEIGHT)]
     half = gate_up.shape[-1] // 2
     hidden = silu(gate_up[..., :half]) * gate_up[..., half:]
@@ -183,52 +184,39 @@ def route(x: np.ndarray, gate: np.ndarray, bias: np.ndarray | None, top_k: int, 
     return chosen, weights / np.maximum(weights.sum(axis=-1, keepdims=True), np.float32(norm_min))
 
 
-def _moe(d: ModelDescriptor, cfg: EngineConfig, w: dict, layer: int, x: np.ndarray, observer: Observer) -> np.ndarray:
-    m = names.layer_names(d.prefix, layer)
-    moe = d.moe
-    assert moe is not None  # called for MoE layers only
-    flat = x.reshape(-1, x.shape[-1])
-    observer.record(names.shared_expert_input(d.prefix, layer), flat)
-    bias = w.get(m.score_bias)
-    chosen, weights = route(flat, w[names.tensor(m.router, names.WEIGHT)], bias, moe.top_k, cfg.router_norm_min)
-    out = np.zeros_like(flat)
-    for e in range(moe.num_experts):
-        rows, slot = np.nonzero(chosen == e)
-        module = m.expert(e)
-        if observer.wants_all_experts or rows.size:
-            tokens = flat if observer.wants_all_experts else flat[rows]
-            gate_up = tokens @ w[names.tensor(names.tensor(module, names.UP_GATE), names.WEIGHT)]
-            half = gate_up.shape[-1] // 2
-            hidden = silu(gate_up[..., :half]) * gate_up[..., half:]
-            observer.record_expert(layer, e, hidden, int(rows.size))
-            if observer.wants_all_experts:
-                hidden = hidden[rows]
-            if rows.size:
-                out[rows] += weights[rows, slot][:, None] * (
-                    hidden @ w[names.tensor(names.tensor(module, names.DOWN), names.WEIGHT)]
-                )
-        else:
-            observer.record_expert(layer, e, np.zeros((0, moe.intermediate_size), np.float32), 0)
-    if moe.num_shared_experts:
-        out += _mlp(m.shared_experts, w, flat, observer)
-    return out.reshape(x.shape)
-
-
-def _load_layer(weights: EngineWeights, layer: int) -> dict[str, np.ndarray]:
-    try:
-        return weights.layer(layer)
-    except MemoryError:
-        size = sum(math.prod(w.shape) for w in weights.descriptor.weights() if w.layer == layer) * 4
-        raise HpuFp8Error(
-            f"layer {layer} needs {human_bytes(size)} of float32 weights and that much memory is not available; "
-            "the engine holds one layer at a time, so this model cannot run on this machine"
-        ) from None
+def _routed_expert(
+    w: dict, module: str, layer: int, expert: int, flat: np.ndarray, out: np.ndarray, chosen, gates, observer: Observer
+) -> None:
+    """Expert ``expert``'s share of an MoE layer's output on one chunk (``flat``: its tokens), added into ``out``
+    for the tokens routed to it: the arithmetic of a forward over the whole layer, for this expert."""
+    up_gate = w[names.tensor(names.tensor(module, names.UP_GATE), names.WEIGHT)]
+    down = w[names.tensor(names.tensor(module, names.DOWN), names.WEIGHT)]
+    rows, slot = np.nonzero(chosen == expert)
+    if not (observer.wants_all_experts or rows.size):
+        observer.record_expert(layer, expert, np.zeros((0, down.shape[0]), np.float32), 0)
+        return
+    gate_up = (flat if observer.wants_all_experts else flat[rows]) @ up_gate
+    half = gate_up.shape[-1] // 2
+    hidden = silu(gate_up[..., :half]) * gate_up[..., half:]
+    observer.record_expert(layer, expert, hidden, int(rows.size))
+    if observer.wants_all_experts:
+        hidden = hidden[rows]
+    if rows.size:
+        out[rows] += gates[rows, slot][:, None] * (hidden @ down)
 
 
 class ReferenceModel:
     """The float32 engine in stages (a :class:`~hpu_fp8_loader.engine.layer_major.LayerModel`): what both the
     batch-major :func:`forward` and a layer-major run (:func:`~hpu_fp8_loader.engine.layer_major.run_layer_major`)
-    run, so the two compute the same arithmetic. ``observer.enter_layer`` is called each time a layer is read."""
+    run, so the two compute the same arithmetic.
+
+    A decoder layer runs as the parts of its weights are read (:mod:`~hpu_fp8_loader.engine.weights`):
+    attention (then both norms' outputs kept), the dense MLP; or the router (routing kept), each routed expert in
+    turn over every chunk, then the shared experts and the sum. Each token's expert outputs are added in expert
+    order, as one forward over the whole layer adds them: the results are the same to the bit, and memory holds
+    one expert, not the layer. ``observer.enter_weights`` is called each time a part is read."""
+
+    stores = 3  # the hidden states, the normed input of the MLP or experts, the routed experts' sum
 
     def __init__(self, weights: EngineWeights, config: EngineConfig | None = None, observer: Observer | None = None):
         self.weights = weights
@@ -241,9 +229,49 @@ class ReferenceModel:
     def descriptor(self) -> ModelDescriptor:
         return self.weights.descriptor
 
-    def embed(self, top: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:
-        """Hidden states ``[B, T, hidden]`` of token ids ``[B, T]``, from the non-layer weights ``top``."""
-        return top[names.tensor(names.embedding(self.descriptor.prefix), names.WEIGHT)][ids]
+    def largest_part_parameters(self) -> int:
+        return self.weights.largest_part_parameters()
+
+    def _part(self, layer: int, part: Part) -> dict[str, np.ndarray]:
+        try:
+            w = self.weights.part(layer, part)
+        except MemoryError:
+            size = self.weights.part_parameters(layer, part) * 4
+            what = f"expert {part}" if isinstance(part, int) else f"the {part} part"
+            raise HpuFp8Error(
+                f"layer {layer}: {what} needs {human_bytes(size)} of float32 weights and that much memory is not "
+                "available; the engine holds one part of a layer at a time, so this model cannot run on this machine"
+            ) from None
+        self.observer.enter_weights(layer, w)
+        return w
+
+    def embedding(self, space: Workspace) -> list[StageLoader]:
+        """The lookup, one block of the table's rows at a time for all windows."""
+        vocab = self.descriptor.vocab_size
+        if space.windows.size and not (space.windows.min() >= 0 and space.windows.max() < vocab):
+            raise HpuFp8Error(
+                f"token ids must lie in 0..{vocab - 1} (the vocabulary); got {space.windows.min()}..{space.windows.max()}"
+            )
+
+        def block(start: int, stop: int) -> StageLoader:
+            def load() -> Stage:
+                rows = self.weights.embedding_rows(start, stop)
+
+                def stage(part: slice) -> None:
+                    ids = space.windows[part]
+                    mine = (ids >= start) & (ids < stop)
+                    hidden = space.hidden[part]  # a view: the rows are written into the store
+                    hidden[mine] = rows[ids[mine] - start]
+
+                return stage
+
+            return load
+
+        return [block(start, stop) for start, stop in self.weights.embedding_blocks()]
+
+    def head(self) -> Callable[[np.ndarray], np.ndarray]:
+        top = self.weights.part(None, HEAD)
+        return lambda x: self.logits(top, x)
 
     def logits(self, top: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
         """The final norm and lm_head (the embedding when tied) on the last layer's output."""
@@ -253,41 +281,91 @@ class ReferenceModel:
             return x @ top["lm_head.weight"]
         return x @ top[names.tensor(names.embedding(d.prefix), names.WEIGHT)].T
 
-    def embedding(self) -> Callable[[np.ndarray], np.ndarray]:
-        top = self.weights.layer(None)
-        return lambda ids: self.embed(top, ids)
-
-    def head(self) -> Callable[[np.ndarray], np.ndarray]:
-        top = self.weights.layer(None)
-        return lambda x: self.logits(top, x)
-
-    def layer(self, index: int) -> Callable[[np.ndarray], np.ndarray]:
-        """Read layer ``index`` (once) and show it to the observer; the step runs any number of batches on it."""
-        w = _load_layer(self.weights, index)
-        self.observer.enter_layer(index, w)
-        return lambda x: self._step(w, index, x)
-
-    def _step(self, w: dict[str, np.ndarray], layer: int, x: np.ndarray) -> np.ndarray:
+    def layer(self, index: int, space: Workspace) -> list[StageLoader]:
         d, cfg, observer = self.descriptor, self.config, self.observer
-        m = names.layer_names(d.prefix, layer)
-        h = rms_norm(x, w[names.tensor(m.input_norm, names.WEIGHT)], cfg.rms_norm_eps)
-        x = x + _attention(d, cfg, w, m, h, observer)
-        h = rms_norm(x, w[names.tensor(m.post_attention_norm, names.WEIGHT)], cfg.rms_norm_eps)
-        return x + (_moe(d, cfg, w, layer, h, observer) if d.is_moe_layer(layer) else _mlp(m.mlp, w, h, observer))
+        m = names.layer_names(d.prefix, index)
+        hidden, normed = space.hidden, space.store("normed")
+
+        def attention() -> Stage:
+            w = self._part(index, ATTENTION)
+
+            def stage(part: slice) -> None:
+                x = np.array(hidden[part])
+                x = x + _attention(
+                    d, cfg, w, m, rms_norm(x, w[names.tensor(m.input_norm, names.WEIGHT)], cfg.rms_norm_eps), observer
+                )
+                hidden[part] = x
+                normed[part] = rms_norm(x, w[names.tensor(m.post_attention_norm, names.WEIGHT)], cfg.rms_norm_eps)
+
+            return stage
+
+        if not d.is_moe_layer(index):
+
+            def mlp() -> Stage:
+                w = self._part(index, MLP)
+
+                def stage(part: slice) -> None:
+                    hidden[part] = np.array(hidden[part]) + _mlp(m.mlp, w, np.array(normed[part]), observer)
+
+                return stage
+
+            return [attention, mlp]
+        moe = d.moe
+        assert moe is not None  # is_moe_layer holds only when the model has an MoE config
+        routed = space.store("routed")
+        router: dict[str, np.ndarray] = {}  # the router part: read by route, used again by the shared experts
+        routing: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # each chunk's (chosen experts, their weights)
+
+        def flat(store: np.ndarray, part: slice) -> np.ndarray:
+            return np.asarray(store[part]).reshape(-1, d.hidden_size)  # a view of the chunk
+
+        def route_stage() -> Stage:
+            router.update(self._part(index, ROUTER))
+
+            def stage(part: slice) -> None:
+                x = flat(normed, part)
+                observer.record(names.shared_expert_input(d.prefix, index), x)
+                gate = router[names.tensor(m.router, names.WEIGHT)]
+                routing[part.start] = route(x, gate, router.get(m.score_bias), moe.top_k, cfg.router_norm_min)
+                routed[part] = 0
+
+            return stage
+
+        def expert(e: int) -> StageLoader:
+            def load() -> Stage:
+                w = self._part(index, e)
+
+                def stage(part: slice) -> None:
+                    chosen, gates = routing[part.start]
+                    _routed_expert(w, m.expert(e), index, e, flat(normed, part), flat(routed, part), chosen, gates, observer)
+
+                return stage
+
+            return load
+
+        def finish() -> Stage:
+            self.observer.enter_weights(index, router)  # in use again: the shared experts
+
+            def stage(part: slice) -> None:
+                out = np.array(flat(routed, part))
+                if moe.num_shared_experts:
+                    out += _mlp(m.shared_experts, router, np.array(flat(normed, part)), observer)
+                x = np.array(hidden[part])
+                hidden[part] = x + out.reshape(x.shape)
+                del routing[part.start]
+
+            return stage
+
+        return [attention, route_stage, *(expert(e) for e in range(moe.num_experts)), finish]
 
 
 def forward(
     weights: EngineWeights, ids: np.ndarray, observer: Observer | None = None, config: EngineConfig | None = None
 ) -> np.ndarray:
-    """Logits ``[B, T, vocab]`` for token ids ``[B, T]``, reading one layer's weights at a time.
+    """Logits ``[B, T, vocab]`` for token ids ``[B, T]``, reading one part of a layer at a time.
 
-    Batch-major: one batch through every layer. Many batches read every layer again for each (unless the weights
-    are cached); :func:`~hpu_fp8_loader.engine.layer_major.run_layer_major` runs them layer-major instead, with the
-    same arithmetic (:class:`ReferenceModel`).
+    Batch-major: one batch through every layer, as one chunk of a layer-major run. Many batches read every layer
+    again for each (unless the weights are cached); :func:`~hpu_fp8_loader.engine.layer_major.run_layer_major`
+    runs them as chunks of one run instead, each layer read once, with the same arithmetic.
     """
-    model = ReferenceModel(weights, config, observer)
-    top = weights.layer(None)
-    x = model.embed(top, ids)
-    for layer in range(weights.descriptor.num_layers):
-        x = model.layer(layer)(x)
-    return model.logits(top, x)
+    return run_batch(ReferenceModel(weights, config, observer), ids, str(weights.checkpoint.root))

@@ -157,11 +157,14 @@ def calibrate(
     """Run the reference engine over ``samples`` windows of ``dataset`` and record every act amax.
 
     Layer-major: all windows go through layer L before layer L+1 is read, so each layer's weights are read and
-    converted once, whatever the number of windows; no logits are computed. Memory: one layer's float32 weights (two
-    while the next is read ahead, when two fit half the memory budget),
-    ``batch_size`` windows' activations, and the hidden states of all windows (``samples x seq_len x hidden x 4``
-    bytes) when they fit a quarter of the memory budget, else in a scratch file in ``scratch_dir``. The amax are
-    those of running the windows batch by batch, to the bit.
+    converted once, whatever the number of windows; no logits are computed. Within a layer the weights are read in
+    parts, each once for all windows: attention, then the dense MLP, or the router and each routed expert in turn
+    (:mod:`~hpu_fp8_loader.engine.weights`). Memory: the largest such part in float32 (a dense MLP, or the
+    attention; in an MoE layer the router part and one expert, whatever the expert count), a second one while the
+    next is read ahead (when two fit half the memory budget), ``batch_size`` windows' activations, and three stores
+    of all windows' hidden states (``3 x samples x seq_len x hidden x 4`` bytes) when they fit a quarter of the
+    memory budget, else in scratch files in ``scratch_dir``. The amax are those of running the windows batch by
+    batch, to the bit.
 
     Activation statistics without an HPU: the float32 reference engine records, at every point FastDeploy's
     measurement mode records (plus the Qwen2 MLP points it forgets), the whole-tensor max |x| over every window;

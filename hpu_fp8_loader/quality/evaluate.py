@@ -198,7 +198,9 @@ def evaluate(
 
     Layer-major (:func:`~hpu_fp8_loader.engine.layer_major.run_layer_major`): all windows go through layer L of the
     reference and of every row before layer L+1 is read; each layer of the BF16 source is read once, and each layer
-    of ``fp8_checkpoint`` mapped once for all rows. Memory: one layer of each in float32, 4 windows' activations
+    of ``fp8_checkpoint`` mapped once for all rows. Memory: the reference's largest part of a layer in float32 (one
+    expert of an MoE layer: :func:`~hpu_fp8_loader.quality.calibrate.calibrate`), one whole layer of the FP8
+    model's mapped parameters in float32, 4 windows' activations
     and logits, and the hidden states of all windows per model when they fit a quarter of the memory budget (else
     in scratch files in ``scratch_dir``). The rows are those of running the windows 4 at a time, to the bit.
 

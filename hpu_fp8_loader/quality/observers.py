@@ -78,9 +78,9 @@ class TeeObserver(Observer):
         for observer in self.observers:
             observer.record_expert(layer, expert, intermediate, routed_tokens)
 
-    def enter_layer(self, layer: int, weights: dict[str, np.ndarray]) -> None:
+    def enter_weights(self, layer: int, weights: dict[str, np.ndarray]) -> None:
         for observer in self.observers:
-            observer.enter_layer(layer, weights)
+            observer.enter_weights(layer, weights)
 
 
 class Fp8Side(Protocol):
@@ -162,8 +162,12 @@ def _evenly_spaced_rows(values: np.ndarray, count: int) -> np.ndarray:
 
 class LinearErrorObserver(Observer):
     """Accumulates each linear's FP8 output error from the inputs the forward records and the weights
-    ``enter_layer`` hands over; works whether each layer is entered once (layer-major) or once per batch.
-    FP8 weights are made once per entry of a layer, and only for linears whose input arrives."""
+    ``enter_weights`` hands over; works whether a part of a layer is entered once (layer-major) or once per batch.
+    FP8 weights are made once per entry, and only for linears whose input arrives.
+
+    An input that arrives before its weights (a routed expert's up_gate reads the layer's shared input, recorded
+    before the experts are read one by one) waits, as the rows measured and the activation scale at that moment,
+    until the weights are entered: the error is the one measured had they been there."""
 
     def __init__(self, descriptor: ModelDescriptor, fp8: Fp8Side, rows_per_call: int = ROWS_PER_CALL):
         self.fp8 = fp8
@@ -171,43 +175,52 @@ class LinearErrorObserver(Observer):
         self.rows_per_call = rows_per_call
         self.linears: dict[str, LinearError] = {}
         self._by_point: dict[str, list[WeightTensor]] = {}
+        self._by_name: dict[str, WeightTensor] = {}
         for w in descriptor.weights():
             if not w.is_linear:
                 continue
             assert w.layer is not None  # every linear belongs to a decoder layer
             point = names.shared_expert_input(self.prefix, w.layer) if w.role is Role.EXPERT_UP_GATE else w.module
             self._by_point.setdefault(point, []).append(w)
+            self._by_name[w.name] = w
             self.linears[w.module] = LinearError(w.module, w.role, w.layer, w.expert, point)
         self._weights: dict[str, np.ndarray] = {}
         self._fp8_weights: dict[str, np.ndarray] = {}
-        self._spread_done: set[int] = set()
+        self._spread_done: set[str] = set()
+        self._waiting: dict[str, list[tuple[str, np.ndarray, float]]] = {}  # weight name -> (point, rows, scale)
 
-    def enter_layer(self, layer: int, weights: dict[str, np.ndarray]) -> None:
+    def enter_weights(self, layer: int, weights: dict[str, np.ndarray]) -> None:
         self._weights, self._fp8_weights = weights, {}
-        if layer in self._spread_done:
-            return
-        self._spread_done.add(layer)
-        for stats in self.linears.values():
-            if stats.layer == layer:
-                values = weights[names.tensor(stats.module, names.WEIGHT)]
-                channels = e4m3.channel_abs_max(values, stats.module)
+        for name, values in weights.items():
+            weight = self._by_name.get(name)
+            if weight is None:
+                continue
+            if name not in self._spread_done:
+                self._spread_done.add(name)
+                channels = e4m3.channel_abs_max(values, weight.module)
                 low = float(channels.min())
-                stats.channel_spread = float(channels.max()) / low if low > 0 else None
+                self.linears[weight.module].channel_spread = float(channels.max()) / low if low > 0 else None
+            for point, rows, scale in self._waiting.pop(name, ()):
+                self._measure(weight, point, rows, scale)
 
     def record(self, module: str, values: np.ndarray) -> None:
-        for weight in self._by_point.get(module, ()):
-            self._measure(weight, module, values)
+        self._arrived(module, values)
 
     def record_expert(self, layer: int, expert: int, intermediate: np.ndarray, routed_tokens: int) -> None:
-        module = names.expert(self.prefix, layer, expert, names.DOWN)
-        for weight in self._by_point.get(module, ()):
-            self._measure(weight, module, intermediate)
+        self._arrived(names.expert(self.prefix, layer, expert, names.DOWN), intermediate)
 
-    def _measure(self, weight: WeightTensor, point: str, values: np.ndarray) -> None:
+    def _arrived(self, point: str, values: np.ndarray) -> None:
         scale = self.fp8.act_scale(point)
         if not values.size or scale is None:
             return
-        x = _evenly_spaced_rows(values, self.rows_per_call)
+        rows = _evenly_spaced_rows(values, self.rows_per_call)
+        for weight in self._by_point.get(point, ()):
+            if weight.name in self._weights:
+                self._measure(weight, point, rows, scale)
+            else:
+                self._waiting.setdefault(weight.name, []).append((point, np.array(rows), scale))
+
+    def _measure(self, weight: WeightTensor, point: str, x: np.ndarray, scale: float) -> None:
         reference = self._weights[weight.name]
         if weight.name not in self._fp8_weights:
             self._fp8_weights[weight.name] = self.fp8.weight(weight, reference)
