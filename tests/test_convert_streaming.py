@@ -19,6 +19,7 @@ from hpu_fp8_loader.checks.validate import validate
 from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.conversion.worker import reads_whole
+from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.sources.measurements import load_measurements, write_measurements
 from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 
@@ -65,13 +66,37 @@ def reference(tmp_path_factory, source_factory):
     return make
 
 
+@pytest.mark.parametrize("kept", [None, 0], ids=["blocks-kept", "read-twice"])
 @pytest.mark.parametrize("preset", ["ernie-moe-tiny", "qwen2-tiny"])
 @pytest.mark.parametrize("layout", ["paddle", "torch"])
-def test_streamed_blocks_give_the_same_bytes_as_whole_tensors(tmp_path, source_factory, reference, preset, layout):
-    # whole_tensor_bytes=0 streams every tensor; tiny blocks exercise column segments and fused biases.
-    options = ConvertOptions(max_shard_bytes=64_000, whole_tensor_bytes=0, block_elements=1000)
+def test_streamed_blocks_give_the_same_bytes_as_whole_tensors(tmp_path, source_factory, reference, preset, layout, kept):
+    """whole_tensor_bytes=0 streams every tensor; tiny blocks exercise column segments and fused biases. The row
+    blocks are kept from the amax pass for the quantization (the default), or read again (kept_tensor_bytes=0)."""
+    options = ConvertOptions(max_shard_bytes=64_000, whole_tensor_bytes=0, block_elements=1000, kept_tensor_bytes=kept)
     convert(source_factory(preset, layout), tmp_path / "o", [synthetic_measurements(preset_config(preset))], options)
     same_files(tmp_path / "o", reference(preset, layout))
+
+
+@pytest.mark.parametrize(("kept", "reads"), [(None, 1), (0, 2)], ids=["blocks-kept", "read-twice"])
+def test_a_streamed_tensors_source_is_read_once_when_its_blocks_are_kept(tmp_path, source_factory, monkeypatch, kept, reads):
+    """Every source byte a conversion reads (every row read with pread, in this process: one worker), counted per
+    tensor: once each when the blocks are kept, twice each (amax, then quantization) when they are not."""
+    from hpu_fp8_loader.io.safetensors_file import SafetensorsFile
+
+    counted: dict[str, int] = {}
+    read_rows = SafetensorsFile.read_rows
+
+    def counting(self, name, start, stop):
+        rows = read_rows(self, name, start, stop)
+        counted[name] = counted.get(name, 0) + rows.nbytes
+        return rows
+
+    monkeypatch.setattr(SafetensorsFile, "read_rows", counting)
+    source = source_factory("ernie-moe-tiny", "torch")
+    options = ConvertOptions(max_shard_bytes=64_000, whole_tensor_bytes=0, block_elements=1000, kept_tensor_bytes=kept)
+    convert(source, tmp_path / "o", [synthetic_measurements(preset_config("ernie-moe-tiny"))], options)
+    sizes = {name: info.nbytes for name, info in Checkpoint.open(source).tensors.items()}
+    assert counted == {name: reads * size for name, size in sizes.items()}
 
 
 def test_torch_and_paddle_layouts_give_the_same_checkpoint(reference):

@@ -232,10 +232,11 @@ def _requantized_by_dequantizing(source: Checkpoint, spec: Checkpoint, fp8_max: 
 
 
 STREAMED = {"whole_tensor_bytes": 0, "block_elements": 1000}  # every tensor in row blocks of a few rows
+READ_TWICE = {**STREAMED, "kept_tensor_bytes": 0}  # the blocks read again for the quantization, not kept
 
 
 @pytest.mark.parametrize("fixture", ["qwen2-bytes-fp8-static", "qwen2-bytes-fp8-dynamic", "ernie-moe-bytes-fp8-static"])
-@pytest.mark.parametrize("reading", [{}, STREAMED], ids=["whole", "streamed"])
+@pytest.mark.parametrize("reading", [{}, STREAMED, READ_TWICE], ids=["whole", "streamed", "read-twice"])
 def test_imported_weights_are_exactly_dequantize_then_quantize(tmp_path, fixture, reading, measured):
     source_dir = FIXTURES / fixture
     extra = [] if "static" in fixture else [measured["qwen2-bytes"]]
@@ -244,7 +245,7 @@ def test_imported_weights_are_exactly_dequantize_then_quantize(tmp_path, fixture
     assert len(result.errors) == sum(w.is_linear for w in describe(Checkpoint.open(source_dir).config).weights())
 
 
-@pytest.mark.parametrize("reading", [{}, STREAMED], ids=["whole", "streamed"])
+@pytest.mark.parametrize("reading", [{}, STREAMED, READ_TWICE], ids=["whole", "streamed", "read-twice"])
 def test_a_group_mixing_fp8_and_bf16_parts_is_requantized_from_its_values(tmp_path, reading):
     root = _copy(tmp_path)  # an ignore list can leave one projection of a fused group unquantized
 

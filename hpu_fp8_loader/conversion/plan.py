@@ -63,6 +63,10 @@ class ConvertOptions:
         block_elements: elements per row block when a tensor is streamed (bounds a worker's memory).
         whole_tensor_bytes: a source tensor of at most this many bytes (each element counted as at least 2, BF16's
             size) is read whole (fast path for fused experts).
+        kept_tensor_bytes: a larger tensor, read in row blocks for its amax, keeps those blocks for its quantization
+            when they take at most this many bytes, so its source is read once; a bigger one is read a second time.
+            Default (``None``): 2 GiB, or a third of :func:`~hpu_fp8_loader.memory.memory_budget` per worker when
+            that is less (every linear of ERNIE-4.5-300B-A47B, and its embedding, fit 2 GiB).
         keep_bf16: the groups of linears kept in BF16, as FastDeploy can serve them: ``"dense"`` (attention, dense
             MLPs and shared experts) and ``"experts"`` (every routed expert); empty by default.
         fp8_max: the FP8 range of ``target`` (read-only): 240.0 or 448.0.
@@ -90,6 +94,7 @@ class ConvertOptions:
     block_elements: int = BLOCK_ELEMENTS  # elements per row block when a tensor is streamed
     # Tensors whose source is at most this many bytes (an element counted as at least 2) are read whole.
     whole_tensor_bytes: int = 64 << 20
+    kept_tensor_bytes: int | None = None  # streamed tensors up to this size are read once (None: from memory)
     keep_bf16: frozenset[Bf16Group] = frozenset()
 
     def __post_init__(self) -> None:

@@ -23,7 +23,7 @@ from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.safetensors_file import row_blocks
 from hpu_fp8_loader.io.writer import Shard, ShardFile
-from hpu_fp8_loader.memory import out_of_memory
+from hpu_fp8_loader.memory import memory_budget, out_of_memory
 from hpu_fp8_loader.numerics import e4m3, scales
 from hpu_fp8_loader.numerics.fusion import fuse_columns, transposed
 from hpu_fp8_loader.numerics.requantize import requantize_rows, row_amax
@@ -31,7 +31,9 @@ from hpu_fp8_loader.sources.block_fp8 import block_size, open_source
 from hpu_fp8_loader.sources.source_tensors import source_rows, source_scale
 from hpu_fp8_loader.spec import names
 
-__all__ = ["WorkerContext", "convert_tensor", "init_worker", "reads_whole"]
+__all__ = ["KEPT_TENSOR_BYTES", "WorkerContext", "convert_tensor", "init_worker", "kept_tensor_bytes", "reads_whole"]
+
+KEPT_TENSOR_BYTES = 2 << 30  # the default most bytes of one tensor's row blocks a worker keeps (ConvertOptions)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,15 @@ def init_worker(context: WorkerContext) -> None:
         for t in shard.tensors:
             location[t.name] = files[shard.file_name]
     _worker["location"] = location
+    _worker["kept_bytes"] = kept_tensor_bytes(context.options)
+
+
+def kept_tensor_bytes(options: ConvertOptions) -> int:
+    """The most bytes of row blocks a worker keeps from a tensor's amax pass for its quantization (see
+    :class:`~hpu_fp8_loader.conversion.plan.ConvertOptions`): what makes a large tensor's source read once."""
+    if options.kept_tensor_bytes is not None:
+        return options.kept_tensor_bytes
+    return min(KEPT_TENSOR_BYTES, memory_budget() // (3 * options.workers))
 
 
 def _part_amax(part, blocks, channel_wise: bool) -> np.ndarray | float:
@@ -117,6 +128,19 @@ def _part_amax(part, blocks, channel_wise: bool) -> np.ndarray | float:
 def _streamed_blocks(source: Checkpoint, part, budget: int):
     for start, stop in row_blocks(part.shape[0], math.prod(part.shape[1:]), budget):
         yield start, source_rows(source, part.name, start, stop)
+
+
+def _keeping(blocks, kept: list):
+    """``blocks`` passed on, each also appended to ``kept``: the amax pass's reads, kept for the quantization."""
+    for block in blocks:
+        kept.append(block)
+        yield block
+
+
+def _held_bytes(source: Checkpoint, parts) -> int:
+    """What keeping every row block of ``parts`` costs: their bytes as read (FP8 ones dequantized to float32)."""
+    infos = [source.tensors[p.name] for p in parts]
+    return sum(info.nbytes * (4 if info.dtype == "F8_E4M3" else 1) for info in infos)
 
 
 class _ErrorSum:
@@ -180,11 +204,16 @@ def _convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
     if quantized and _requantizes_by_tables(source, weight, parts):
         return bytes_in, _requantize_fp8(source, weight, parts, target, options, whole)
     errors = _ErrorSum() if quantized and any(source.tensors[p.name].dtype == "F8_E4M3" for p in parts) else None
-    # Small tensors are read once and kept; large ones are read in row blocks, once per pass.
+    # Small tensors are read whole; large ones in row blocks, kept from the amax pass for the quantization when they
+    # fit the worker's share of memory (the source read once), else read again for it.
     arrays = [source_rows(source, p.name, 0, p.shape[0]) for p in parts] if whole else []
+    kept: list[list] | None = [[] for _ in parts] if not whole and _held_bytes(source, parts) <= _worker["kept_bytes"] else None
 
     def blocks(k: int):
-        return [(0, arrays[k])] if whole else _streamed_blocks(source, parts[k], options.block_elements)
+        if whole:
+            return [(0, arrays[k])]
+        streamed = _streamed_blocks(source, parts[k], options.block_elements)
+        return streamed if kept is None else _keeping(streamed, kept[k])
 
     amaxes = [_part_amax(p, blocks(k), weight.channel_wise) for k, p in enumerate(parts)]  # also refuses NaN/inf
     scale = _write_weight_scale(weight, amaxes, options) if quantized else None
@@ -197,7 +226,7 @@ def _convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
             assert scale is not None  # errors are summed for linears only, and a linear has a scale
             errors.add(values, encoded, scale if weight.channel_wise else scale[0])
     elif target is not None:
-        _write_streamed(source, weight, parts, scale, target, options, errors)
+        _write_streamed(weight, parts, _blocks_again(source, parts, options, kept), scale, target, options, errors)
     return bytes_in, None if errors is None or target is None else errors.relative
 
 
@@ -228,13 +257,23 @@ def _requantize_fp8(source: Checkpoint, weight: WeightTensor, parts, target, opt
     files = [source.files[source.tensors[p.name].file] for p in parts]
     kept = [f.read_rows(p.name, 0, p.shape[0]) for f, p in zip(files, parts, strict=True)] if whole else []
     source_scales = [source_scale(source, p.name) for p in parts]
+    # Read in row blocks: kept from the amax pass for the requantization when they fit (the source read once).
+    held: list[list] | None = [[] for _ in parts] if not whole and _held_bytes(source, parts) <= _worker["kept_bytes"] else None
 
     def blocks(k: int):
-        """(first row, codes, source scale of those rows) of part k: kept whole, or read in row blocks."""
+        """(first row, codes, source scale of those rows) of part k: kept whole, held from the first pass, or read in
+        row blocks."""
+        if held is not None and held[k]:  # the second pass over blocks the first one held
+            taken, held[k] = held[k], []
+            yield from taken
+            return
         spans = [(0, parts[k].shape[0])] if whole else row_blocks(parts[k].shape[0], parts[k].shape[1], options.block_elements)
         for start, stop in spans:
             codes = kept[k] if whole else files[k].read_rows(parts[k].name, start, stop)
-            yield start, codes, _slice(source_scales[k], start, stop)
+            block = start, codes, _slice(source_scales[k], start, stop)
+            if held is not None:
+                held[k].append(block)
+            yield block
 
     amaxes = [np.concatenate([row_amax(c, s, p.name, start, p.shape) for start, c, s in blocks(k)]) for k, p in enumerate(parts)]
     scale = _write_weight_scale(weight, amaxes, options)
@@ -264,14 +303,31 @@ def _encode(weight: WeightTensor, values: np.ndarray, scale: np.ndarray | None, 
     return values.astype(dtype, copy=False)
 
 
-def _write_streamed(source, weight, parts, scale, target: ShardFile, options, errors: _ErrorSum | None = None) -> None:
-    """Row blocks of each part; a transposed part lands as column segments of the spec tensor."""
+def _blocks_again(source: Checkpoint, parts, options: ConvertOptions, kept: list[list] | None):
+    """Each part's row blocks for the quantization: the amax pass's, handed over (and let go) one by one when kept,
+    else read again."""
+
+    def part_blocks(k: int):
+        if kept is None:
+            yield from _streamed_blocks(source, parts[k], options.block_elements)
+            return
+        blocks, kept[k] = kept[k], []
+        blocks.reverse()
+        while blocks:
+            yield blocks.pop()
+
+    return part_blocks
+
+
+def _write_streamed(weight, parts, part_blocks, scale, target: ShardFile, options, errors: _ErrorSum | None = None) -> None:
+    """Row blocks of each part (``part_blocks(k)``: ``(first row, rows)`` of part k); a transposed part lands as
+    column segments of the spec tensor."""
     offset = 0
-    for p in parts:
+    for k, p in enumerate(parts):
         width = p.shape[0] if p.transpose else p.shape[-1]
         part_scale = None if scale is None else (scale[offset : offset + width] if weight.channel_wise else scale)
-        for start, stop in row_blocks(p.shape[0], math.prod(p.shape[1:]), options.block_elements):
-            block = source_rows(source, p.name, start, stop)
+        for start, block in part_blocks(k):
+            stop = start + block.shape[0]
             if p.transpose:  # rows start:stop of [out_p, in] are spec columns offset+start : offset+stop
                 values, block_scale = transposed(block), None if part_scale is None else _slice(part_scale, start, stop)
                 encoded = _encode(weight, values, block_scale, options)
