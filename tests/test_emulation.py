@@ -155,9 +155,9 @@ def test_the_attention_warning_recommends_the_none_scheme():
 def test_eval_progress_counts_every_model_layer_and_head(trained):
     seen = []
     evaluate(TINY_MODELS["qwen2-bytes"], trained("qwen2-bytes"), samples=5, seq_len=32, variants=("fp8",), progress=seen.append)
-    # 2 chunks (4 + 1 windows) through: the BF16 reference's 2 stages of every layer (attention, MLP), the fp8
-    # row's one stage of every layer, and both heads
-    steps = 2 * (3 * seen[0].layers + 2)
+    # 2 chunks (4 + 1 windows) through the 2 stages of every layer (attention, MLP) of the BF16 reference and of the
+    # fp8 row, and both heads
+    steps = 2 * (4 * seen[0].layers + 2)
     assert [p.done for p in seen] == list(range(1, steps + 1)) and {p.total for p in seen} == {steps}
 
 

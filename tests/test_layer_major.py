@@ -155,23 +155,53 @@ class CountingParameters(Fp8Parameters):
         super().__init__(root, tp)
         self.mapped: Counter = Counter()
 
-    def _map(self, weights, par):
-        self.mapped[weights[0].layer if weights else "nothing"] += 1
-        return super()._map(weights, par)
+    def _map(self, key, par):
+        self.mapped[key] += 1
+        return super()._map(key, par)
 
 
-def test_an_evaluation_maps_each_fp8_layer_once_for_all_rows(spec_factory):
+def test_an_evaluation_maps_each_fp8_part_once_for_all_rows(spec_factory):
+    """The rows run in lockstep, part by part, so each part of each layer (attention, MLP or router, each expert),
+    the embedding and the head is mapped once per rank for both rows; the heads' logits come chunk by chunk."""
     parameters = CountingParameters(spec_factory("ernie-moe-tiny"), 2)
     base = Fp8Emulator(None, 2, parameters=parameters)
     models = {name: base.with_options(EmulationOptions(weights_only=name == "w")) for name in ("fp8", "w")}
     seen = []
     run_layer_major(models, np.arange(5 * 16).reshape(5, 16), 2, lambda part, label, x: seen.append((part, label)))
-    layers = parameters.d.num_layers
-    # each layer once per rank for both rows; the embedding, final norm and lm_head for the embedding, then the heads
-    assert parameters.mapped == Counter({None: 2 * 2, **dict.fromkeys(range(layers), 2)})
+    assert parameters.mapped == Counter(dict.fromkeys(parameters.parts, 2))  # 2 ranks, every part once
+    d = parameters.d
+    assert d.moe is not None and sum(key[0] == d.moe_layers()[0] for key in parameters.parts) == 2 + d.moe.num_experts
     assert [(p.start, p.stop, label) for p, label in seen] == [
         (a, b, label) for a, b in ((0, 2), (2, 4), (4, 5)) for label in ("fp8", "w")
     ]
+
+
+def test_the_emulation_holds_one_mapped_expert_at_a_time(spec_factory):
+    """Each expert's parameters are mapped alone (stacked as ``[1, ...]``) and dropped before the next is mapped:
+    after each expert's stage, no earlier expert's array is alive (weak references to every one mapped)."""
+    import weakref
+
+    mapped: list[tuple[int, weakref.ref]] = []
+
+    class Tracked(Fp8Parameters):
+        def _map(self, key, par):
+            params = super()._map(key, par)
+            if isinstance(key[1], int):
+                assert all(a.shape[0] == 1 for n, a in params.items() if "experts" in n and "gate_correction" not in n)
+                mapped.extend((key[1], weakref.ref(a)) for a in params.values())
+            return params
+
+    parameters = Tracked(spec_factory("ernie-moe-tiny"), 2)
+    alive: list[set[int]] = []
+    original = parameters.part
+
+    def watching(layer, part):
+        alive.append({e for e, ref in mapped if ref() is not None})
+        return original(layer, part)
+
+    parameters.part = watching
+    Fp8Emulator(None, 2, parameters=parameters).forward(np.arange(2 * 16).reshape(2, 16))
+    assert mapped and all(len(experts) <= 1 for experts in alive)  # at most the expert just run, being replaced
 
 
 def test_one_layer_at_a_time_maps_exactly_the_whole_models_pieces(spec_factory):
@@ -230,7 +260,7 @@ def test_a_forced_scratch_file_gives_the_same_amax_and_leaves_nothing_behind(tmp
     run_layer_major({"m": ReferenceModel(weights, config, in_memory)}, ids, 4)
     run_layer_major({"m": ReferenceModel(weights, config, scratch)}, ids, 4, scratch_dir=tmp_path, memory_bytes=0)
     # the hidden states, the normed input and the routed sum: each its own scratch file
-    assert len(scratch.mapped) == ReferenceModel.stores
+    assert len(scratch.mapped) == ReferenceModel(weights).stores
     assert all(str(tmp_path) in line and "(deleted)" in line for line in scratch.mapped)
     assert list(scratch.amax.items()) == list(in_memory.amax.items()) and scratch.expert_tokens == in_memory.expert_tokens
     assert list(tmp_path.iterdir()) == []

@@ -264,10 +264,11 @@ def eval_command(
     Tokens come from BF16_SOURCE's own tokenizer, as for calibrate.
 
     Layer-major: every window goes through layer L of the BF16 model and of every row before layer
-    L+1 is read; each layer is read (and mapped) once. Memory: the BF16 model's largest part of a
-    layer in float32, as for calibrate (one expert of an MoE layer; the next part read ahead when
-    two fit half the available memory), one whole layer of the FP8 model in float32 (its emulation
-    maps a layer at a time: an MoE layer's every expert),
+    L+1 is read; each layer is read (and mapped) once, a part at a time as for calibrate: the rows
+    run in lockstep, so each part of the FP8 model is mapped once for all of them. Memory: the
+    largest part of a layer in float32 of each model (one expert of an MoE layer; the BF16 model's
+    next part read ahead when two fit half the available memory), the heads as stored (bf16;
+    one over 1 GiB in float32 is multiplied a block of vocabulary at a time),
     4 windows' activations and logits, and the hidden states of all windows per model, in memory
     when they fit a quarter of the available memory, else in --scratch-dir (deleted when done).
 

@@ -1,7 +1,7 @@
 """FastDeploy's HPU FP8 forward, emulated on CPU from the parameters the FastDeploy mapping produces.
 
 One mapping, two users: this runs on exactly the arrays the plugin hands FastDeploy
-(:func:`hpu_fp8_loader.fastdeploy.mapping.map_rank`), rank by rank and one layer at a time (never the whole
+(:func:`hpu_fp8_loader.fastdeploy.mapping.map_rank`), rank by rank and one part of a layer at a time (never the whole
 model in float32), so a wrong mapping shows up as wrong logits here. Parameters and their meanings are those of docs/fastdeploy.md sections 4-6; the
 arithmetic follows Habana's and PaddleCustomDevice's (PCD) public code, cited per rule:
 
@@ -38,14 +38,16 @@ split of the embedding and lm_head is reassembled.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from hpu_fp8_loader.arch import ModelDescriptor, WeightTensor, describe
+from hpu_fp8_loader.arch import ModelDescriptor, Role, describe
 from hpu_fp8_loader.engine.layer_major import Stage, StageLoader, Workspace, run_batch
-from hpu_fp8_loader.engine.model import EngineConfig, rms_norm, rotary, route, silu
+from hpu_fp8_loader.engine.model import EngineConfig, head_product, rms_norm, rotary, route, silu
+from hpu_fp8_loader.engine.weights import ATTENTION, HEAD, MLP, ROUTER, Part, weight_parts
 from hpu_fp8_loader.fastdeploy.mapping import (
     ACT_SCALE_INV_PARAMETER,
     ACT_SCALE_PARAMETER,
@@ -96,32 +98,48 @@ class EmulationOptions:
     decode_attention: bool = False  # the decode form of the attention probabilities
 
 
+EMBEDDING = "embedding"  # the emulation's part of layer None that looks tokens up (the head is weights.HEAD)
+
+
 class Fp8Parameters:
-    """The mapped parameters of every rank of one parallel layout, one layer at a time (``None``: the embedding,
-    final norm and lm_head), as float32: never the whole model at once. The last layer asked for is kept, so the
-    variants of one evaluation, run one after another on the same layer, map it once."""
+    """The mapped parameters of every rank of one parallel layout, one part of a layer at a time, as the reference
+    engine reads its weights (:func:`~hpu_fp8_loader.engine.weights.weight_parts`: attention; the dense MLP, or the
+    router part and each routed expert), plus the embedding and the head (layer ``None``): never a whole MoE layer.
+    Floats are float32, except the embedding and lm_head, kept as mapped (bf16: half the memory) and converted as
+    they are used. The last part asked for is kept, so the rows of one evaluation, run one after another on the
+    same part, map it once."""
 
     def __init__(self, root, tp: int = 1):
         self.checkpoint = Checkpoint.open(root)
         self.qc: QuantizationConfig = parse_quantization_config(self.checkpoint.config)
         self.d: ModelDescriptor = describe(self.checkpoint.config)
         self.tp = tp
-        self._by_layer = self.d.weights_by_layer()
-        self._last: tuple[int | None, list[dict[str, np.ndarray]]] | None = None
+        self.parts = weight_parts(self.d)
+        self.parts[(None, EMBEDDING)] = [w for w in self.d.weights() if w.role is Role.EMBEDDING]
+        self._last: tuple[tuple[int | None, Part], list[dict[str, np.ndarray]]] | None = None
 
-    def layer(self, index: int | None) -> list[dict[str, np.ndarray]]:
-        """Each rank's parameters of layer ``index``, by FastDeploy name; stacked expert parameters stacked."""
-        if self._last is None or self._last[0] != index:
-            self._last = None  # drop the previous layer before mapping the next
-            weights = self._by_layer.get(index, [])
-            self._last = index, [self._map(weights, Parallelism(self.tp, r)) for r in range(self.tp)]
+    def part(self, layer: int | None, part: Part) -> list[dict[str, np.ndarray]]:
+        """Each rank's parameters of one part of ``layer``, by FastDeploy name; an expert's stacked parameters
+        hold it alone (``[1, ...]``)."""
+        key = (layer, part)
+        if self._last is None or self._last[0] != key:
+            self._last = None  # drop the previous part before mapping the next
+            self._last = key, [self._map(key, Parallelism(self.tp, r)) for r in range(self.tp)]
         return self._last[1]
 
-    def _map(self, weights: list[WeightTensor], par: Parallelism) -> dict[str, np.ndarray]:
+    def _map(self, key: tuple[int | None, Part], par: Parallelism) -> dict[str, np.ndarray]:
+        # The lookup needs no lm_head, the head no embedding (map_rank gives a tied one's lm_head from it).
+        unused = (
+            {EMBEDDING: LM_HEAD_PARAMETER, HEAD: embedding_parameter(self.d.prefix)}.get(str(key[1])) if key[0] is None else None
+        )
         params: dict[str, np.ndarray] = {}
         experts: dict[str, list[np.ndarray]] = {}  # a stacked expert parameter, one array per local expert
-        for piece in map_rank(self.checkpoint, self.qc, self.d, par, weights=weights):
-            if piece.expert is None:
+        for piece in map_rank(self.checkpoint, self.qc, self.d, par, weights=self.parts[key]):
+            if piece.name == unused:
+                continue
+            if piece.name in (LM_HEAD_PARAMETER, embedding_parameter(self.d.prefix)):
+                params[piece.name] = piece.array
+            elif piece.expert is None:
                 params[piece.name] = f32(piece.array)
             else:
                 experts.setdefault(piece.name, []).append(f32(piece.array))
@@ -228,50 +246,35 @@ class Fp8Emulator:
         hidden = silu(gate_up[..., :half]) * gate_up[..., half:]
         return self._linear(p, names.tensor(module, names.DOWN), self.round(hidden))
 
-    def _experts(self, p: dict, layer: int, flat: np.ndarray, chosen: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        """This rank's share of the routed experts (docs/fastdeploy.md section 5, "MoE")."""
+    def _expert(self, p: dict, layer: int, expert: int, qx: np.ndarray, flat: np.ndarray, chosen, gates, out: np.ndarray):
+        """Routed expert ``expert``'s share on one rank (``p``: its parameters, stacked alone), added into this
+        rank's ``out`` as FastDeploy's MoE accumulates it (docs/fastdeploy.md section 5, "MoE"): ``qx`` is the
+        layer's input cast once with the shared input scale (``flat`` itself when emulating weights only)."""
+        rows, slot = np.nonzero(chosen == expert)
+        if not rows.size:
+            return
         prefix = self.d.prefix
-        if expert_parameter(prefix, layer, EXPERT_PARAMETERS[2]) not in p:
-            return self._bf16_experts(p, layer, flat, chosen, weights)
+        if expert_parameter(prefix, layer, EXPERT_PARAMETERS[2]) not in p:  # kept in BF16: BF16 GEMMs, bf16 between
+            up, down = (p[expert_parameter(prefix, layer, n)][0] for n in EXPERT_PARAMETERS[:2])
+            gate_up = self.round(flat[rows] @ up)
+            half = gate_up.shape[-1] // 2
+            y = self.round(self.round(silu(gate_up[:, :half]) * gate_up[:, half:]) @ down)
+            out[rows] = self.round(out[rows] + self.round(gates[rows, slot][:, None] * y))
+            return
         up, down, up_scale, down_scale, in_scale, down_in = (p[expert_parameter(prefix, layer, n)] for n in EXPERT_PARAMETERS)
-        in_scale, down_in = in_scale[0], down_in[:, 0]
-        point = names.shared_expert_input(prefix, layer)
-        qx = flat if self.options.weights_only else quantize_by_multiplier(flat, in_scale, point)
-        x_descale = np.float32(1) if self.options.weights_only else np.float32(1) / in_scale
-        out = np.zeros_like(flat)
-        for e in range(up.shape[0]):
-            rows, slot = np.nonzero(chosen == e)
-            if not rows.size:
-                continue
-            gate_up = (qx[rows] @ up[e]) * x_descale * up_scale[e]
-            half = gate_up.shape[-1] // 2
-            if self.options.weights_only:
-                y = (silu(gate_up[:, :half]) * gate_up[:, half:]) @ (down[e] * down_scale[e])
-                out[rows] += weights[rows, slot][:, None] * y
-                continue
-            gate_up = bf16(gate_up)
-            hidden = bf16(silu(gate_up[:, :half]) * gate_up[:, half:])
-            y = bf16(
-                (quantize_by_multiplier(hidden, np.float32(1) / down_in[e], names.expert(prefix, layer, e, names.DOWN)) @ down[e])
-                * down_in[e]
-                * down_scale[e]
-            )
-            out[rows] = bf16(out[rows] + bf16(weights[rows, slot][:, None] * y))
-        return out
-
-    def _bf16_experts(self, p: dict, layer: int, flat: np.ndarray, chosen: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        """Routed experts kept in BF16 (FastDeploy's unquantized MoE method): BF16 GEMMs, bf16 between the ops."""
-        up, down = (p[expert_parameter(self.d.prefix, layer, n)] for n in EXPERT_PARAMETERS[:2])
-        out = np.zeros_like(flat)
-        for e in range(up.shape[0]):
-            rows, slot = np.nonzero(chosen == e)
-            if not rows.size:
-                continue
-            gate_up = self.round(flat[rows] @ up[e])
-            half = gate_up.shape[-1] // 2
-            y = self.round(self.round(silu(gate_up[:, :half]) * gate_up[:, half:]) @ down[e])
-            out[rows] = self.round(out[rows] + self.round(weights[rows, slot][:, None] * y))
-        return out
+        up, down, up_scale, down_scale, down_in = up[0], down[0], up_scale[0], down_scale[0], down_in[0, 0]
+        x_descale = np.float32(1) if self.options.weights_only else np.float32(1) / in_scale[0]
+        gate_up = (qx[rows] @ up) * x_descale * up_scale
+        half = gate_up.shape[-1] // 2
+        if self.options.weights_only:
+            y = (silu(gate_up[:, :half]) * gate_up[:, half:]) @ (down * down_scale)
+            out[rows] += gates[rows, slot][:, None] * y
+            return
+        gate_up = bf16(gate_up)
+        hidden = bf16(silu(gate_up[:, :half]) * gate_up[:, half:])
+        point = names.expert(prefix, layer, expert, names.DOWN)
+        y = bf16((quantize_by_multiplier(hidden, np.float32(1) / down_in, point) @ down) * down_in * down_scale)
+        out[rows] = bf16(out[rows] + bf16(gates[rows, slot][:, None] * y))
 
     # ------------------------------------------------------------------ forward
 
@@ -291,21 +294,23 @@ class Fp8Emulator:
         return x
 
     def logits(self, ranks: list[dict], x: np.ndarray) -> np.ndarray:
-        """The final norm, then each rank's lm_head columns (its embedding rows when tied), concatenated."""
+        """The final norm, then each rank's lm_head columns (a tied model's too: FastDeploy's copy of the embedding),
+        concatenated."""
         first = ranks[0]
         x = self.round(rms_norm(x, first[names.tensor(names.final_norm(self.d.prefix), names.WEIGHT)], self.cfg.rms_norm_eps))
-        if LM_HEAD_PARAMETER in first:
-            return np.concatenate([x @ p[LM_HEAD_PARAMETER] for p in ranks], axis=-1)
-        return np.concatenate([x @ p[embedding_parameter(self.d.prefix)].T for p in ranks], axis=-1)
+        return np.concatenate([head_product(x, p[LM_HEAD_PARAMETER]) for p in ranks], axis=-1)
 
-    stores = 1  # the hidden states: a layer is one stage
+    @property
+    def stores(self) -> int:
+        """The hidden states, the normed input of the MLP or experts, the experts' cast input, each rank's sum."""
+        return 3 + self.parameters.tp
 
     def largest_part_parameters(self) -> int:
-        return self.d.largest_layer_parameters()
+        return max(sum(math.prod(w.shape) for w in group) for group in self.parameters.parts.values())
 
     def embedding(self, space: Workspace) -> list[StageLoader]:
         def load() -> Stage:
-            ranks = self.parameters.layer(None)
+            ranks = self.parameters.part(None, EMBEDDING)
 
             def stage(part: slice) -> None:
                 space.hidden[part] = self.embed(ranks, space.windows[part])
@@ -315,39 +320,100 @@ class Fp8Emulator:
         return [load]
 
     def head(self) -> Callable[[np.ndarray], np.ndarray]:
-        ranks = self.parameters.layer(None)
+        ranks = self.parameters.part(None, HEAD)
         return lambda x: self.logits(ranks, x)
 
     def layer(self, index: int, space: Workspace) -> list[StageLoader]:
-        """Map layer ``index`` of every rank (once, shared with the other variants): one stage, any chunk."""
+        """Layer ``index`` of every rank in the reference engine's stages, each part mapped once for all windows
+        (and shared with the other rows): attention, then the dense MLP, or the router, each routed expert in turn
+        and the sum. Each rank adds its experts in expert order and the ranks' partial sums are reduced as one
+        whole-layer step reduces them: the same arithmetic, with one expert mapped at a time."""
+        d, round_ = self.d, self.round
+        m = names.layer_names(d.prefix, index)
+        hidden, normed = space.hidden, space.store("normed")
 
-        def load() -> Stage:
-            ranks = self.parameters.layer(index)
+        def attention() -> Stage:
+            ranks = self.parameters.part(index, ATTENTION)
+            first = ranks[0]
 
             def stage(part: slice) -> None:
-                space.hidden[part] = self._step(ranks, index, np.array(space.hidden[part]))
+                x = np.array(hidden[part])
+                h = round_(rms_norm(x, first[names.tensor(m.input_norm, names.WEIGHT)], self.cfg.rms_norm_eps))
+                x = round_(x + self._reduce([self._attention(p, index, h) for p in ranks]))
+                hidden[part] = x
+                normed[part] = round_(
+                    rms_norm(x, first[names.tensor(m.post_attention_norm, names.WEIGHT)], self.cfg.rms_norm_eps)
+                )
 
             return stage
 
-        return [load]
+        if not d.is_moe_layer(index):
 
-    def _step(self, ranks: list[dict], layer: int, x: np.ndarray) -> np.ndarray:
-        d, round_, first = self.d, self.round, ranks[0]
-        m = names.layer_names(d.prefix, layer)
-        h = round_(rms_norm(x, first[names.tensor(m.input_norm, names.WEIGHT)], self.cfg.rms_norm_eps))
-        x = round_(x + self._reduce([self._attention(p, layer, h) for p in ranks]))
-        h = round_(rms_norm(x, first[names.tensor(m.post_attention_norm, names.WEIGHT)], self.cfg.rms_norm_eps))
-        if not d.is_moe_layer(layer):
-            return round_(x + self._reduce([self._mlp(p, m.mlp, h) for p in ranks]))
-        assert d.moe is not None  # is_moe_layer holds only when the model has an MoE config
-        flat = h.reshape(-1, h.shape[-1])
-        bias = first.get(expert_parameter(d.prefix, layer, ROUTER_BIAS_PARAMETER))
-        chosen, weights = route(flat, first[names.tensor(m.router, names.WEIGHT)], bias, d.moe.top_k, self.cfg.router_norm_min)
-        weights = self.round(weights)
-        partials = [self._experts(p, layer, flat, chosen, weights) for p in ranks]
-        if d.moe.num_shared_experts:
-            partials += [self._mlp(p, m.shared_experts, flat) for p in ranks]
-        return round_(x + self._reduce(partials).reshape(x.shape))
+            def mlp() -> Stage:
+                ranks = self.parameters.part(index, MLP)
+
+                def stage(part: slice) -> None:
+                    x, h = np.array(hidden[part]), np.array(normed[part])
+                    hidden[part] = round_(x + self._reduce([self._mlp(p, m.mlp, h) for p in ranks]))
+
+                return stage
+
+            return [attention, mlp]
+        moe = d.moe
+        assert moe is not None  # is_moe_layer holds only when the model has an MoE config
+        cast, sums = space.store("cast input"), [space.store(f"rank {r} experts") for r in range(self.parameters.tp)]
+        router: list[dict] = []  # each rank's router part: read by route, used again by the shared experts
+        routing: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # each chunk's (chosen experts, their bf16 weights)
+
+        def flat(store: np.ndarray, part: slice) -> np.ndarray:
+            return np.asarray(store[part]).reshape(-1, d.hidden_size)  # a view of the chunk
+
+        def route_stage() -> Stage:
+            router[:] = self.parameters.part(index, ROUTER)
+            first = router[0]
+
+            def stage(part: slice) -> None:
+                bias = first.get(expert_parameter(d.prefix, index, ROUTER_BIAS_PARAMETER))
+                gate = first[names.tensor(m.router, names.WEIGHT)]
+                chosen, gates = route(flat(normed, part), gate, bias, moe.top_k, self.cfg.router_norm_min)
+                routing[part.start] = chosen, self.round(gates)
+                for store in sums:
+                    store[part] = 0
+
+            return stage
+
+        def expert(e: int) -> StageLoader:
+            def load() -> Stage:
+                ranks = self.parameters.part(index, e)
+                in_scale = expert_parameter(d.prefix, index, EXPERT_PARAMETERS[4])
+
+                def stage(part: slice) -> None:
+                    x = flat(normed, part)
+                    if e == 0 and in_scale in ranks[0] and not self.options.weights_only:  # once per chunk and layer
+                        point = names.shared_expert_input(d.prefix, index)
+                        flat(cast, part)[:] = quantize_by_multiplier(x, ranks[0][in_scale][0], point)
+                    qx = x if self.options.weights_only else flat(cast, part)
+                    chosen, gates = routing[part.start]
+                    for p, store in zip(ranks, sums, strict=True):
+                        self._expert(p, index, e, qx, x, chosen, gates, flat(store, part))
+
+                return stage
+
+            return load
+
+        def finish() -> Stage:
+            def stage(part: slice) -> None:
+                x = flat(normed, part)
+                partials = [np.array(flat(store, part)) for store in sums]
+                if moe.num_shared_experts:
+                    partials += [self._mlp(p, m.shared_experts, x) for p in router]
+                before = np.array(hidden[part])
+                hidden[part] = round_(before + self._reduce(partials).reshape(before.shape))
+                del routing[part.start]
+
+            return stage
+
+        return [attention, route_stage, *(expert(e) for e in range(moe.num_experts)), finish]
 
     def forward(self, ids: np.ndarray) -> np.ndarray:
         """Logits ``[B, T, vocab]`` (float32) of the emulated FP8 model, batch-major: one batch through every layer,

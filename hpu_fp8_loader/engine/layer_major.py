@@ -8,8 +8,11 @@ with its disk space reserved up front (a full disk is one line now, not a SIGBUS
 layer ``chunk`` at a time, with the very arithmetic of the batch-major forward on a batch of that size, so the
 results are the same to the bit.
 
-Memory: one layer's weights per model kind (a second one being read ahead, when they fit: EngineWeights), one chunk of hidden states and its activations, and the hidden-state
-stores when they are in memory (``windows x seq_len x hidden x 4`` bytes per model).
+Within a layer the same holds part by part: a layer is a list of stages, each on one part of its weights (the
+attention, the MLP, the router, one expert), and every chunk goes through a stage before the next stage's weights
+are read. Memory: one part of a layer per model kind (a second one being read ahead, when they fit: EngineWeights),
+one chunk of hidden states and its activations, and each model's stores when they are in memory (``windows x
+seq_len x hidden x 4`` bytes each: :class:`Workspace`).
 """
 
 from __future__ import annotations
@@ -72,7 +75,8 @@ class LayerModel(Protocol):
     ``stores`` is how many hidden-state-sized arrays the model's layers keep in its workspace, ``hidden``
     included: what the run sizes memory by, with :meth:`largest_part_parameters`."""
 
-    stores: int
+    @property
+    def stores(self) -> int: ...
 
     @property
     def descriptor(self) -> ModelDescriptor: ...
@@ -209,14 +213,14 @@ def run_layer_major(
                 if progress:
                     progress(LayerProgress(done, total, layer, d.num_layers))
 
-            for label, model in models.items():
-                doing = f"{label}: the embedding"
-                _run_stages(model.embedding(spaces[label]), chunks, label)
+            doing = "the embedding"
+            _run_stages({label: model.embedding(spaces[label]) for label, model in models.items()}, chunks)
             for layer in range(d.num_layers):
-                for label in models:
-                    doing = f"{label}: layer {layer}"
-                    _run_stages(layers[label][layer], chunks, label, spaces[label].hidden, layer, partial(advance, layer))
-                    layers[label][layer] = []  # its stages (and the weights they read) are done with
+                doing = f"layer {layer}"
+                plans = {label: plan[layer] for label, plan in layers.items()}
+                _run_stages(plans, chunks, {label: spaces[label].hidden for label in models}, layer, partial(advance, layer))
+                for plan in layers.values():
+                    plan[layer] = []  # its stages (and the weights they read) are done with
             if logits is None:
                 return
             doing = "the output heads"
@@ -240,28 +244,33 @@ def run_batch(model: LayerModel, ids: np.ndarray, label: str) -> np.ndarray:
 
 
 def _run_stages(
-    loaders: list[StageLoader],
+    plans: Mapping[str, list[StageLoader]],
     chunks: list[slice],
-    label: str,
-    hidden: np.ndarray | None = None,
+    hidden: Mapping[str, np.ndarray] | None = None,
     layer: int | None = None,
     advance: Callable[[], None] | None = None,
 ) -> None:
-    """Each stage in turn over every chunk, the stage (and its weights) dropped before the next is read; after a
-    layer's last stage, each chunk's hidden states are checked finite."""
-    for index, load in enumerate(loaders):
-        stage = load()
-        last = index == len(loaders) - 1
-        for part in chunks:
-            _run(partial(stage, part), label, part)
-            if last and hidden is not None and not np.isfinite(hidden[part]).all():
-                raise NonFiniteError(
-                    f"{label}: windows {part.start}..{part.stop - 1}: the hidden states after layer {layer} are not "
-                    "finite (a weight is so large that the float32 arithmetic overflows)"
-                )
-            if advance:
-                advance()
-        del stage
+    """The models' stages in lockstep: stage ``s`` of every model (in the models' order) over every chunk, then
+    stage ``s + 1``; each model's stages run in their own order, so its arithmetic is that of running it alone.
+    Models whose stages read the same part of a layer (eval's rows, sharing one mapping) then read it once for all.
+    A stage (and its weights) is dropped before the next one is read; after a model's last stage of a layer, each
+    chunk's hidden states are checked finite."""
+    for index in range(max((len(loaders) for loaders in plans.values()), default=0)):
+        for label, loaders in plans.items():
+            if index >= len(loaders):
+                continue
+            stage = loaders[index]()
+            last = index == len(loaders) - 1
+            for part in chunks:
+                _run(partial(stage, part), label, part)
+                if last and hidden is not None and not np.isfinite(hidden[label][part]).all():
+                    raise NonFiniteError(
+                        f"{label}: windows {part.start}..{part.stop - 1}: the hidden states after layer {layer} are "
+                        "not finite (a weight is so large that the float32 arithmetic overflows)"
+                    )
+                if advance:
+                    advance()
+            del stage
 
 
 def _run(step: Callable[[], object], label: str, part: slice):

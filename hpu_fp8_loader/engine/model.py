@@ -33,7 +33,18 @@ from hpu_fp8_loader.engine.weights import ATTENTION, HEAD, MLP, ROUTER, EngineWe
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error
 from hpu_fp8_loader.spec import names
 
-__all__ = ["EngineConfig", "Observer", "ReferenceModel", "forward", "rms_norm", "rotary", "route", "silu"]
+__all__ = [
+    "HEAD_BLOCK_BYTES",
+    "EngineConfig",
+    "Observer",
+    "ReferenceModel",
+    "forward",
+    "head_product",
+    "rms_norm",
+    "rotary",
+    "route",
+    "silu",
+]
 
 
 @dataclass(frozen=True)
@@ -184,6 +195,31 @@ def route(x: np.ndarray, gate: np.ndarray, bias: np.ndarray | None, top_k: int, 
     return chosen, weights / np.maximum(weights.sum(axis=-1, keepdims=True), np.float32(norm_min))
 
 
+# A head (lm_head, or the tied embedding) at most this large in float32 is multiplied in one product.
+HEAD_BLOCK_BYTES = 1 << 30
+
+
+def head_product(x: np.ndarray, weight: np.ndarray, transposed: bool = False) -> np.ndarray:
+    """``x @ weight`` (``transposed``: ``x @ weight.T``, a ``[vocab, hidden]`` table) in float32, whatever the
+    weight's stored dtype.
+
+    A weight of at most :data:`HEAD_BLOCK_BYTES` in float32 is converted whole: one product, as with a float32
+    weight. A larger one (ERNIE-4.5-300B-A47B's 3.4 GB) is converted and multiplied a block of vocabulary columns at
+    a time, so memory holds its stored bf16 and one block; BLAS may then round a logit differently in the last bit
+    than one product would.
+    """
+    vocab, hidden = weight.shape if transposed else weight.shape[::-1]
+    if 4 * vocab * hidden <= HEAD_BLOCK_BYTES:
+        whole = weight.astype(np.float32, copy=False)
+        return x @ (whole.T if transposed else whole)
+    out = np.empty((*x.shape[:-1], vocab), np.float32)
+    step = HEAD_BLOCK_BYTES // (4 * hidden)
+    for start in range(0, vocab, step):
+        block = (weight[start : start + step] if transposed else weight[:, start : start + step]).astype(np.float32)
+        out[..., start : start + step] = x @ (block.T if transposed else block)
+    return out
+
+
 def _routed_expert(
     w: dict, module: str, layer: int, expert: int, flat: np.ndarray, out: np.ndarray, chosen, gates, observer: Observer
 ) -> None:
@@ -216,7 +252,10 @@ class ReferenceModel:
     order, as one forward over the whole layer adds them: the results are the same to the bit, and memory holds
     one expert, not the layer. ``observer.enter_weights`` is called each time a part is read."""
 
-    stores = 3  # the hidden states, the normed input of the MLP or experts, the routed experts' sum
+    @property
+    def stores(self) -> int:
+        """The hidden states, the normed input of the MLP or experts, the routed experts' sum."""
+        return 3
 
     def __init__(self, weights: EngineWeights, config: EngineConfig | None = None, observer: Observer | None = None):
         self.weights = weights
@@ -276,10 +315,11 @@ class ReferenceModel:
     def logits(self, top: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
         """The final norm and lm_head (the embedding when tied) on the last layer's output."""
         d = self.descriptor
-        x = rms_norm(x, top[names.tensor(names.final_norm(d.prefix), names.WEIGHT)], self.config.rms_norm_eps)
+        norm = top[names.tensor(names.final_norm(d.prefix), names.WEIGHT)].astype(np.float32)
+        x = rms_norm(x, norm, self.config.rms_norm_eps)
         if "lm_head.weight" in top:
-            return x @ top["lm_head.weight"]
-        return x @ top[names.tensor(names.embedding(d.prefix), names.WEIGHT)].T
+            return head_product(x, top["lm_head.weight"])
+        return head_product(x, top[names.tensor(names.embedding(d.prefix), names.WEIGHT)], transposed=True)
 
     def layer(self, index: int, space: Workspace) -> list[StageLoader]:
         d, cfg, observer = self.descriptor, self.config, self.observer

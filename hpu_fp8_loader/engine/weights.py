@@ -28,7 +28,7 @@ from hpu_fp8_loader.sources.source_tensors import check_source, detect_layout, s
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import is_hpu_fp8
 
-__all__ = ["ATTENTION", "HEAD", "MLP", "ROUTER", "EngineWeights", "Part", "open_weights", "part_of"]
+__all__ = ["ATTENTION", "HEAD", "MLP", "ROUTER", "EngineWeights", "Part", "open_weights", "part_of", "weight_parts"]
 
 # The parts of a decoder layer, as the forward uses them; a routed expert's part is its number.
 ATTENTION = "attention"  # both norms, q|k|v (its bias, Qwen3's q/k norms) and o_proj
@@ -52,7 +52,7 @@ def part_of(weight: WeightTensor) -> Part:
     return ROUTER if weight.role in _ROUTER_ROLES else ATTENTION
 
 
-def _parts(descriptor: ModelDescriptor) -> dict[tuple[int | None, Part], list[WeightTensor]]:
+def weight_parts(descriptor: ModelDescriptor) -> dict[tuple[int | None, Part], list[WeightTensor]]:
     """Every part's weights, keyed ``(layer, part)`` in the order a forward asks for them: the layers, then the
     head. The embedding is read by rows, so it is in the head only when tied."""
     parts: dict[tuple[int | None, Part], list[WeightTensor]] = {}
@@ -89,7 +89,7 @@ class EngineWeights:
         )
         self.is_spec = is_hpu_fp8(checkpoint.config)
         self.layout = Layout.PADDLE if self.is_spec else detect_layout(checkpoint, descriptor)
-        self._parts = _parts(descriptor)
+        self._parts = weight_parts(descriptor)
         self._embedding = next(w for w in descriptor.weights() if w.role is Role.EMBEDDING)
         self._order = [key for key in self._parts if key[0] is not None]  # what read-ahead follows
         self._next = {key: after for key, after in zip(self._order, self._order[1:], strict=False)}
@@ -114,13 +114,14 @@ class EngineWeights:
     def part_parameters(self, layer: int | None, part: Part) -> int:
         return sum(math.prod(w.shape) for w in self._parts[(layer, part)])
 
-    def get(self, weight: WeightTensor) -> np.ndarray:
+    def get(self, weight: WeightTensor, dtype: type | None = np.float32) -> np.ndarray:
+        """One weight in the spec's layout, as ``dtype`` (``None``: as stored; FP8 values are float32 either way)."""
         if self.is_spec and weight.is_linear:
             scale = np.asarray(self.checkpoint.get(names.tensor(weight.module, names.WEIGHT_SCALE)), np.float32)
             return self.checkpoint.get(weight.name).astype(np.float32) * (scale if weight.channel_wise else scale[0])
         parts = weight.source_parts(self.layout, self.descriptor.prefix)
         arrays = [source_rows(self.checkpoint, p.name, 0, p.shape[0]) for p in parts]
-        return fuse_columns(arrays, [p.transpose for p in parts], np.dtype(np.float32))
+        return fuse_columns(arrays, [p.transpose for p in parts], None if dtype is None else np.dtype(dtype))
 
     def embedding_blocks(self) -> list[tuple[int, int]]:
         """The embedding's rows in blocks of about :data:`EMBEDDING_BLOCK_BYTES` in float32, as ``(start, stop)``:
@@ -143,7 +144,7 @@ class EngineWeights:
         return rows
 
     def part(self, layer: int | None, part: Part) -> dict[str, np.ndarray]:
-        """Every weight of one part of ``layer`` (``None``: the head), keyed by spec name.
+        """Every weight of one part of ``layer`` (``None``: the head, as stored), keyed by spec name.
 
         With read-ahead, asking for a decoder layer's part also starts reading the next one a forward asks for;
         asking for anything else first waits for, and drops, a read-ahead it did not use."""
@@ -167,7 +168,9 @@ class EngineWeights:
         return weights
 
     def _read(self, key: tuple[int | None, Part]) -> dict[str, np.ndarray]:
-        return {w.name: self.get(w) for w in self._parts[key]}
+        """A part's weights in float32; the head's as stored (bf16: half the memory of the 3.4 GB float32 lm_head at
+        300B), converted as it is multiplied (:func:`~hpu_fp8_loader.engine.model.head_product`)."""
+        return {w.name: self.get(w, None if key[0] is None else np.float32) for w in self._parts[key]}
 
 
 def open_weights(path: str | Path, cache_bytes: int | None = None) -> EngineWeights:

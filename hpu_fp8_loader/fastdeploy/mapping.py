@@ -507,11 +507,15 @@ def _moe_pieces(
     par: Parallelism,
     arithmetic: Arithmetic,
 ):
-    """The stacked expert parameters of one MoE layer, from its experts' weights keyed by (expert, role)."""
+    """The stacked expert parameters of one MoE layer, from its experts' weights keyed by (expert, role): every local
+    expert's, or (the emulation, one expert at a time) those of the local experts given, stacked alone."""
     up_weight, down_weight, up_scale, down_scale, up_in, down_in_scale = (
         expert_parameter(d.prefix, layer, parameter) for parameter in EXPERT_PARAMETERS
     )
-    local = local_experts(d, par)
+    given = {e for e, _ in experts}
+    local = [e for e in local_experts(d, par) if e in given]
+    if not local:
+        return  # none of them on this rank
     down_in = []
     for i, e in enumerate(local):
         up, down = experts[(e, Role.EXPERT_UP_GATE)], experts[(e, Role.EXPERT_DOWN)]
@@ -572,7 +576,9 @@ def map_rank(
     Every scale is checked finite and positive on its way out. ``weights``: only the parameters made from these
     descriptor weights, and nothing else read (default: the whole model). Given one layer's weights (every expert
     of an MoE layer among them), the pieces are that layer's, attention scales included; given the weights of no
-    layer, the embedding, final norm and lm_head: what lets the emulation map a model one layer at a time.
+    layer, the embedding, final norm and lm_head: what lets the emulation map a model one layer at a time. Given
+    some experts of a layer (both weights of each), the stacked parameters hold only those of them this rank holds,
+    with the layer's shared input scale: what lets it map one expert at a time.
     """
     return map(_checked_scale, _pieces(checkpoint, qc, d, par, arithmetic, weights))
 

@@ -186,7 +186,8 @@ def calibrate(
         all_experts: also run every token through every routed expert, for the statistics only (never for the
             forward): no expert stays uncalibrated, at the price of wider expert ranges and about E/k times the
             expert work.
-        progress: called after each step (``batch_size`` windows through one layer) with a
+        progress: called after each step (``batch_size`` windows through one stage of a layer: its attention, its MLP,
+            its router, one expert) with a
             :class:`~hpu_fp8_loader.engine.layer_major.LayerProgress`: steps done, their total, the layer.
         scratch_dir: where the hidden states of all windows wait between layers when they do not fit a quarter of
             the memory budget (a scratch file, unlinked as soon as it is mapped); default: the system temp directory.

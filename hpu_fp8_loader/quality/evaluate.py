@@ -198,9 +198,10 @@ def evaluate(
 
     Layer-major (:func:`~hpu_fp8_loader.engine.layer_major.run_layer_major`): all windows go through layer L of the
     reference and of every row before layer L+1 is read; each layer of the BF16 source is read once, and each layer
-    of ``fp8_checkpoint`` mapped once for all rows. Memory: the reference's largest part of a layer in float32 (one
-    expert of an MoE layer: :func:`~hpu_fp8_loader.quality.calibrate.calibrate`), one whole layer of the FP8
-    model's mapped parameters in float32, 4 windows' activations
+    of ``fp8_checkpoint`` mapped once for all rows, a part at a time (one expert of an MoE layer:
+    :func:`~hpu_fp8_loader.quality.calibrate.calibrate`), the rows in lockstep. Memory: the largest part of a layer
+    of each model in float32, the heads as stored (:func:`~hpu_fp8_loader.engine.model.head_product`), 4 windows'
+    activations
     and logits, and the hidden states of all windows per model when they fit a quarter of the memory budget (else
     in scratch files in ``scratch_dir``). The rows are those of running the windows 4 at a time, to the bit.
 
@@ -233,7 +234,7 @@ def evaluate(
         scratch_dir: where the hidden states of all windows (one store per model: the BF16 reference and each
             row) wait between layers when they do not fit a quarter of the memory budget: scratch files, unlinked
             as soon as they are mapped; default: the system temp directory.
-        progress: called after each step (4 windows through one layer, or the head, of one model) with a
+        progress: called after each step (4 windows through one stage of a layer, or the head, of one model) with a
             :class:`~hpu_fp8_loader.engine.layer_major.LayerProgress`: steps done, their total, the layer.
 
     Returns:
@@ -285,7 +286,7 @@ def evaluate(
         dataset_revision=dataset_revision,
     )
     windows = token_windows(ids, samples, seq_len, dataset=dataset)
-    emulator = Fp8Emulator(fp8_checkpoint, tp)  # the parameters, mapped one layer at a time, shared by every row
+    emulator = Fp8Emulator(fp8_checkpoint, tp)  # the parameters, mapped a part at a time, shared by every row
     observer = None if report is None else report.evaluation_observer(bf16_source, reference.descriptor, fp8.checkpoint)
     models: dict[str, LayerModel] = {str(bf16_source): ReferenceModel(reference, observer=observer)}
     rows: dict[str, str] = {}  # model label -> its row
