@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -18,12 +19,14 @@ from hpu_fp8_loader.engine.fp8 import EmulationOptions, Fp8Emulator, Fp8Paramete
 from hpu_fp8_loader.engine.layer_major import LayerProgress, layer_steps, run_layer_major
 from hpu_fp8_loader.engine.model import EngineConfig, ReferenceModel, forward
 from hpu_fp8_loader.engine.weights import ROUTER, EngineWeights, open_weights, part_of
-from hpu_fp8_loader.errors import WriteFailedError
+from hpu_fp8_loader.errors import NonFiniteError, WriteFailedError
 from hpu_fp8_loader.fastdeploy.mapping import Parallelism, map_rank
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.quality.calibrate import calibrate
 from hpu_fp8_loader.quality.datasets import dataset_tokens, token_batches
+from hpu_fp8_loader.quality.evaluate import evaluate
 from hpu_fp8_loader.quality.observers import AmaxObserver
+from hpu_fp8_loader.quality.report import Report
 from hpu_fp8_loader.sources.synth import preset_config, synthesize
 from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 from hpu_fp8_loader.spec import names
@@ -332,3 +335,77 @@ def test_there_is_no_read_ahead_when_two_parts_do_not_fit(source_factory, monkey
     assert not CountingWeights(root).reads_ahead
     monkeypatch.setattr(weights_module, "memory_budget", lambda: 4 * largest)
     assert CountingWeights(root).reads_ahead
+
+
+class ThreadsSeen(ReferenceModel):
+    """The real engine, noting the thread each stage's chunk ran on."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.threads: set[str] = set()
+
+    def layer(self, index, space):
+        def watched(load):
+            def loader():
+                stage = load()
+
+                def run(part):
+                    self.threads.add(threading.current_thread().name)
+                    stage(part)
+
+                return run
+
+            return loader
+
+        return [watched(load) for load in super().layer(index, space)]
+
+
+def _report_rows(report) -> list:
+    return [vars(stats) for stats in report.errors.linears.values()]
+
+
+@pytest.mark.parametrize("model", ["ernie-moe-bytes", "qwen3-moe-bytes", "qwen2-bytes"])
+def test_threads_give_the_same_calibration_and_report_to_the_bit(model):
+    """Chunks on 1, 2 or 3 threads at once: the same amax in the same order, expert counts and every report sum,
+    because each chunk's arithmetic is its own and the observers' events arrive in chunk order."""
+    results = []
+    for threads in (1, 2, 3):
+        report = Report()
+        result = calibrate(TINY_MODELS[model], samples=7, seq_len=32, batch_size=2, report=report, threads=threads)
+        results.append((list(result.measurements.amax.items()), result.measurements.expert_tokens, _report_rows(report)))
+    assert results[0] == results[1] == results[2]
+    assert results[0][2] and all(row["rows"] for row in results[0][2])
+
+
+def test_threads_give_the_same_eval_rows_to_the_bit(source_factory, spec_factory):
+    source, checkpoint = source_factory("ernie-moe-tiny"), spec_factory("ernie-moe-tiny")
+    rows = [evaluate(source, checkpoint, samples=9, seq_len=32, tp=2, threads=t).to_dict()["rows"] for t in (1, 2)]
+    assert rows[0] == rows[1] and len(rows[0]) == 3
+
+
+def test_chunks_run_on_the_pools_threads_and_alone_with_one(source_factory):
+    weights = open_weights(source_factory("ernie-moe-tiny"))
+    ids = np.arange(6 * 16).reshape(6, 16) % 500
+    for threads, expected in ((2, {"hpu-fp8-chunk"}), (1, {threading.current_thread().name})):
+        model = ThreadsSeen(weights, observer=AmaxObserver("ernie"))
+        run_layer_major({"m": model}, ids, 2, threads=threads)
+        assert {name.rsplit("_", 1)[0] for name in model.threads} == expected
+
+
+def test_a_failure_on_a_thread_is_named_and_leaves_no_scratch_file(tmp_path, source_factory):
+    """An activation refused in the second chunk, while the first and third run beside it: one line naming the
+    windows, every thread stopped, the scratch files gone."""
+    weights = open_weights(source_factory("qwen2-tiny"))
+
+    class Refusing(AmaxObserver):
+        def record(self, module, values):
+            if module.endswith("o_proj") and values.shape[0] == 2 and self.calls == 1:
+                raise NonFiniteError(f"activation {module} holds NaN")
+            self.calls += module.endswith("o_proj")
+            super().record(module, values)
+
+    observer = Refusing("qwen2")
+    observer.calls = 0
+    with pytest.raises(NonFiniteError, match=r"^m: windows 2\.\.3: activation qwen2\.layers\.0\.self_attn\.o_proj holds NaN$"):
+        run_layer_major({"m": ReferenceModel(weights, observer=observer)}, np.ones((5, 8), int), 2, None, tmp_path, 0, threads=3)
+    assert list(tmp_path.iterdir()) == []

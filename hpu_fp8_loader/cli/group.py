@@ -255,11 +255,18 @@ def dataset_options(dataset_help: str) -> Callable[[FC], FC]:
     return decorate
 
 
+threads_option = click.option(
+    "--threads",
+    type=COUNT,
+    default=None,
+    help="Batches of windows run at once, each on a thread of its own, BLAS using the cores left to each "
+    "(default: every core this process may use). The results are the same to the bit whatever the number.",
+)
 BUILTIN_CALIBRATION_TEXT = "builtin: Python's own documentation, offline (its last 10% is held out for eval)."
 # CalibrationOptions' fields, as the options of calibration_options() name them.
 CALIBRATION_FIELDS = (
     "dataset", "text_field", "chat_template", "dataset_revision", "tokenizer", "samples", "seq_len", "batch_size",
-    "all_experts",
+    "all_experts", "threads",
 )  # fmt: skip
 
 
@@ -280,6 +287,7 @@ def calibration_options(dataset_help: str) -> Callable[[FC], FC]:
             help="Also run every token through every expert, for the statistics only (never the forward): no expert "
             "stays uncalibrated, but expert ranges get wider and the expert work grows about E/k times.",
         ),
+        threads_option,
     ]
 
     def decorate(command: FC) -> FC:

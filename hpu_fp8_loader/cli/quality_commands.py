@@ -22,6 +22,7 @@ from hpu_fp8_loader.cli.group import (
     report_option,
     revision_option,
     say,
+    threads_option,
     tp_option,
     user_errors,
     warn_each,
@@ -231,6 +232,7 @@ def calibrate(
     help="Where the hidden states wait between layers when they do not fit in memory (a scratch file, deleted when "
     "done; default: the system temp dir).",
 )
+@threads_option
 @json_option(help="Print the report as JSON.")
 def eval_command(
     bf16_source: str,
@@ -251,6 +253,7 @@ def eval_command(
     report_dir: Path | None,
     force: bool,
     scratch_dir: Path | None,
+    threads: int | None,
     as_json: bool,
 ) -> None:
     """Compare the emulated FP8 model (Gaudi arithmetic, FastDeploy's parameters) with the BF16 model.
@@ -310,6 +313,7 @@ def eval_command(
                 decode_attention,
                 scratch_dir=scratch_dir,
                 progress=layer_steps(progress),
+                threads=threads,
                 tokenizer=tokenizer,
                 text_field=text_field,
                 chat_template=chat_template,

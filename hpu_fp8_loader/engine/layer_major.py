@@ -21,7 +21,10 @@ import logging
 import math
 import os
 import tempfile
+import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -29,15 +32,46 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from hpu_fp8_loader.arch import ModelDescriptor
 from hpu_fp8_loader.console import Progress, human_bytes
 from hpu_fp8_loader.errors import NonFiniteError, WriteFailedError
 from hpu_fp8_loader.memory import memory_budget, out_of_memory
 
-__all__ = ["LayerModel", "LayerProgress", "Stage", "StageLoader", "Workspace", "hidden_store", "run_batch", "run_layer_major"]
+__all__ = [
+    "LayerModel",
+    "LayerProgress",
+    "Stage",
+    "StageLoader",
+    "Workspace",
+    "emit",
+    "hidden_store",
+    "run_batch",
+    "run_layer_major",
+    "usable_cores",
+]
 
 log = logging.getLogger(__name__)
+
+_events = threading.local()  # the buffer of the chunk this thread runs, while a stage's chunks run on threads
+
+
+def emit(deliver: Callable[[], object]) -> None:
+    """Deliver an observer's event now, or, while a stage runs its chunks on several threads, when its chunk's turn
+    comes: every event reaches the observer in the order one thread would deliver it, chunk after chunk, so what an
+    observer accumulates (an amax, a report's sums, a scale from the amax so far) is the same to the bit."""
+    buffer = getattr(_events, "buffer", None)
+    if buffer is None:
+        deliver()
+    else:
+        buffer.append(deliver)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, which a container or ``taskset`` narrows)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
 
 Step = Callable[[np.ndarray], np.ndarray]
 Stage = Callable[[slice], None]
@@ -164,6 +198,7 @@ def run_layer_major(
     scratch_dir: str | Path | None = None,
     memory_bytes: int | None = None,
     progress: Callable[[LayerProgress], object] | None = None,
+    threads: int | None = None,
 ) -> None:
     """Run token ``windows`` ``[N, T]`` through every model, layer-major: each part of each layer is read once.
 
@@ -178,7 +213,12 @@ def run_layer_major(
     ``memory_bytes`` (default: :func:`memory_budget`) after one part of a layer, else in scratch files in
     ``scratch_dir`` (:func:`hidden_store`). Memory: one part of a layer per model kind (the largest: a dense
     MLP, or attention; an MoE layer's router part beside one expert), a chunk of hidden states and its
-    activations, plus the stores when they are in memory.
+    activations per thread, plus the stores when they are in memory.
+
+    ``threads`` (default: :func:`usable_cores`): chunks of one stage run on up to this many threads at once (numpy
+    releases the GIL on large arrays, so the elementwise work a single BLAS call does not spread runs on every core
+    too), BLAS then using the cores left to each; the observers' events arrive in chunk order (:func:`emit`), and
+    each chunk's arithmetic is its own, so the results are those of one thread.
     """
     if scratch_dir is not None and not (Path(scratch_dir).is_dir() and os.access(scratch_dir, os.W_OK | os.X_OK)):
         why = "is not a writable directory" if Path(scratch_dir).exists() else "does not exist"
@@ -197,9 +237,14 @@ def run_layer_major(
         "in memory" if in_memory else f"in scratch files in {scratch_dir or tempfile.gettempdir()}",
     )
     chunks = [slice(start, min(start + chunk, len(windows))) for start in range(0, len(windows), chunk)]
+    workers = max(1, min(threads or usable_cores(), len(chunks)))
     doing = f"the hidden states of {len(windows)} window(s)"  # what an allocation that fails was for
     try:
         with ExitStack() as stack:
+            pool = None
+            if workers > 1:
+                stack.enter_context(threadpool_limits(max(1, usable_cores() // workers)))  # BLAS: the cores left
+                pool = stack.enter_context(ThreadPoolExecutor(workers, thread_name_prefix="hpu-fp8-chunk"))
             spaces = {label: Workspace(windows, d.hidden_size, in_memory, scratch_dir, stack) for label in models}
             layers = {label: [model.layer(i, spaces[label]) for i in range(d.num_layers)] for label, model in models.items()}
             total = len(chunks) * (
@@ -214,11 +259,12 @@ def run_layer_major(
                     progress(LayerProgress(done, total, layer, d.num_layers))
 
             doing = "the embedding"
-            _run_stages({label: model.embedding(spaces[label]) for label, model in models.items()}, chunks)
+            _run_stages({label: model.embedding(spaces[label]) for label, model in models.items()}, chunks, pool, workers)
             for layer in range(d.num_layers):
                 doing = f"layer {layer}"
                 plans = {label: plan[layer] for label, plan in layers.items()}
-                _run_stages(plans, chunks, {label: spaces[label].hidden for label in models}, layer, partial(advance, layer))
+                hidden = {label: spaces[label].hidden for label in models}
+                _run_stages(plans, chunks, pool, workers, hidden, layer, partial(advance, layer))
                 for plan in layers.values():
                     plan[layer] = []  # its stages (and the weights they read) are done with
             if logits is None:
@@ -246,6 +292,8 @@ def run_batch(model: LayerModel, ids: np.ndarray, label: str) -> np.ndarray:
 def _run_stages(
     plans: Mapping[str, list[StageLoader]],
     chunks: list[slice],
+    pool: ThreadPoolExecutor | None,
+    width: int,
     hidden: Mapping[str, np.ndarray] | None = None,
     layer: int | None = None,
     advance: Callable[[], None] | None = None,
@@ -254,15 +302,14 @@ def _run_stages(
     stage ``s + 1``; each model's stages run in their own order, so its arithmetic is that of running it alone.
     Models whose stages read the same part of a layer (eval's rows, sharing one mapping) then read it once for all.
     A stage (and its weights) is dropped before the next one is read; after a model's last stage of a layer, each
-    chunk's hidden states are checked finite."""
+    chunk's hidden states are checked finite. With a ``pool``, a stage's chunks run on its threads."""
     for index in range(max((len(loaders) for loaders in plans.values()), default=0)):
         for label, loaders in plans.items():
             if index >= len(loaders):
                 continue
             stage = loaders[index]()
             last = index == len(loaders) - 1
-            for part in chunks:
-                _run(partial(stage, part), label, part)
+            for part in _chunks_through(stage, chunks, label, pool, width):
                 if last and hidden is not None and not np.isfinite(hidden[label][part]).all():
                     raise NonFiniteError(
                         f"{label}: windows {part.start}..{part.stop - 1}: the hidden states after layer {layer} are "
@@ -271,6 +318,49 @@ def _run_stages(
                 if advance:
                     advance()
             del stage
+
+
+def _chunks_through(
+    stage: Stage, chunks: list[slice], label: str, pool: ThreadPoolExecutor | None, width: int
+) -> Iterator[slice]:
+    """Run ``stage`` on every chunk, yielding each chunk once done, in order (its events delivered first): one after
+    another, or with a ``pool`` ``width`` at once (its threads). A failure is raised once every chunk under way
+    has stopped, so that none still writes into the stores the run is about to close."""
+    if pool is None or len(chunks) == 1:
+        for part in chunks:
+            _run(partial(stage, part), label, part)
+            yield part
+        return
+    pending: deque[tuple[slice, Future[list[Callable[[], object]]]]] = deque()
+
+    def finished() -> slice:
+        part, future = pending.popleft()
+        for deliver in _run(future.result, label, part):
+            _run(deliver, label, part)
+        return part
+
+    try:
+        for part in chunks:
+            pending.append((part, pool.submit(_buffered, stage, part)))
+            if len(pending) == width:
+                yield finished()
+        while pending:
+            yield finished()
+    finally:
+        for _, future in pending:
+            future.cancel()
+        wait([future for _, future in pending])
+
+
+def _buffered(stage: Stage, part: slice) -> list[Callable[[], object]]:
+    """One chunk through ``stage`` on a pool's thread; its observers' events kept for the caller to deliver."""
+    buffer: list[Callable[[], object]] = []
+    _events.buffer = buffer
+    try:
+        stage(part)
+    finally:
+        del _events.buffer
+    return buffer
 
 
 def _run(step: Callable[[], object], label: str, part: slice):

@@ -23,12 +23,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from hpu_fp8_loader.arch import ModelDescriptor
 from hpu_fp8_loader.console import human_bytes
-from hpu_fp8_loader.engine.layer_major import Stage, StageLoader, Workspace, run_batch
+from hpu_fp8_loader.engine.layer_major import Stage, StageLoader, Workspace, emit, run_batch
 from hpu_fp8_loader.engine.weights import ATTENTION, HEAD, MLP, ROUTER, EngineWeights, Part
 from hpu_fp8_loader.errors import ConfigError, HpuFp8Error
 from hpu_fp8_loader.spec import names
@@ -241,6 +242,21 @@ def _routed_expert(
         out[rows] += gates[rows, slot][:, None] * (hidden @ down)
 
 
+class _Emitted(Observer):
+    """An observer's events as the stages make them, each delivered through :func:`emit`: in chunk order, also when
+    a stage's chunks run on several threads. Weights are entered by the caller's thread, between stages, directly."""
+
+    def __init__(self, observer: Observer):
+        self._observer = observer
+        self.wants_all_experts = observer.wants_all_experts
+
+    def record(self, module: str, values: np.ndarray) -> None:
+        emit(partial(self._observer.record, module, values))
+
+    def record_expert(self, layer: int, expert: int, intermediate: np.ndarray, routed_tokens: int) -> None:
+        emit(partial(self._observer.record_expert, layer, expert, intermediate, routed_tokens))
+
+
 class ReferenceModel:
     """The float32 engine in stages (a :class:`~hpu_fp8_loader.engine.layer_major.LayerModel`): what both the
     batch-major :func:`forward` and a layer-major run (:func:`~hpu_fp8_loader.engine.layer_major.run_layer_major`)
@@ -263,6 +279,7 @@ class ReferenceModel:
             weights.checkpoint.config, weights.descriptor, str(weights.checkpoint.root / "config.json")
         )
         self.observer = observer or Observer()
+        self._events = _Emitted(self.observer)
 
     @property
     def descriptor(self) -> ModelDescriptor:
@@ -322,7 +339,7 @@ class ReferenceModel:
         return head_product(x, top[names.tensor(names.embedding(d.prefix), names.WEIGHT)], transposed=True)
 
     def layer(self, index: int, space: Workspace) -> list[StageLoader]:
-        d, cfg, observer = self.descriptor, self.config, self.observer
+        d, cfg, observer = self.descriptor, self.config, self._events
         m = names.layer_names(d.prefix, index)
         hidden, normed = space.hidden, space.store("normed")
 

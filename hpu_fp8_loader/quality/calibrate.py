@@ -95,6 +95,8 @@ class CalibrationOptions:
         text_field: the JSONL key or parquet column of each record's text.
         chat_template: render each record's ``messages`` through the model's chat template instead.
         dataset_revision: the branch, tag or commit of a Hub ``dataset``.
+        threads: windows run at once on threads of their own (default: every core this process may use); the amax
+            are the same whatever the number.
 
     Example:
         >>> from hpu_fp8_loader import TINY_MODELS, CalibrationOptions
@@ -112,6 +114,7 @@ class CalibrationOptions:
     text_field: str = "text"
     chat_template: bool = False
     dataset_revision: str | None = None
+    threads: int | None = None
 
     def run(
         self,
@@ -153,6 +156,7 @@ def calibrate(
     chat_template: bool = False,
     dataset_revision: str | None = None,
     report: Report | None = None,
+    threads: int | None = None,
 ) -> CalibrationResult:
     """Run the reference engine over ``samples`` windows of ``dataset`` and record every act amax.
 
@@ -198,6 +202,9 @@ def calibrate(
         dataset_revision: the branch, tag or commit of a Hub ``dataset``.
         report: a :class:`~hpu_fp8_loader.Report` that collects, during the same forwards, each linear's FP8
             output error, the weight spread and the expert load; write it afterwards with ``report.write(DIR)``.
+        threads: chunks of ``batch_size`` windows run at once on threads of their own, BLAS using the cores left
+            to each (default: every core this process may use, :func:`~hpu_fp8_loader.engine.layer_major.usable_cores`);
+            the amax, expert counts and report are the same to the bit whatever the number.
 
     Returns:
         A :class:`~hpu_fp8_loader.CalibrationResult`; its ``measurements`` go to :func:`~hpu_fp8_loader.convert`.
@@ -253,6 +260,7 @@ def calibrate(
                 batch_size,
                 scratch_dir=scratch_dir,
                 progress=progress,
+                threads=threads,
             )
     except NonFiniteError as exc:
         raise NonFiniteError(

@@ -187,6 +187,7 @@ def evaluate(
     report: Report | None = None,
     scratch_dir: str | Path | None = None,
     progress: Callable[[LayerProgress], object] | None = None,
+    threads: int | None = None,
 ) -> EvaluationResult:
     """Top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE and both perplexities, per variant.
 
@@ -236,6 +237,8 @@ def evaluate(
             as soon as they are mapped; default: the system temp directory.
         progress: called after each step (4 windows through one stage of a layer, or the head, of one model) with a
             :class:`~hpu_fp8_loader.engine.layer_major.LayerProgress`: steps done, their total, the layer.
+        threads: chunks of 4 windows run at once on threads of their own (default: every core this process may
+            use); the rows are the same to the bit whatever the number.
 
     Returns:
         An :class:`~hpu_fp8_loader.EvaluationResult`: one row per variant, each with 95% bootstrap intervals of
@@ -309,7 +312,7 @@ def evaluate(
         accumulators[rows[label]].add(reference_logits[0], logits, windows[part, 1:])
 
     with np.errstate(over="ignore", invalid="ignore"):  # what overflowed is refused by name
-        run_layer_major(models, windows, 4, add, scratch_dir, progress=progress)
+        run_layer_major(models, windows, 4, add, scratch_dir, progress=progress, threads=threads)
     tokens = windows.size
     table = [accumulators[name].row(name) for name in accumulators]
     result = EvaluationResult(tokens, tp, str(dataset), table, tokenizer=tokenizer_name, windows=len(windows))

@@ -135,9 +135,12 @@ def quantize(
 
 
 def _calibration_key(src: Path, calibration: CalibrationOptions) -> dict:
-    """What the measurements depend on: the source files' content (as a conversion's resume sees it) and the options."""
+    """What the measurements depend on: the source files' content (as a conversion's resume sees it) and the options
+    (not ``threads``: the amax are the same whatever the number)."""
     files = sorted((p.name, file_fingerprint(p)) for p in Checkpoint.open(src).files)
-    return {"source": files, "options": dataclasses.asdict(calibration)}
+    options = dataclasses.asdict(calibration)
+    del options["threads"]
+    return {"source": files, "options": options}
 
 
 def _cached(path: Path, key: dict) -> Measurements | None:
