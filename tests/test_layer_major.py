@@ -409,3 +409,22 @@ def test_a_failure_on_a_thread_is_named_and_leaves_no_scratch_file(tmp_path, sou
     with pytest.raises(NonFiniteError, match=r"^m: windows 2\.\.3: activation qwen2\.layers\.0\.self_attn\.o_proj holds NaN$"):
         run_layer_major({"m": ReferenceModel(weights, observer=observer)}, np.ones((5, 8), int), 2, None, tmp_path, 0, threads=3)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("model", ["qwen2-tiny", "ernie-moe-tiny"])
+def test_a_head_over_the_threshold_is_multiplied_in_blocks(source_factory, monkeypatch, model):
+    """A head larger than HEAD_WHOLE_BYTES in float32 (here: any) is converted and multiplied a few vocabulary
+    columns at a time, each block converted from the head as stored (bf16): the logits of one product within float32
+    rounding."""
+    import hpu_fp8_loader.engine.model as model_module
+
+    weights = open_weights(source_factory(model))
+    ids = np.arange(2 * 16).reshape(2, 16) % weights.descriptor.vocab_size
+    whole = forward(weights, ids)
+    monkeypatch.setattr(model_module, "HEAD_WHOLE_BYTES", 0)
+    monkeypatch.setattr(model_module, "HEAD_BLOCK_BYTES", 4 * weights.descriptor.hidden_size * 100)  # 100 columns
+    head = weights.part(None, "head")
+    assert {a.dtype.name for a in head.values()} == {"bfloat16"}  # kept as stored
+    blocked = forward(weights, ids)
+    np.testing.assert_allclose(blocked, whole, rtol=1e-5, atol=1e-5)
+    assert blocked.shape == whole.shape and np.isfinite(blocked).all()

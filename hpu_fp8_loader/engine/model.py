@@ -36,6 +36,7 @@ from hpu_fp8_loader.spec import names
 
 __all__ = [
     "HEAD_BLOCK_BYTES",
+    "HEAD_WHOLE_BYTES",
     "EngineConfig",
     "Observer",
     "ReferenceModel",
@@ -196,21 +197,23 @@ def route(x: np.ndarray, gate: np.ndarray, bias: np.ndarray | None, top_k: int, 
     return chosen, weights / np.maximum(weights.sum(axis=-1, keepdims=True), np.float32(norm_min))
 
 
-# A head (lm_head, or the tied embedding) at most this large in float32 is multiplied in one product.
-HEAD_BLOCK_BYTES = 1 << 30
+# A head (lm_head, or the tied embedding) at most this large in float32 is multiplied in one product; a larger one
+# a block of vocabulary columns of HEAD_BLOCK_BYTES in float32 at a time.
+HEAD_WHOLE_BYTES = 1 << 30
+HEAD_BLOCK_BYTES = 256 << 20
 
 
 def head_product(x: np.ndarray, weight: np.ndarray, transposed: bool = False) -> np.ndarray:
     """``x @ weight`` (``transposed``: ``x @ weight.T``, a ``[vocab, hidden]`` table) in float32, whatever the
     weight's stored dtype.
 
-    A weight of at most :data:`HEAD_BLOCK_BYTES` in float32 is converted whole: one product, as with a float32
-    weight. A larger one (ERNIE-4.5-300B-A47B's 3.4 GB) is converted and multiplied a block of vocabulary columns at
-    a time, so memory holds its stored bf16 and one block; BLAS may then round a logit differently in the last bit
-    than one product would.
+    A weight of at most :data:`HEAD_WHOLE_BYTES` in float32 is converted whole: one product, as with a float32
+    weight. A larger one (ERNIE-4.5-300B-A47B's 3.4 GB) is converted and multiplied a block of vocabulary columns
+    (:data:`HEAD_BLOCK_BYTES`) at a time, so memory holds its stored bf16 and one block; BLAS may then round a
+    logit differently in the last bit than one product would.
     """
     vocab, hidden = weight.shape if transposed else weight.shape[::-1]
-    if 4 * vocab * hidden <= HEAD_BLOCK_BYTES:
+    if 4 * vocab * hidden <= HEAD_WHOLE_BYTES:
         whole = weight.astype(np.float32, copy=False)
         return x @ (whole.T if transposed else whole)
     out = np.empty((*x.shape[:-1], vocab), np.float32)
