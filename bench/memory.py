@@ -2,9 +2,12 @@
 
 PSS (proportional set size, /proc/<pid>/smaps_rollup) charges each shared page to the processes that
 map it in equal parts, so summing it over a parent and its workers counts shared libraries once, not
-once per process. Bytes read are each process's ``rchar`` (/proc/<pid>/io: every byte a read call
-returned, page cache or not), last sample per process, summed; bytes read from the disk itself are the
-block reads wait4 reports for the process and every descendant it reaped.
+once per process. Bytes read are ``rchar`` (every byte a read call returned, page cache or not) of each thread of the
+tree, its last sample, summed: a thread's own counter, since /proc/<pid>/io adds in the reaped children, and
+summing that, as this did before, counted a worker twice once its parent (a forkserver) had reaped it: convert
+with 2 workers showed its source read twice where it was read once. A thread's last 0.2 s before it exits can
+be missed. Bytes
+read from the disk itself are the block reads wait4 reports for the process and every descendant it reaped.
 """
 
 from __future__ import annotations
@@ -46,12 +49,17 @@ def tree_pss_bytes(root: int) -> int:
     return total * 1024
 
 
-def _read_chars(pid: int) -> int:
-    with contextlib.suppress(OSError, ValueError):  # the process may have exited meanwhile
-        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-            if line.startswith("rchar:"):
-                return int(line.split()[1])
-    return 0
+def _thread_read_chars(pid: int) -> list[tuple[int, int]]:
+    """(thread id, rchar) of each thread of ``pid``: a thread's own reads, which, unlike /proc/<pid>/io, hold
+    neither its exited threads' nor its reaped children's (those a sample of the child itself already counts)."""
+    found = []
+    with contextlib.suppress(OSError):  # the process may exit meanwhile
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                for line in (task / "io").read_text().splitlines():
+                    if line.startswith("rchar:"):
+                        found.append((int(task.name), int(line.split()[1])))
+    return found
 
 
 def tree_pids(root: int) -> list[int]:
@@ -69,7 +77,7 @@ class Measured:
     seconds: float
     peak_pss: int
     returncode: int
-    bytes_read: int = 0  # rchar summed over the tree (last sample of each process)
+    bytes_read: int = 0  # rchar of the process and its reaped descendants
     disk_bytes_read: int = 0  # block reads of the process and its reaped descendants (wait4)
 
 
@@ -79,7 +87,7 @@ def run_measured(command: list[str], interval: float = 0.05, **popen) -> Measure
     start = time.perf_counter()
     process = subprocess.Popen(command, **popen)
     peak = 0
-    read: dict[int, int] = {}
+    read: dict[tuple[int, int], int] = {}
     stop = threading.Event()
 
     def sample() -> None:
@@ -87,7 +95,8 @@ def run_measured(command: list[str], interval: float = 0.05, **popen) -> Measure
         while not stop.is_set():
             peak = max(peak, tree_pss_bytes(process.pid))
             for pid in tree_pids(process.pid):
-                read[pid] = max(read.get(pid, 0), _read_chars(pid))
+                for tid, chars in _thread_read_chars(pid):
+                    read[(pid, tid)] = max(read.get((pid, tid), 0), chars)
             time.sleep(interval)
 
     sampler = threading.Thread(target=sample, daemon=True)
