@@ -250,18 +250,21 @@ class Fp8Emulator:
         """Routed expert ``expert``'s share on one rank (``p``: its parameters, stacked alone), added into this
         rank's ``out`` as FastDeploy's MoE accumulates it (docs/fastdeploy.md section 5, "MoE"): ``qx`` is the
         layer's input cast once with the shared input scale (``flat`` itself when emulating weights only)."""
+        prefix = self.d.prefix
+        kept_bf16 = expert_parameter(prefix, layer, EXPERT_PARAMETERS[2]) not in p  # BF16 GEMMs, bf16 between the ops
+        # read whether or not a token reaches the expert, as FastDeploy's MoE kernel is handed every expert's
+        parameters = [p[expert_parameter(prefix, layer, n)] for n in EXPERT_PARAMETERS[: 2 if kept_bf16 else None]]
         rows, slot = np.nonzero(chosen == expert)
         if not rows.size:
             return
-        prefix = self.d.prefix
-        if expert_parameter(prefix, layer, EXPERT_PARAMETERS[2]) not in p:  # kept in BF16: BF16 GEMMs, bf16 between
-            up, down = (p[expert_parameter(prefix, layer, n)][0] for n in EXPERT_PARAMETERS[:2])
+        if kept_bf16:
+            up, down = parameters[0][0], parameters[1][0]
             gate_up = self.round(flat[rows] @ up)
             half = gate_up.shape[-1] // 2
             y = self.round(self.round(silu(gate_up[:, :half]) * gate_up[:, half:]) @ down)
             out[rows] = self.round(out[rows] + self.round(gates[rows, slot][:, None] * y))
             return
-        up, down, up_scale, down_scale, in_scale, down_in = (p[expert_parameter(prefix, layer, n)] for n in EXPERT_PARAMETERS)
+        up, down, up_scale, down_scale, in_scale, down_in = parameters
         up, down, up_scale, down_scale, down_in = up[0], down[0], up_scale[0], down_scale[0], down_in[0, 0]
         x_descale = np.float32(1) if self.options.weights_only else np.float32(1) / in_scale[0]
         gate_up = (qx[rows] @ up) * x_descale * up_scale

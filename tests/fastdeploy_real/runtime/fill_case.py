@@ -70,19 +70,44 @@ class ReadsRecorded(dict):
 def emulation_feeds(checkpoint: str, tp: int, rank: int, hidden: int) -> tuple[object, dict[int, dict[str, np.ndarray]]]:
     """(the emulator, per layer: every array its arithmetic reads for ``rank``, by FastDeploy name).
 
-    The emulation reads a replicated parameter (norms, router) from the first rank's copy for every rank, so a name
-    the rank itself does not read is taken from rank 0's reads."""
+    The emulator runs a batch of ``TOKENS`` random tokens as eval runs it, one part of a layer at a time, on
+    recording dicts. The emulation reads a replicated parameter (norms, router) from the first rank's copy for every
+    rank, so a name the rank itself does not read is taken from rank 0's reads. It maps a routed expert alone
+    (stacked ``[1, ...]``): the experts' reads are stacked again in expert order, as FastDeploy holds them, but for
+    the one shared input scale every expert reads."""
     from hpu_fp8_loader.engine.fp8 import Fp8Emulator
+    from hpu_fp8_loader.fastdeploy.mapping import EXPERT_PARAMETERS
 
     emulator = Fp8Emulator(checkpoint, tp)
-    x = np.random.default_rng(1).standard_normal((1, TOKENS, hidden)).astype(np.float32)
-    feeds = {}
-    for layer in range(emulator.d.num_layers):
-        ranks = [ReadsRecorded(p) for p in emulator.parameters.layer(layer)]
-        # the step Fp8Emulator.layer(i) closes over (one decoder layer, every rank, as eval runs it), on recording dicts
-        emulator._step(ranks, layer, x)
-        own = {name: dict.__getitem__(ranks[rank], name) for name in ranks[rank].read}
-        feeds[layer] = {**{name: dict.__getitem__(ranks[0], name) for name in ranks[0].read}, **own}
+    recorded: list[tuple[object, list[ReadsRecorded]]] = []
+    mapped = emulator.parameters.part
+
+    def recording(layer, part):
+        ranks = [ReadsRecorded(p) for p in mapped(layer, part)]
+        recorded.append(((layer, part), ranks))
+        return ranks
+
+    emulator.parameters.part = recording
+    ids = np.random.default_rng(1).integers(0, emulator.d.vocab_size, (1, TOKENS))
+    emulator.forward(ids)
+    shared_input = EXPERT_PARAMETERS[4]
+    feeds: dict[int, dict[str, np.ndarray]] = {}
+    stacks: dict[int, dict[str, list[np.ndarray]]] = {}
+    for (layer, part), ranks in recorded:
+        if layer is None:
+            continue
+        reads = {name: dict.__getitem__(ranks[0], name) for name in ranks[0].read}
+        reads.update({name: dict.__getitem__(ranks[rank], name) for name in ranks[rank].read})
+        if not isinstance(part, int):
+            feeds.setdefault(layer, {}).update(reads)
+            continue
+        for name, array in reads.items():
+            if name.endswith(shared_input):
+                feeds.setdefault(layer, {})[name] = array
+            else:
+                stacks.setdefault(layer, {}).setdefault(name, []).append(array)
+    for layer, stacked in stacks.items():
+        feeds[layer].update((name, np.concatenate(arrays)) for name, arrays in stacked.items())
     return emulator, feeds
 
 
