@@ -275,7 +275,7 @@ def run_layer_major(
                 for label, head in heads.items():
                     doing = f"{label}: windows {part.start}..{part.stop - 1}, the logits"
                     x = np.array(spaces[label].hidden[part])
-                    logits(part, label, _run(partial(head, x), label, part))
+                    logits(part, label, _run(partial(head, x), label, part, "the logits"))
                     advance(d.num_layers)
     except MemoryError as exc:
         raise out_of_memory(doing, exc) from None
@@ -309,7 +309,8 @@ def _run_stages(
                 continue
             stage = loaders[index]()
             last = index == len(loaders) - 1
-            for part in _chunks_through(stage, chunks, label, pool, width):
+            what = "the embedding" if layer is None else f"layer {layer}"
+            for part in _chunks_through(stage, chunks, label, pool, width, what):
                 if last and hidden is not None and not np.isfinite(hidden[label][part]).all():
                     raise NonFiniteError(
                         f"{label}: windows {part.start}..{part.stop - 1}: the hidden states after layer {layer} are "
@@ -321,22 +322,22 @@ def _run_stages(
 
 
 def _chunks_through(
-    stage: Stage, chunks: list[slice], label: str, pool: ThreadPoolExecutor | None, width: int
+    stage: Stage, chunks: list[slice], label: str, pool: ThreadPoolExecutor | None, width: int, what: str
 ) -> Iterator[slice]:
     """Run ``stage`` on every chunk, yielding each chunk once done, in order (its events delivered first): one after
     another, or with a ``pool`` ``width`` at once (its threads). A failure is raised once every chunk under way
     has stopped, so that none still writes into the stores the run is about to close."""
     if pool is None or len(chunks) == 1:
         for part in chunks:
-            _run(partial(stage, part), label, part)
+            _run(partial(stage, part), label, part, what)
             yield part
         return
     pending: deque[tuple[slice, Future[list[Callable[[], object]]]]] = deque()
 
     def finished() -> slice:
         part, future = pending.popleft()
-        for deliver in _run(future.result, label, part):
-            _run(deliver, label, part)
+        for deliver in _run(future.result, label, part, what):
+            _run(deliver, label, part, what)
         return part
 
     try:
@@ -363,9 +364,13 @@ def _buffered(stage: Stage, part: slice) -> list[Callable[[], object]]:
     return buffer
 
 
-def _run(step: Callable[[], object], label: str, part: slice):
-    """One step on one chunk; a NaN or inf refused inside it is one line naming the model and the windows."""
+def _run(step: Callable[[], object], label: str, part: slice, what: str):
+    """One step on one chunk (``what``: the layer, the embedding or the logits): a NaN or inf refused inside it is one
+    line naming the model and the windows, and so is an allocation that fails."""
+    where = f"{label}: windows {part.start}..{part.stop - 1}"
     try:
         return step()
     except NonFiniteError as exc:
-        raise NonFiniteError(f"{label}: windows {part.start}..{part.stop - 1}: {exc}") from None
+        raise NonFiniteError(f"{where}: {exc}") from None
+    except MemoryError as exc:
+        raise out_of_memory(f"{where}, {what}", exc) from None
