@@ -126,7 +126,7 @@ from hpu_fp8_loader.errors import HpuFp8Error
 weights = open_weights({str(tmp_path / "m")!r})
 used = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
 files = sum(p.stat().st_size for p in weights.checkpoint.files)
-# room to map the files and a little more, not for layer 0's 300 MB of float32 weights
+# room to map the files and a little more, not for a layer's MLP: 293 MiB of float32 weights
 resource.setrlimit(resource.RLIMIT_AS, (used + files + (100 << 20), resource.RLIM_INFINITY))
 try:
     forward(weights, np.arange(8).reshape(1, 8))
@@ -135,6 +135,6 @@ except HpuFp8Error as exc:
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
     assert (
-        re.search(r"ERROR layer \d needs \d+ MiB of float32 weights", result.stdout)
+        re.search(r"ERROR layer \d: the mlp part needs \d+ MiB of float32 weights", result.stdout)
         and "cannot run on this machine" in result.stdout
     ), result.stderr
