@@ -259,18 +259,6 @@ class ModelDescriptor:
     def parameter_count(self) -> int:
         return sum(math.prod(w.shape) for w in self.weights())
 
-    def weights_by_layer(self) -> dict[int | None, list[WeightTensor]]:
-        """:meth:`weights` grouped by decoder layer (``None``: the embedding, final norm and lm_head), in model
-        order: the unit the engine reads, maps and holds in memory at a time."""
-        groups: dict[int | None, list[WeightTensor]] = {}
-        for w in self.weights():
-            groups.setdefault(w.layer, []).append(w)
-        return groups
-
-    def largest_layer_parameters(self) -> int:
-        """Parameters of the largest group of :meth:`weights_by_layer`: what holding one layer costs, per byte of a value."""
-        return max(sum(math.prod(w.shape) for w in group) for group in self.weights_by_layer().values())
-
 
 def _mlp(
     module: str, hidden: int, width: int, up_role: Role, down_role: Role, layer: int, expert: int | None

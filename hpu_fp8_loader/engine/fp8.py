@@ -38,7 +38,6 @@ split of the embedding and lm_head is reassembled.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,7 +46,7 @@ import numpy as np
 from hpu_fp8_loader.arch import ModelDescriptor, Role, describe
 from hpu_fp8_loader.engine.layer_major import Stage, StageLoader, Workspace, run_batch
 from hpu_fp8_loader.engine.model import EngineConfig, head_product, rms_norm, rotary, route, silu
-from hpu_fp8_loader.engine.weights import ATTENTION, HEAD, MLP, ROUTER, Part, weight_parts
+from hpu_fp8_loader.engine.weights import ATTENTION, HEAD, MLP, ROUTER, Part, largest_part, weight_parts
 from hpu_fp8_loader.fastdeploy.mapping import (
     ACT_SCALE_INV_PARAMETER,
     ACT_SCALE_PARAMETER,
@@ -309,7 +308,7 @@ class Fp8Emulator:
         return 3 + self.parameters.tp
 
     def largest_part_parameters(self) -> int:
-        return max(sum(math.prod(w.shape) for w in group) for group in self.parameters.parts.values())
+        return largest_part(self.parameters.parts)
 
     def embedding(self, space: Workspace) -> list[StageLoader]:
         def load() -> Stage:

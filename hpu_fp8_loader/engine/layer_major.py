@@ -260,10 +260,10 @@ def run_layer_major(
 
             doing = "the embedding"
             _run_stages({label: model.embedding(spaces[label]) for label, model in models.items()}, chunks, pool, workers)
+            hidden = {label: space.hidden for label, space in spaces.items()}
             for layer in range(d.num_layers):
                 doing = f"layer {layer}"
                 plans = {label: plan[layer] for label, plan in layers.items()}
-                hidden = {label: spaces[label].hidden for label in models}
                 _run_stages(plans, chunks, pool, workers, hidden, layer, partial(advance, layer))
                 for plan in layers.values():
                     plan[layer] = []  # its stages (and the weights they read) are done with

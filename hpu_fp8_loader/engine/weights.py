@@ -28,7 +28,18 @@ from hpu_fp8_loader.sources.source_tensors import check_source, detect_layout, s
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import is_hpu_fp8
 
-__all__ = ["ATTENTION", "HEAD", "MLP", "ROUTER", "EngineWeights", "Part", "open_weights", "part_of", "weight_parts"]
+__all__ = [
+    "ATTENTION",
+    "HEAD",
+    "MLP",
+    "ROUTER",
+    "EngineWeights",
+    "Part",
+    "largest_part",
+    "open_weights",
+    "part_of",
+    "weight_parts",
+]
 
 # The parts of a decoder layer, as the forward uses them; a routed expert's part is its number.
 ATTENTION = "attention"  # both norms, q|k|v (its bias, Qwen3's q/k norms) and o_proj
@@ -39,6 +50,11 @@ Part = str | int
 
 _ROUTER_ROLES = frozenset({Role.ROUTER, Role.ROUTER_BIAS, Role.SHARED_UP_GATE, Role.SHARED_DOWN})
 EMBEDDING_BLOCK_BYTES = 64 * 2**20  # float32 rows of the embedding converted at a time
+
+
+def largest_part(parts: dict[tuple[int | None, Part], list[WeightTensor]]) -> int:
+    """Parameters of the largest of ``parts`` (:func:`weight_parts`): what holding one costs, per byte of a value."""
+    return max(sum(math.prod(w.shape) for w in group) for group in parts.values())
 
 
 def part_of(weight: WeightTensor) -> Part:
@@ -105,7 +121,7 @@ class EngineWeights:
     def largest_part_parameters(self, decoder: bool = False) -> int:
         """Parameters of the largest part (of a decoder layer: what read-ahead holds twice): what holding one
         costs, per byte of a value. The embedding, read by rows, is not one."""
-        return max(self.part_parameters(*key) for key in (self._order if decoder else self._parts))
+        return largest_part({key: self._parts[key] for key in self._order} if decoder else self._parts)
 
     def parts(self, layer: int) -> list[Part]:
         """The parts of decoder layer ``layer``, in the order its forward uses them."""
