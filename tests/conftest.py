@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import settings
+from threadpoolctl import threadpool_limits
 
 from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
@@ -25,6 +26,15 @@ settings.register_profile("whole-suite", max_examples=150, deadline=None)
 def pytest_configure(config) -> None:
     inner_loop = "not slow" in (config.getoption("markexpr") or "")
     settings.load_profile(os.environ.get("HPU_FP8_HYPOTHESIS") or ("inner-loop" if inner_loop else "whole-suite"))
+
+
+@pytest.fixture
+def one_blas_thread():
+    """BLAS held to one thread for the test: BLAS's own thread count can change a product's last bit (OpenBLAS
+    0.3.31 on an AMD EPYC, 2 threads against 1), so two runs compared to the bit that would give BLAS different
+    thread counts (one run's chunks on threads, the other's not) hold it fixed; the engine never raises it."""
+    with threadpool_limits(1):
+        yield
 
 
 @pytest.fixture(scope="session")

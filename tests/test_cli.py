@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -123,36 +124,46 @@ def test_every_help_ends_with_commented_examples_that_parse():
                 pytest.fail(f"{line!r} does not parse: {exc.format_message()}")
 
 
-def _ppl_cell(row: dict) -> str:
-    change = 100 * row["perplexity_increase"]
-    sign = "−" if change < 0 else "+"  # the docs write a minus sign, not a hyphen
-    return f"{row['perplexity_bf16']:.3f} → {row['perplexity_fp8']:.3f} ({sign}{abs(change):.2f}%)"
+# A figure in the documents may differ from what demo prints here by a unit in its last digit only where the value
+# lies within this fraction of a rounding boundary: BLAS kernels differ by CPU and by thread count (measured: OpenBLAS
+# 0.3.31 on an AMD EPYC rounds a 64x64x192 sgemm differently on 2 threads than on 1), and a bootstrap interval's end
+# moved from 0.0070503 to 0.0070497 between two machines. A retrained model or a changed emulation moves far more.
+DOC_FIGURE_LATITUDE = 1e-4
+
+
+def _figures(row: dict, *, intervals: bool) -> list[tuple[float, int]]:
+    """A row's figures as the documents print them, in their order: (value, decimals printed)."""
+    percent = [(100 * row["top1_agreement"], 2)]
+    percent += [(100 * v, 2) for v in row["top1_agreement_interval"]] if intervals else []
+    kl = [(row["mean_kl"], 4)] + ([(v, 4) for v in row["mean_kl_interval"]] if intervals else [])
+    rmse = [] if intervals else [(row["relative_logit_rmse"], 4)]
+    ppl = [(row["perplexity_bf16"], 3), (row["perplexity_fp8"], 3), (100 * row["perplexity_increase"], 2)]
+    return percent + kl + rmse + ppl
+
+
+def _assert_row_prints(document: str, line: str, figures: list[tuple[float, int]]) -> None:
+    """A table row of ``document`` (its first two cells: the model, or none, and the variant) holds ``figures``,
+    each to its printed digits."""
+    cells = "|".join(line.split("|")[3:])
+    printed = [float(n.replace("−", "-")) for n in re.findall(r"[−+-]?\d+\.\d+", cells)]
+    assert len(printed) == len(figures), (document, line)
+    for shown, (value, decimals) in zip(printed, figures, strict=True):
+        assert abs(shown - value) <= 0.5 * 10**-decimals + DOC_FIGURE_LATITUDE * abs(value), (document, line, value)
 
 
 @pytest.mark.parametrize("model", sorted(TINY_MODELS))
 def test_the_accuracy_rows_in_the_readme_and_the_guide_are_what_demo_prints(tmp_path, model):
-    """Every shipped tiny model's rows, as `hpu-fp8 demo --model NAME` computes them now (a retrained model or a
-    changed emulation must update both documents)."""
+    """Every shipped tiny model's rows, as `hpu-fp8 demo --model NAME` computes them now, to the digits the documents
+    print (with :data:`DOC_FIGURE_LATITUDE`): a retrained model or a changed emulation must update both documents."""
     result = CliRunner().invoke(main, ["demo", "--model", model, "--out", str(tmp_path / "demo"), "--json"])
     assert result.exit_code == 0, result.output
     rows = {row["variant"]: row for row in json.loads(result.stdout)["evaluation"]["rows"]}
-    fp8 = rows["fp8"]
-    low, high = (100 * v for v in fp8["top1_agreement_interval"])
-    kl_low, kl_high = fp8["mean_kl_interval"]
-    readme = (
-        f"| {model} | fp8 (KV fp8) | {100 * fp8['top1_agreement']:.2f}% [{low:.2f}, {high:.2f}] | "
-        f"{fp8['mean_kl']:.4f} [{kl_low:.4f}, {kl_high:.4f}] | {_ppl_cell(fp8)} |"
-    )
-    assert readme in (ROOT / "README.md").read_text().splitlines()
+    readme = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith(f"| {model} | fp8 (KV fp8) |")]
+    assert len(readme) == 1, readme
+    _assert_row_prints("README.md", readme[0], _figures(rows["fp8"], intervals=True))
     guide = (ROOT / "docs" / "guide.md").read_text().splitlines()
-    lines = [
-        f"| {first} | {100 * row['top1_agreement']:.2f}% | {row['mean_kl']:.4f} | {row['relative_logit_rmse']:.4f} | {_ppl_cell(row)} |"
-        for first, row in (
-            (f"{model} | fp8 (KV fp8)", fp8),
-            ("| weights-only", rows["weights-only"]),
-            ("| no-kv-fp8", rows["no-kv-fp8"]),
-        )
-    ]
-    assert lines[0] in guide
-    start = guide.index(lines[0])
-    assert guide[start : start + 3] == lines
+    first = next(i for i, line in enumerate(guide) if line.startswith(f"| {model} | fp8 (KV fp8) |"))
+    variants = ["fp8", "weights-only", "no-kv-fp8"]
+    assert [line.split("|")[2].strip() for line in guide[first : first + 3]] == ["fp8 (KV fp8)", *variants[1:]]
+    for line, variant in zip(guide[first : first + 3], variants, strict=True):
+        _assert_row_prints("docs/guide.md", line, _figures(rows[variant], intervals=False))

@@ -102,6 +102,7 @@ def test_tensor_parallel_emulation_agrees_with_tp1_within_bf16_partial_sums(trai
 
 @pytest.mark.slow  # three emulators per batch, each mapping every layer again: ~3 s
 @pytest.mark.parametrize(("model", "tp"), [("ernie-moe-bytes", 2), ("qwen2-bytes", 1)])
+@pytest.mark.usefixtures("one_blas_thread")
 def test_layer_major_eval_rows_equal_the_batch_major_computation_to_the_bit(trained, model, tp):
     """What evaluate computed before it ran layer-major: the engine's and each row's forward, 4 windows at a time
     (6 windows: a short last batch)."""

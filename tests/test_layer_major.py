@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from hpu_fp8_loader import console
 from hpu_fp8_loader.arch import describe
@@ -49,6 +50,7 @@ CASES = [(name, False) for name in TINY_MODELS] + [("ernie-moe-tiny", True)]
 
 
 @pytest.mark.parametrize(("model", "all_experts"), CASES, ids=[f"{m}{'-all-experts' if a else ''}" for m, a in CASES])
+@pytest.mark.usefixtures("one_blas_thread")
 def test_layer_major_calibration_equals_batch_major_to_the_bit(source_factory, model, all_experts):
     root = TINY_MODELS[model] if model in TINY_MODELS else source_factory(model)
     expected = batch_major(root, SAMPLES, all_experts)
@@ -226,6 +228,7 @@ def test_one_layer_at_a_time_maps_exactly_the_whole_models_pieces(spec_factory):
     assert top == {"ernie.embed_tokens.embeddings.weight", "ernie.norm.weight", "lm_head.linear.weight"}
 
 
+@pytest.mark.usefixtures("one_blas_thread")
 def test_the_layer_major_logits_equal_the_batch_major_forward_to_the_bit(source_factory):
     weights = open_weights(source_factory("qwen2-tiny"))
     ids = np.arange(5 * 24).reshape(5, 24) * 7 % 500
@@ -365,6 +368,7 @@ def _report_rows(report) -> list:
 
 
 @pytest.mark.parametrize("model", ["ernie-moe-bytes", "qwen3-moe-bytes", "qwen2-bytes"])
+@pytest.mark.usefixtures("one_blas_thread")
 def test_threads_give_the_same_calibration_and_report_to_the_bit(model):
     """Chunks on 1, 2 or 3 threads at once: the same amax in the same order, expert counts and every report sum,
     because each chunk's arithmetic is its own and the observers' events arrive in chunk order."""
@@ -377,6 +381,7 @@ def test_threads_give_the_same_calibration_and_report_to_the_bit(model):
     assert results[0][2] and all(row["rows"] for row in results[0][2])
 
 
+@pytest.mark.usefixtures("one_blas_thread")
 def test_threads_give_the_same_eval_rows_to_the_bit(source_factory, spec_factory):
     source, checkpoint = source_factory("ernie-moe-tiny"), spec_factory("ernie-moe-tiny")
     rows = [evaluate(source, checkpoint, samples=9, seq_len=32, tp=2, threads=t).to_dict()["rows"] for t in (1, 2)]
@@ -390,6 +395,42 @@ def test_chunks_run_on_the_pools_threads_and_alone_with_one(source_factory):
         model = ThreadsSeen(weights, observer=AmaxObserver("ernie"))
         run_layer_major({"m": model}, ids, 2, threads=threads)
         assert {name.rsplit("_", 1)[0] for name in model.threads} == expected
+
+
+class BlasThreadsSeen(ReferenceModel):
+    """The real engine, noting how many threads BLAS may use while each stage's chunk runs."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.blas: set[int] = set()
+
+    def layer(self, index, space):
+        def watched(load):
+            def loader():
+                stage = load()
+
+                def run(part):
+                    self.blas.update(lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas")
+                    stage(part)
+
+                return run
+
+            return loader
+
+        return [watched(load) for load in super().layer(index, space)]
+
+
+@pytest.mark.parametrize(("limit", "expected"), [(None, {2}), (1, {1})])
+def test_chunks_leave_blas_the_cores_left_and_never_more_than_the_process_allows(source_factory, monkeypatch, limit, expected):
+    """On 4 cores (the affinity, stood in for) two chunk threads leave BLAS 2 threads each, unless the process
+    already held it to fewer (OPENBLAS_NUM_THREADS=1, or threadpool_limits): that limit stands."""
+    import hpu_fp8_loader.engine.layer_major as layer_major
+
+    monkeypatch.setattr(layer_major, "usable_cores", lambda: 4)
+    model = BlasThreadsSeen(open_weights(source_factory("ernie-moe-tiny")), observer=AmaxObserver("ernie"))
+    with threadpool_limits(limit):
+        run_layer_major({"m": model}, np.arange(4 * 16).reshape(4, 16) % 500, 2, threads=2)
+    assert model.blas == expected
 
 
 def test_a_failure_on_a_thread_is_named_and_leaves_no_scratch_file(tmp_path, source_factory):

@@ -260,9 +260,11 @@ threads_option = click.option(
     type=COUNT,
     default=None,
     help="Batches of windows run at once, each on a thread of its own, BLAS using the cores left to each "
-    "(default: every core this process may use). The results are the same to the bit whatever the number. Each "
-    "thread holds a batch's activations: where one BLAS call already fills the cores (ERNIE-4.5-300B-A47B's width "
-    "on 2 cores) --threads 1 is as fast and holds ~1 GiB less.",
+    "(default: every core this process may use; never more BLAS threads than OPENBLAS_NUM_THREADS allows). Each "
+    "batch's arithmetic is its own, so N changes no result except through BLAS's own thread count, which may round "
+    "a product's last bit differently: with OPENBLAS_NUM_THREADS=1 every N gives the same bits. Each thread holds a "
+    "batch's activations: where one BLAS call already fills the cores (ERNIE-4.5-300B-A47B's width on 2 cores) "
+    "--threads 1 is as fast and holds ~1 GiB less.",
 )
 BUILTIN_CALIBRATION_TEXT = "builtin: Python's own documentation, offline (its last 10% is held out for eval)."
 # CalibrationOptions' fields, as the options of calibration_options() name them.

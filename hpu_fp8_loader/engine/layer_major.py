@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-from threadpoolctl import threadpool_limits
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from hpu_fp8_loader.arch import ModelDescriptor
 from hpu_fp8_loader.console import Progress, human_bytes
@@ -45,6 +45,7 @@ __all__ = [
     "Stage",
     "StageLoader",
     "Workspace",
+    "blas_threads_per_chunk",
     "emit",
     "hidden_store",
     "run_batch",
@@ -71,6 +72,15 @@ def emit(deliver: Callable[[], object]) -> None:
 def usable_cores() -> int:
     """The cores this process may run on (its affinity, which a container or ``taskset`` narrows)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def blas_threads_per_chunk(workers: int) -> int:
+    """BLAS's threads while ``workers`` chunks run at once: the cores left to each, never more than the process
+    already allows (``OPENBLAS_NUM_THREADS`` or a ``threadpool_limits`` around the call), since BLAS's thread count
+    changes its rounding (OpenBLAS 0.3.31 on an AMD EPYC rounds a 64 x 64 x 192 sgemm differently on 2 threads
+    than on 1) and a user who pinned it expects it kept."""
+    allowed = [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+    return max(1, min([usable_cores() // workers, *allowed]))
 
 
 Step = Callable[[np.ndarray], np.ndarray]
@@ -217,8 +227,11 @@ def run_layer_major(
 
     ``threads`` (default: :func:`usable_cores`): chunks of one stage run on up to this many threads at once (numpy
     releases the GIL on large arrays, so the elementwise work a single BLAS call does not spread runs on every core
-    too), BLAS then using the cores left to each; the observers' events arrive in chunk order (:func:`emit`), and
-    each chunk's arithmetic is its own, so the results are those of one thread.
+    too), BLAS then using the cores left to each (:func:`blas_threads_per_chunk`); the observers' events arrive in
+    chunk order (:func:`emit`), and each chunk's arithmetic is its own, so the results are those of one thread with
+    BLAS on as many threads. BLAS's own thread count may change a product's last bit, so ``threads`` values that
+    leave BLAS a different number of threads may differ there; with BLAS held to one thread
+    (``OPENBLAS_NUM_THREADS=1``) every ``threads`` gives the same bits.
     """
     if scratch_dir is not None and not (Path(scratch_dir).is_dir() and os.access(scratch_dir, os.W_OK | os.X_OK)):
         why = "is not a writable directory" if Path(scratch_dir).exists() else "does not exist"
@@ -243,7 +256,7 @@ def run_layer_major(
         with ExitStack() as stack:
             pool = None
             if workers > 1:
-                stack.enter_context(threadpool_limits(max(1, usable_cores() // workers)))  # BLAS: the cores left
+                stack.enter_context(threadpool_limits(blas_threads_per_chunk(workers)))
                 pool = stack.enter_context(ThreadPoolExecutor(workers, thread_name_prefix="hpu-fp8-chunk"))
             spaces = {label: Workspace(windows, d.hidden_size, in_memory, scratch_dir, stack) for label in models}
             layers = {label: [model.layer(i, spaces[label]) for i in range(d.num_layers)] for label, model in models.items()}

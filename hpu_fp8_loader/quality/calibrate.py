@@ -204,7 +204,8 @@ def calibrate(
             output error, the weight spread and the expert load; write it afterwards with ``report.write(DIR)``.
         threads: chunks of ``batch_size`` windows run at once on threads of their own, BLAS using the cores left
             to each (default: every core this process may use, :func:`~hpu_fp8_loader.engine.layer_major.usable_cores`);
-            the amax, expert counts and report are the same to the bit whatever the number.
+            the amax, expert counts and report are those of one thread to the bit with BLAS on as many threads
+            (BLAS's own thread count may change a last bit; with BLAS held to one thread, every number agrees).
 
     Returns:
         A :class:`~hpu_fp8_loader.CalibrationResult`; its ``measurements`` go to :func:`~hpu_fp8_loader.convert`.

@@ -246,7 +246,8 @@ def evaluate(
         progress: called after each step (4 windows through one stage of a layer, or the head, of one model) with a
             :class:`~hpu_fp8_loader.engine.layer_major.LayerProgress`: steps done, their total, the layer.
         threads: chunks of 4 windows run at once on threads of their own (default: every core this process may
-            use); the rows are the same to the bit whatever the number.
+            use); the rows are those of one thread to the bit with BLAS on as many threads (BLAS's own thread
+            count may change a last bit; with BLAS held to one thread, every number agrees).
 
     Returns:
         An :class:`~hpu_fp8_loader.EvaluationResult`: one row per variant, each with 95% bootstrap intervals of
