@@ -341,11 +341,12 @@ def test_there_is_no_read_ahead_when_two_parts_do_not_fit(source_factory, monkey
 
 
 class ThreadsSeen(ReferenceModel):
-    """The real engine, noting the thread each stage's chunk ran on."""
+    """The real engine, noting the thread each stage's chunk ran on and how many threads BLAS could use there."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.threads: set[str] = set()
+        self.blas: set[int] = set()
 
     def layer(self, index, space):
         def watched(load):
@@ -354,6 +355,7 @@ class ThreadsSeen(ReferenceModel):
 
                 def run(part):
                     self.threads.add(threading.current_thread().name)
+                    self.blas.update(lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas")
                     stage(part)
 
                 return run
@@ -397,29 +399,6 @@ def test_chunks_run_on_the_pools_threads_and_alone_with_one(source_factory):
         assert {name.rsplit("_", 1)[0] for name in model.threads} == expected
 
 
-class BlasThreadsSeen(ReferenceModel):
-    """The real engine, noting how many threads BLAS may use while each stage's chunk runs."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.blas: set[int] = set()
-
-    def layer(self, index, space):
-        def watched(load):
-            def loader():
-                stage = load()
-
-                def run(part):
-                    self.blas.update(lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas")
-                    stage(part)
-
-                return run
-
-            return loader
-
-        return [watched(load) for load in super().layer(index, space)]
-
-
 @pytest.mark.parametrize(("limit", "expected"), [(None, {2}), (1, {1})])
 def test_chunks_leave_blas_the_cores_left_and_never_more_than_the_process_allows(source_factory, monkeypatch, limit, expected):
     """On 4 cores (the affinity, stood in for) two chunk threads leave BLAS 2 threads each, unless the process
@@ -427,7 +406,7 @@ def test_chunks_leave_blas_the_cores_left_and_never_more_than_the_process_allows
     import hpu_fp8_loader.engine.layer_major as layer_major
 
     monkeypatch.setattr(layer_major, "usable_cores", lambda: 4)
-    model = BlasThreadsSeen(open_weights(source_factory("ernie-moe-tiny")), observer=AmaxObserver("ernie"))
+    model = ThreadsSeen(open_weights(source_factory("ernie-moe-tiny")), observer=AmaxObserver("ernie"))
     with threadpool_limits(limit):
         run_layer_major({"m": model}, np.arange(4 * 16).reshape(4, 16) % 500, 2, threads=2)
     assert model.blas == expected
