@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_info, threadpool_limits
+from threadpoolctl import threadpool_limits
 
 from hpu_fp8_loader import console
 from hpu_fp8_loader.arch import describe
 from hpu_fp8_loader.engine.fp8 import EmulationOptions, Fp8Emulator, Fp8Parameters
-from hpu_fp8_loader.engine.layer_major import LayerProgress, layer_steps, run_layer_major
+from hpu_fp8_loader.engine.layer_major import LayerProgress, blas_threads, layer_steps, run_layer_major
 from hpu_fp8_loader.engine.model import EngineConfig, ReferenceModel, forward
 from hpu_fp8_loader.engine.weights import ROUTER, EngineWeights, open_weights, part_of
 from hpu_fp8_loader.errors import NonFiniteError, WriteFailedError
@@ -355,7 +355,7 @@ class ThreadsSeen(ReferenceModel):
 
                 def run(part):
                     self.threads.add(threading.current_thread().name)
-                    self.blas.update(lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas")
+                    self.blas.update(blas_threads())
                     stage(part)
 
                 return run

@@ -45,6 +45,7 @@ __all__ = [
     "Stage",
     "StageLoader",
     "Workspace",
+    "blas_threads",
     "blas_threads_per_chunk",
     "emit",
     "hidden_store",
@@ -74,13 +75,17 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def blas_threads() -> set[int]:
+    """The threads each loaded BLAS library may use now (its ``OPENBLAS_NUM_THREADS``, or a ``threadpool_limits``)."""
+    return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+
+
 def blas_threads_per_chunk(workers: int) -> int:
     """BLAS's threads while ``workers`` chunks run at once: the cores left to each, never more than the process
-    already allows (``OPENBLAS_NUM_THREADS`` or a ``threadpool_limits`` around the call), since BLAS's thread count
-    changes its rounding (OpenBLAS 0.3.31 on an AMD EPYC rounds a 64 x 64 x 192 sgemm differently on 2 threads
-    than on 1) and a user who pinned it expects it kept."""
-    allowed = [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
-    return max(1, min([usable_cores() // workers, *allowed]))
+    already allows (:func:`blas_threads`), since BLAS's thread count changes its rounding (OpenBLAS 0.3.31 on an
+    AMD EPYC rounds a 64 x 64 x 192 sgemm differently on 2 threads than on 1) and a user who pinned it expects it
+    kept."""
+    return max(1, min([usable_cores() // workers, *blas_threads()]))
 
 
 Step = Callable[[np.ndarray], np.ndarray]

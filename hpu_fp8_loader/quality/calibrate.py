@@ -96,7 +96,7 @@ class CalibrationOptions:
         chat_template: render each record's ``messages`` through the model's chat template instead.
         dataset_revision: the branch, tag or commit of a Hub ``dataset``.
         threads: windows run at once on threads of their own (default: every core this process may use); the amax
-            are the same whatever the number.
+            are those of one thread with BLAS on as many threads (see :func:`calibrate`).
 
     Example:
         >>> from hpu_fp8_loader import TINY_MODELS, CalibrationOptions

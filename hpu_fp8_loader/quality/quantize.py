@@ -136,7 +136,8 @@ def quantize(
 
 def _calibration_key(src: Path, calibration: CalibrationOptions) -> dict:
     """What the measurements depend on: the source files' content (as a conversion's resume sees it) and the options
-    (not ``threads``: the amax are the same whatever the number)."""
+    (not ``threads``: another number can move an amax only by BLAS's own rounding, and the kept measurements are
+    reused whole, never mixed with new ones)."""
     files = sorted((p.name, file_fingerprint(p)) for p in Checkpoint.open(src).files)
     options = dataclasses.asdict(calibration)
     del options["threads"]
