@@ -78,6 +78,34 @@ def assert_conforms(report: dict) -> None:
         print(f"device-rounded: {entry['name']} FastDeploy on CPU paddle {entry['fastdeploy']!r}, hook {entry['hook']!r}")
 
 
+KV_SCALES = {  # what each attention op is handed of the KV-cache quantization (layers/backends/intel_hpu/quantization/kv_cache.py)
+    "fused_qkv_rope": ["attn.cache_k_scale", "attn.cache_v_scale", "attn.q_scale"],
+    "fused_block_attention": ["attn.cache_k_scale", "attn.cache_v_scale", "attn.q_scaling_scale", "attn.s_scale"],
+}
+
+
+def assert_attention_driven(report: dict, config: dict, tp: int, kv_cache: str) -> None:
+    """Every attention layer reached its first op in prefill and in decode, handed the KV-cache scales exactly when the
+    cache is fp8, with the linears' weights and scales; the KV cache FastDeploy allocated has the dtype the
+    checkpoint asks for and the rank's KV heads, and is the same for the oracle."""
+    layers = config["num_hidden_layers"]
+    calls = report["attention_calls"]
+    assert sorted(calls.values()) == ["fused_block_attention"] * layers + ["fused_qkv_rope"] * layers, calls
+    for call, handed in report["attention_parameters"].items():
+        op = calls[call]
+        expected = KV_SCALES[op] if kv_cache == "fp8" else []
+        assert [name for name in handed if name.startswith("attn.")] == expected, (call, handed)
+        linears = ["qkv_proj"] + (["o_proj"] if op == "fused_block_attention" else [])
+        for linear in linears:
+            assert {f"{linear}.weight", f"{linear}.act_scale", f"{linear}.weight_scale"} <= set(handed), (call, handed)
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    cache = report["kv_cache"]
+    assert cache["tensors"] == 2 * layers and not report["kv_cache_differs"], report["kv_cache"]
+    assert cache["dtypes"] == ["float8_e4m3fn" if kv_cache == "fp8" else "bfloat16"], cache
+    assert [shape[0] for shape in cache["shapes"]] == [cache["blocks_asked"]], cache
+    assert [shape[2:] for shape in cache["shapes"]] == [[config["num_key_value_heads"] // tp, head_dim]], cache
+
+
 CASES = [
     # (preset, tied, kv_cache, tp, moe_layout)
     ("ernie-moe-tiny", True, "fp8", 1, "develop"),
@@ -101,10 +129,13 @@ def test_the_hook_fills_what_fastdeploys_own_loading_fills(run_case, checkpoints
     for rank in range(tp):
         report = run_case({"oracle": legacy, "hook": spec, "tp": tp, "rank": rank, "moe_layout": moe_layout})
         assert_conforms(report)
+        assert_attention_driven(report, preset_config(preset, {}), tp, kv_cache)
         if preset == "ernie-moe-tiny":
             assert report["moe_layout"] == {"develop": "list", "pr5855": "parameter"}[moe_layout]
+        cache = report["kv_cache"]
         print(f"{preset} tied={tied} kv={kv_cache} TP{tp} rank {rank} {moe_layout}: {report['parameters']} "
-              f"parameters and {report['kernel_calls']} kernel calls identical")  # fmt: skip
+              f"parameters and {report['kernel_calls']} kernel calls identical ({len(report['attention_calls'])} "
+              f"attention, prefill and decode); KV cache {cache['tensors']} x {cache['shapes']} {cache['dtypes']}")  # fmt: skip
 
 
 def test_every_parameter_fastdeploy_builds_is_filled_by_its_own_loading_too(run_case, checkpoints):
@@ -166,8 +197,8 @@ def test_a_fault_in_the_hooks_output_is_reported(run_case, checkpoints, fault, w
     """Negative control: one wrong value in what the hook hands FastDeploy is found and named, on every setting."""
     report = run_with_fault(run_case, checkpoints, fault, setting)
     assert len(report["differences"]) == 1 and where in report["differences"][0], report["differences"]
-    # MLP and MoE layers are driven to their kernels (attention is not): the fault shows there too
-    assert bool(report["kernel_differences"]) == (where != "qkv_proj.weight"), report["kernel_differences"]
+    # every attention, MLP and MoE layer is driven to its kernels: the fault shows there too
+    assert report["kernel_differences"] and all(where in d for d in report["kernel_differences"]), report["kernel_differences"]
 
 
 @pytest.mark.parametrize(

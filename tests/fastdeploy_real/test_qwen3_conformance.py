@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_conformance import assert_conforms, legacy_exact
+from test_conformance import assert_attention_driven, assert_conforms, legacy_exact
 
 from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
@@ -75,9 +75,10 @@ def legacy(qwen3):
 def test_qwen3_loads_as_fastdeploys_own_loading_of_the_legacy_export(run_case, qwen3, legacy, kv_cache):
     report = run_case({"oracle": legacy(kv_cache), "hook": qwen3("qwen3-tiny", kv_cache), "tp": 1, "rank": 0})
     assert_conforms(report)
+    assert_attention_driven(report, preset_config("qwen3-tiny", {}), 1, kv_cache)
     assert report["oracle_zero"] == [] and report["loader"] == "HpuFp8ModelLoader"
-    print(f"Qwen3 kv={kv_cache} TP1: {report['parameters']} parameters and {report['kernel_calls']} MLP kernel calls "
-          "identical to FastDeploy's own loading")  # fmt: skip
+    print(f"Qwen3 kv={kv_cache} TP1: {report['parameters']} parameters and {report['kernel_calls']} attention and MLP "
+          "kernel calls identical to FastDeploy's own loading")  # fmt: skip
 
 
 def test_fastdeploys_own_loading_does_not_split_qwen3_fp8_tensors(run_case, qwen3, legacy):
@@ -110,6 +111,7 @@ def test_qwen3_at_tp2_against_fastdeploys_presharded_loading(run_case, qwen3, tm
     for rank in range(2):
         report = run_case({"oracle": tmp_path / "ranks", "hook": spec, "tp": 2, "rank": rank})
         assert_conforms(report)
+        assert_attention_driven(report, preset_config("qwen3-tiny", {}), 2, "fp8")
         print(f"Qwen3 TP2 rank {rank}, pre-sharded: {report['parameters']} parameters identical")
 
 
@@ -195,3 +197,8 @@ def test_the_oracle_names_swapped_qk_norms_of_dense_qwen3(run_case, qwen3, legac
         "model.layers.0.self_attn.k_norm.weight",
         "model.layers.0.self_attn.q_norm.weight",
     ], report["differences"]
+    for norm in ("q_norm", "k_norm"):  # handed to the attention op, in prefill and decode
+        assert [d.split(" -> ")[0] for d in report["kernel_differences"] if f".{norm}.weight" in d] == [
+            "model.layers.0.self_attn (decode)",
+            "model.layers.0.self_attn (prefill)",
+        ], report["kernel_differences"]

@@ -8,8 +8,9 @@ CASE: ``oracle`` (a checkpoint FastDeploy's own ``--load-choices default`` loade
 output, for the negative control). Both models are built and loaded by ``HPUModelRunner.load_model``
 with the same FastDeploy config but for the checkpoint and ``load_choices``; every parameter (and
 every per-expert ``down_proj_in_scale`` list) is compared by name, shape, dtype and bits, then every
-MLP and MoE layer is driven to its first HPU op and the arguments each model hands it are compared.
-Prints one JSON report on the last line of stdout.
+MLP and MoE layer is driven to its first HPU op, and every attention layer to its first op in prefill and in
+decode with FastDeploy's own forward metadata and the KV cache its runner allocates (forward_inputs.py), and the
+arguments each model hands each op are compared. Prints one JSON report on the last line of stdout.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import fd_bootstrap  # noqa: F401  (before fastdeploy)
 import numpy as np
 import paddle
 from faults import inject
-from fd_harness import bits, fd_config, first_hpu_op, load, report_case, state
+from fd_harness import bits, fd_config, first_hpu_op, loaded_runner, report_case, state
+from forward_inputs import BLOCKS, kv_cache, one_sequence
 
 
 def _describe(value) -> dict:
@@ -112,25 +114,73 @@ def compare_states(oracle: dict, hook: dict) -> list[str]:
     return problems
 
 
-def kernel_arguments(model, hidden: int) -> dict[str, tuple]:
-    """The first HPU op each MLP and MoE layer reaches, with its arguments, on the same bf16 input."""
+TOKENS = 3  # the prefill sequence's length; decode is the token after it
+
+
+def kernel_arguments(runner) -> dict[str, tuple]:
+    """The first HPU op each MLP and MoE layer reaches on the same bf16 input, and each attention layer's in prefill
+    (``fused_qkv_rope``) and in decode (``fused_block_attention``, handed the KV cache FastDeploy allocated) with
+    FastDeploy's own forward metadata for one sequence (forward_inputs.py), each with its arguments."""
     from fastdeploy.model_executor.layers.moe.moe import FusedMoE
     from fastdeploy.model_executor.models.ernie4_5_moe import Ernie4_5_MLP
     from fastdeploy.model_executor.models.qwen2 import Qwen2MLP
 
-    x = paddle.to_tensor(np.random.default_rng(0).standard_normal((3, hidden)).astype(np.float32)).astype(paddle.bfloat16)
+    model, hidden = runner.model, runner.model_config.hidden_size
+
+    def activation(tokens: int):
+        values = np.random.default_rng(tokens).standard_normal((tokens, hidden)).astype(np.float32)
+        return paddle.to_tensor(values).astype(paddle.bfloat16)
+
+    x = activation(TOKENS)
     reached = {}
     layers = dict(model.named_sublayers())
+    attention = {name: layer for name, layer in layers.items() if name.endswith(".self_attn") and hasattr(layer, "qkv_proj")}
     for name, layer in layers.items():
         if isinstance(layer, (Ernie4_5_MLP, Qwen2MLP)):  # the MLPs convert_model binds to fused_mlp (Qwen3MLP is a Qwen2MLP)
             reached[name] = first_hpu_op(lambda layer=layer: layer.forward(x))
         elif isinstance(layer, FusedMoE):
             gate = layers[name.rsplit(".", 1)[0]].gate
             reached[name] = first_hpu_op(lambda layer=layer, gate=gate: layer.quant_method.apply_tp(layer, x, gate))
+    for mode, decode, src in (("prefill", False, x), ("decode", True, activation(1))):
+        meta = one_sequence(runner, TOKENS, decode)
+        for name, layer in attention.items():
+            reached[f"{name} ({mode})"] = first_hpu_op(lambda layer=layer, src=src, meta=meta: layer.forward(meta, src))
     return reached
 
 
-def compare_kernel_arguments(oracle: dict, hook: dict) -> list[str]:
+def parameter_names(model) -> dict[int, str]:
+    """The model's parameters and per-expert lists by ``id``: what names a kernel argument that is one of them."""
+    names = {id(value): name for name, value in model.named_parameters()}
+    names.update({id(entry["list"]): name for name, entry in state(model).items() if "list" in entry})
+    return names
+
+
+def parameters_handed(model, calls: dict[str, tuple]) -> dict[str, list[str]]:
+    """Per attention call, the model parameters among its arguments (by identity), as names below the layer."""
+    known = parameter_names(model)
+    out = {}
+    for call, reached in calls.items():
+        if call.endswith(")") and reached is not None:
+            layer = call.rsplit(" (", 1)[0] + "."
+            values = [*reached[1], *reached[2].values()]
+            out[call] = sorted(known[id(v)].removeprefix(layer) for v in values if id(v) in known)
+    return out
+
+
+def kv_cache_report(runner) -> dict:
+    """The KV cache FastDeploy's runner allocated: how many tensors, their dtypes and shapes."""
+    caches = kv_cache(runner)
+    return {
+        "blocks_asked": BLOCKS,
+        "tensors": len(caches),
+        "dtypes": sorted({str(c.dtype).removeprefix("paddle.") for c in caches}),
+        "shapes": sorted({tuple(c.shape) for c in caches}),
+    }
+
+
+def compare_kernel_arguments(oracle: dict, hook: dict, names: dict[int, str]) -> list[str]:
+    """What differs between the arguments each model hands each op; an argument that is one of the hook's model
+    parameters (``names``, by identity) is named."""
     problems = []
     for name in sorted(oracle):
         a, b = oracle[name], hook.get(name)
@@ -143,12 +193,11 @@ def compare_kernel_arguments(oracle: dict, hook: dict) -> list[str]:
         if len(a[1]) != len(b[1]):
             problems.append(f"{name} -> {a[0]}: FastDeploy passes {len(a[1])} arguments, the hook's model {len(b[1])}")
             continue
-        for i, (x, y) in enumerate(zip(a[1], b[1], strict=True)):
-            found = _difference(f"{name} -> {a[0]} argument {i}", x, y, scale=True)
-            if found:
-                problems.append(found)
-        for key in sorted(set(a[2]) | set(b[2])):
-            found = _difference(f"{name} -> {a[0]} {key}=", a[2].get(key), b[2].get(key), scale=True)
+        slots = [(f"argument {i}", x, y) for i, (x, y) in enumerate(zip(a[1], b[1], strict=True))]
+        slots += [(f"{key}=", a[2].get(key), b[2].get(key)) for key in sorted(set(a[2]) | set(b[2]))]
+        for slot, x, y in slots:
+            label = f" ({names[id(y)]})" if id(y) in names else ""
+            found = _difference(f"{name} -> {a[0]} {slot}{label}", x, y, scale=True)
             if found:
                 problems.append(found)
     return problems
@@ -182,7 +231,7 @@ def run(case: dict) -> dict:
         pr5855_moe.apply()
     tp, rank = case["tp"], case["rank"]
     TOLERANCE["relative"] = case.get("tolerance", 0.0)
-    oracle_model = load(fd_config(case["oracle"], tp, rank, "default"))
+    oracle_runner = loaded_runner(fd_config(case["oracle"], tp, rank, "default"))
     if case.get("inject"):
         inject(case["inject"])
     hook_config = fd_config(case["hook"], tp, rank, "hpu_fp8")
@@ -190,12 +239,13 @@ def run(case: dict) -> dict:
 
     loader = type(get_model_loader(hook_config.load_config)).__name__
     try:
-        hook_model = load(hook_config)
+        hook_runner = loaded_runner(hook_config)
     except Exception as exc:  # without the plugin FastDeploy's own loader meets the hpu-fp8 checkpoint
         return {"loader": loader, "hook_error": f"{type(exc).__name__}: {exc}"}
+    oracle_model, hook_model = oracle_runner.model, hook_runner.model
     oracle, hook = state(oracle_model), state(hook_model)
-    hidden = hook_config.model_config.hidden_size
-    oracle_calls, hook_calls = kernel_arguments(oracle_model, hidden), kernel_arguments(hook_model, hidden)
+    oracle_calls, hook_calls = kernel_arguments(oracle_runner), kernel_arguments(hook_runner)
+    oracle_cache, hook_cache = kv_cache_report(oracle_runner), kv_cache_report(hook_runner)
     from hpu_fp8_loader.fastdeploy.plugin import MOE_LIST_LAYOUT, MOE_PARAMETER_LAYOUT, moe_layout
 
     return {
@@ -205,7 +255,11 @@ def run(case: dict) -> dict:
         "moe_layout": {MOE_LIST_LAYOUT: "list", MOE_PARAMETER_LAYOUT: "parameter", None: None}[moe_layout(hook_model)],
         "differences": compare_states(oracle, hook),
         "kernel_calls": len(oracle_calls),
-        "kernel_differences": compare_kernel_arguments(oracle_calls, hook_calls),
+        "kernel_differences": compare_kernel_arguments(oracle_calls, hook_calls, parameter_names(hook_model)),
+        "attention_calls": {name: call[0] for name, call in hook_calls.items() if name.endswith(")") and call},
+        "attention_parameters": parameters_handed(hook_model, hook_calls),
+        "kv_cache": hook_cache,
+        "kv_cache_differs": oracle_cache != hook_cache,
         "bf16_weights": bf16_linear_weights(hook_model),
         "device_rounded": DEVICE_ROUNDED,
         "rounded_values": TOLERANCE["values"],

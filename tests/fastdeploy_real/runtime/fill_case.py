@@ -32,6 +32,7 @@ import numpy as np
 import paddle
 from faults import inject
 from fd_harness import bits, fd_config, first_hpu_op, loaded_runner, report_case
+from forward_inputs import one_sequence
 
 # What FastDeploy's HPU attention backend hands the op after fused_qkv_rope (fused_sdpa_proj, forward_extend in
 # layers/backends/intel_hpu/attention/hpu_attn_backend.py): parameters the emulation reads for attention too.
@@ -256,30 +257,13 @@ def converse(layer: int, feeds: dict, passed: set[str], prefix: str, later: tupl
     return [f"layer {layer}: the emulation reads {n}, which FastDeploy hands no kernel" for n in missing]
 
 
-def forward_meta(runner, tokens: int):
-    """FastDeploy's own HPU forward metadata for one prefill sequence, holding only what ``forward_extend`` reads
-    before its first op: the backend the runner builds, and the runner's rotary table (in serving, the compiled
-    ``prepare_block_metadata`` gathers the batch's positions from that table; here no op runs)."""
-    from fastdeploy.model_executor.forward_meta import ForwardMode, HPUForwardMeta
-
-    if not runner.attn_backends:  # the runner builds it when it starts (HPUModelRunner.__init__)
-        runner.initialize_attn_backend()
-    return HPUForwardMeta(
-        ids_remove_padding=paddle.zeros([tokens], dtype="int64"),
-        forward_mode=ForwardMode.EXTEND,
-        attn_backend=runner.attn_backends[0],
-        rotary_embs_encoder=runner.share_inputs["rope_emb"],
-        total_batch_encoder=1,
-    )
-
-
 def kernel_problems(runner, emulator, feeds: dict, numbers: dict) -> tuple[list[str], dict[str, dict]]:
     """(every argument problem in every layer's first attention and MoE op; per module, the op reached, the
     parameters it was handed, as names below the module, and the numbers compared)."""
     model = runner.model
     known: dict = {id(p): name for name, p in model.named_parameters()}
     known.update({id(v): name for name, v in per_expert_lists(model).items()})
-    meta = forward_meta(runner, TOKENS)
+    meta = one_sequence(runner, TOKENS, decode=False)
     x = paddle.to_tensor(np.random.default_rng(0).standard_normal((TOKENS, emulator.d.hidden_size)).astype(np.float32))
     x = x.astype(paddle.bfloat16)
     inputs = {id(x), id(meta.rotary_embs_encoder)}
