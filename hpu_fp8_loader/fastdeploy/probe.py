@@ -56,7 +56,7 @@ class OneProcessGroup:
         return self.ranks.index(rank) if rank in self.ranks else -1
 
 
-def _worker_arguments(model_dir: str, tp: int, load_choices: str) -> list[str]:
+def _worker_arguments(model_dir: str, tp: int, load_choices: str, expert_parallel: bool) -> list[str]:
     argv = [
         "--model", model_dir, "--tensor_parallel_size", str(tp), "--load_choices", load_choices,
         "--max_model_len", "256", "--max_num_seqs", "4", "--max_num_batched_tokens", "1024", "--block_size", "128",
@@ -65,15 +65,20 @@ def _worker_arguments(model_dir: str, tp: int, load_choices: str) -> list[str]:
     for option in ("--speculative_config", "--plas_attention_config", "--early_stop_config", "--eplb_config",
                    "--routing_replay_config"):  # fmt: skip
         argv += [option, "{}"]  # FastDeploy's engine always passes these to its workers
+    if expert_parallel:  # what the engine passes for --enable-expert-parallel --disable-sequence-parallel-moe
+        argv += ["--enable_expert_parallel", "--disable_sequence_parallel_moe"]
     return argv
 
 
 _FLEET_READY = False
 
 
-def fastdeploy_config(model_dir: str | Path, tp: int = 1, rank: int = 0, load_choices: str = "hpu_fp8"):
-    """FastDeploy's FDConfig for one rank of ``model_dir``, built by its worker's own argument parsing and config code."""
-    return worker_config(_worker_arguments(str(model_dir), tp, load_choices), tp, rank)
+def fastdeploy_config(
+    model_dir: str | Path, tp: int = 1, rank: int = 0, load_choices: str = "hpu_fp8", expert_parallel: bool = False
+):
+    """FastDeploy's FDConfig for one rank of ``model_dir``, built by its worker's own argument parsing and config code;
+    ``expert_parallel``: the experts spread over the ``tp`` ranks (FastDeploy's EP = data x tensor parallel size)."""
+    return worker_config(_worker_arguments(str(model_dir), tp, load_choices, expert_parallel), tp, rank)
 
 
 def worker_config(worker_argv: Sequence[str], world_size: int, rank: int):

@@ -138,9 +138,9 @@ def kernel_arguments(runner) -> dict[str, tuple]:
     for name, layer in layers.items():
         if isinstance(layer, (Ernie4_5_MLP, Qwen2MLP)):  # the MLPs convert_model binds to fused_mlp (Qwen3MLP is a Qwen2MLP)
             reached[name] = first_hpu_op(lambda layer=layer: layer.forward(x))
-        elif isinstance(layer, FusedMoE):
+        elif isinstance(layer, FusedMoE):  # FastDeploy's own dispatch: forward_normal -> quant_method.apply
             gate = layers[name.rsplit(".", 1)[0]].gate
-            reached[name] = first_hpu_op(lambda layer=layer, gate=gate: layer.quant_method.apply_tp(layer, x, gate))
+            reached[name] = first_hpu_op(lambda layer=layer, gate=gate: layer.forward(x, gate))
     for mode, decode, src in (("prefill", False, x), ("decode", True, activation(1))):
         meta = one_sequence(runner, TOKENS, decode)
         for name, layer in attention.items():
@@ -164,6 +164,17 @@ def parameters_handed(model, calls: dict[str, tuple]) -> dict[str, list[str]]:
             layer = call.rsplit(" (", 1)[0] + "."
             values = [*reached[1], *reached[2].values()]
             out[call] = sorted(known[id(v)].removeprefix(layer) for v in values if id(v) in known)
+    return out
+
+
+def moe_calls(calls: dict[str, tuple]) -> dict[str, dict]:
+    """Per MoE layer, the op FastDeploy's forward reached, the expert range it passes and what each argument is."""
+    out = {}
+    for name, call in calls.items():
+        if call is not None and call[0].startswith("fused_gate_moe"):
+            op, args, kwargs = call
+            described = [{"list": len(a)} if isinstance(a, list) else _describe(a) for a in args]
+            out[name] = {"op": op, "experts": [kwargs.get("experts_min"), kwargs.get("experts_max")], "arguments": described}
     return out
 
 
@@ -231,10 +242,11 @@ def run(case: dict) -> dict:
         pr5855_moe.apply()
     tp, rank = case["tp"], case["rank"]
     TOLERANCE["relative"] = case.get("tolerance", 0.0)
-    oracle_runner = loaded_runner(fd_config(case["oracle"], tp, rank, "default"))
+    ep = case.get("expert_parallel", False)
+    oracle_runner = loaded_runner(fd_config(case["oracle"], tp, rank, case.get("oracle_loader", "default"), ep))
     if case.get("inject"):
         inject(case["inject"])
-    hook_config = fd_config(case["hook"], tp, rank, "hpu_fp8")
+    hook_config = fd_config(case["hook"], tp, rank, "hpu_fp8", ep)
     from fastdeploy.model_executor.model_loader import get_model_loader
 
     loader = type(get_model_loader(hook_config.load_config)).__name__
@@ -258,6 +270,7 @@ def run(case: dict) -> dict:
         "kernel_differences": compare_kernel_arguments(oracle_calls, hook_calls, parameter_names(hook_model)),
         "attention_calls": {name: call[0] for name, call in hook_calls.items() if name.endswith(")") and call},
         "attention_parameters": parameters_handed(hook_model, hook_calls),
+        "moe_calls": moe_calls(hook_calls),
         "kv_cache": hook_cache,
         "kv_cache_differs": oracle_cache != hook_cache,
         "bf16_weights": bf16_linear_weights(hook_model),

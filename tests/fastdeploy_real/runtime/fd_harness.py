@@ -22,9 +22,9 @@ import paddle
 from hpu_fp8_loader.fastdeploy.probe import fastdeploy_config
 
 
-def fd_config(model_dir: str, tp: int = 1, rank: int = 0, load_choices: str = "default"):
+def fd_config(model_dir: str, tp: int = 1, rank: int = 0, load_choices: str = "default", expert_parallel: bool = False):
     """FastDeploy's FDConfig for one rank, built by its worker's own code (the package's probe, shared with doctor)."""
-    return fastdeploy_config(model_dir, tp, rank, load_choices)
+    return fastdeploy_config(model_dir, tp, rank, load_choices, expert_parallel)
 
 
 def loaded_runner(config):
@@ -64,10 +64,14 @@ def bits(tensor) -> np.ndarray:
 
 
 def state(model) -> dict[str, dict]:
-    """Every parameter, plus ``down_proj_in_scale`` where FastDeploy holds it as a per-expert list."""
+    """Every parameter and buffer, plus ``down_proj_in_scale`` where FastDeploy holds it as a per-expert list (its
+    develop layout). PR 5855's ``process_scales_alignment_after_loading`` replaces that parameter after loading by a
+    padded tensor, which paddle then keeps as a buffer."""
     out = {}
     for name, parameter in model.named_parameters():
         out[name] = {"tensor": parameter}
+    for name, buffer in model.named_buffers():
+        out[name] = {"tensor": buffer}
     for name, layer in model.named_sublayers():
         scales = layer.__dict__.get("down_proj_in_scale")
         if isinstance(scales, list):
