@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
-from fd_environment import RUNTIME, FastDeployEnvironment, FastDeployUnavailableError, prepare, write_case
+from fd_environment import OVERLAY, RUNTIME, FastDeployEnvironment, FastDeployUnavailableError, overlaid, prepare, write_case
 
 REQUIRE = "HPU_FP8_REQUIRE_FASTDEPLOY"
 
@@ -26,10 +27,17 @@ def fastdeploy_env() -> dict:
     return {"environment": environment, "before": before, "after": after}
 
 
-@pytest.fixture
-def run_case(fastdeploy_env, tmp_path):
-    """Run one case (runtime/conformance.py, or the runtime ``script`` named) in FastDeploy's environment; its JSON report."""
-    environment: FastDeployEnvironment = fastdeploy_env["environment"]
+@pytest.fixture(scope="session")
+def overlay_env(fastdeploy_env) -> FastDeployEnvironment:
+    """FastDeploy's source with the upstream files HPU_FP8_FASTDEPLOY_OVERLAY holds laid over it, or a skip saying so."""
+    given = os.environ.get(OVERLAY)
+    if not given:
+        pytest.skip(f"{OVERLAY} is not set: name a directory of PR 5855's upstream files to run these cases")
+    return overlaid(fastdeploy_env["environment"], Path(given))
+
+
+def case_runner(environment: FastDeployEnvironment, tmp_path: Path):
+    """Run one case (runtime/conformance.py, or the runtime ``script`` named) in ``environment``; its JSON report."""
 
     def run(case: dict, plugins: str = "hpu_fp8", script: str = "conformance.py") -> dict:
         work = tmp_path / f"run-{len(list(tmp_path.glob('run-*')))}"
@@ -41,3 +49,15 @@ def run_case(fastdeploy_env, tmp_path):
         return report
 
     return run
+
+
+@pytest.fixture
+def run_case(fastdeploy_env, tmp_path):
+    """A case in FastDeploy's environment (case_runner)."""
+    return case_runner(fastdeploy_env["environment"], tmp_path)
+
+
+@pytest.fixture
+def run_overlay_case(overlay_env, tmp_path):
+    """A case in FastDeploy's environment with the overlay's upstream files (case_runner)."""
+    return case_runner(overlay_env, tmp_path)

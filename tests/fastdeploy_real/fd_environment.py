@@ -14,6 +14,12 @@ Where the source comes from (the first that is set):
   directory (bare or not) whose ``HPU_FP8_FASTDEPLOY_REF`` (default ``develop``) is extracted;
 * nothing: the suite is skipped, saying so.
 
+Newer upstream files no git history here holds (PR 5855's, read one file at a time in the public search
+index) come as an *overlay*: ``HPU_FP8_FASTDEPLOY_OVERLAY`` names a directory holding them at their repository
+paths; ``pr5855_overlay.json`` (committed) names each file, where it comes from and its sha256, which must match.
+``overlaid`` copies the source under test and lays them over it. The files themselves are FastDeploy's and are not
+committed here; the cases that need them are skipped, saying so, without the variable.
+
 The environment is built once and kept under ``HPU_FP8_FASTDEPLOY_CACHE`` (default
 ``~/.cache/hpu-fp8-loader/fastdeploy``), keyed by a hash of FastDeploy's requirements, the suite's
 two files and the Python version; the extracted source is keyed by its commit.
@@ -123,6 +129,39 @@ def _source() -> tuple[Path, str]:
         (target / "fastdeploy" / "version.txt").write_text(f"fastdeploy GIT COMMIT ID: {commit}\nfastdeploy version: develop\n")
         (target / ".complete").write_text(commit)
     return target, commit[:8]
+
+
+OVERLAY = "HPU_FP8_FASTDEPLOY_OVERLAY"
+OVERLAY_MANIFEST = HERE / "pr5855_overlay.json"
+
+
+def overlay_files(overlay: Path) -> dict[str, dict]:
+    """The committed manifest's files, each found in ``overlay`` with its sha256: a changed or missing file fails."""
+    manifest = json.loads(OVERLAY_MANIFEST.read_text())["files"]
+    for relative, entry in manifest.items():
+        path = overlay / relative
+        if not path.is_file():
+            raise RuntimeError(f"{OVERLAY}={overlay}: {relative} is missing ({OVERLAY_MANIFEST.name}: {entry['source']})")
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest != entry["sha256"]:
+            raise RuntimeError(f"{OVERLAY}: {relative} has sha256 {digest}, {OVERLAY_MANIFEST.name} says {entry['sha256']}")
+    return manifest
+
+
+def overlaid(environment: FastDeployEnvironment, overlay: Path) -> FastDeployEnvironment:
+    """``environment`` with its source copied once and the overlay's files laid over it (same interpreter)."""
+    manifest = overlay_files(overlay)
+    key = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:12]
+    target = _cache() / f"{environment.source.name}-overlay-{key}"
+    if not (target / ".complete").is_file():
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(environment.source, target)
+        for relative in manifest:
+            if not (target / relative).is_file():
+                raise RuntimeError(f"{OVERLAY}: {relative} replaces no file of FastDeploy's source at {environment.commit}")
+            shutil.copyfile(overlay / relative, target / relative)
+        (target / ".complete").write_text(json.dumps(manifest))
+    return FastDeployEnvironment(environment.python, target, environment.commit)
 
 
 def skipped_requirements() -> dict[str, str]:

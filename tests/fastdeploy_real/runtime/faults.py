@@ -79,6 +79,16 @@ def _every_rank_as_rank_0(mapping) -> None:
     mapping.map_rank = rank_0
 
 
+def _experts_of_ep_rank_0(mapping) -> None:
+    """Every expert-parallel rank given rank 0's experts (its tensor-parallel rank kept)."""
+    real = mapping.map_rank
+
+    def ep_rank_0(checkpoint, qc, d, par, *args, **kwargs):
+        return real(checkpoint, qc, d, dataclasses.replace(par, ep_rank=0), *args, **kwargs)
+
+    mapping.map_rank = ep_rank_0
+
+
 def _linear_multiplier_as_descale(mapping) -> None:
     """A dense linear's (act_scale, act_scale_inv) handed over the wrong way round."""
     real = mapping._linear_act_scales
@@ -115,6 +125,7 @@ def _expert_activation_scales_swapped(mapping) -> None:
 
 HOOK_RULES: dict[str, Callable] = {
     "every-rank-as-rank-0": _every_rank_as_rank_0,
+    "experts-of-ep-rank-0": _experts_of_ep_rank_0,
     "linear-multiplier-as-descale": _linear_multiplier_as_descale,
     "expert-scale-split-before-5757": _expert_scale_split_before_5757,
     "expert-activation-scales-swapped": _expert_activation_scales_swapped,

@@ -4,9 +4,10 @@
    ``paddle.is_compiled_with_custom_device("intel_hpu")`` is true (``fastdeploy/platforms``,
    ``layers/backends/__init__.py`` at import time); it answers true here for ``intel_hpu`` only.
 2. The compiled HPU ops: ``stubs/`` provides ``paddle_custom_device.intel_hpu`` (see its docstring).
-3. Two CPU kernel gaps of paddle's CPU wheel, filled only where that wheel raises: ``paddle.stack`` of
+3. Three CPU kernel gaps of paddle's CPU wheel, filled only where that wheel raises: ``paddle.stack`` of
    float8_e4m3fn tensors (FastDeploy's HPU MoE loading stacks its experts) goes through a uint8 view,
-   bit for bit; a division whose divisor is a bfloat16 tensor (``240.0 / act_scale``, ``1.0 / act_scale``
+   bit for bit; ``paddle.min`` of a bfloat16 tensor (PR 5855's MoE backend takes the smallest of the
+   experts' input multipliers) goes through float32, exact since the minimum is one of its inputs; a division whose divisor is a bfloat16 tensor (``240.0 / act_scale``, ``1.0 / act_scale``
    in its linear loading) computes in float32 and rounds once to bf16, as a correctly rounded bf16
    division would [assumed of the HPU kernel]. A bf16 tensor divided by a Python number
    (``act_scale / 240.0``) has a CPU kernel and keeps it: its last bit is then CPU paddle's, which
@@ -47,6 +48,17 @@ def _stack_fp8_through_uint8(x, axis=0, name=None):
 
 
 paddle.stack = _stack_fp8_through_uint8
+
+_min = paddle.min
+
+
+def _min_bf16_through_float32(x, axis=None, keepdim=False, name=None):
+    if x.dtype == paddle.bfloat16:
+        return _min(x.astype(paddle.float32), axis=axis, keepdim=keepdim).astype(paddle.bfloat16)
+    return _min(x, axis=axis, keepdim=keepdim, name=name)
+
+
+paddle.min = _min_bf16_through_float32
 
 _divide = paddle.Tensor.__truediv__
 _rdivide = paddle.Tensor.__rtruediv__
