@@ -3,8 +3,9 @@
 Each case builds the same FastDeploy model twice through FastDeploy's worker code (config from
 ``worker_process``, ``HPUModelRunner.load_model``): once with ``--load-choices default`` from the
 legacy export, once with ``--load-choices hpu_fp8`` from the hpu-fp8 checkpoint, with the plugin
-found by FastDeploy through ``FD_PLUGINS``. Every parameter must agree to the bit, and so must the
-arguments every MLP and MoE layer hands its first HPU kernel. Checkpoints whose activation amax the
+found by FastDeploy through ``FD_PLUGINS``. Every parameter and buffer must agree to the bit, and so must the
+arguments every attention layer (prefill and decode), MLP and MoE layer hands its first HPU kernel, and the KV
+cache FastDeploy allocates. Checkpoints whose activation amax the
 legacy layout stores exactly (bf16) make exact bits possible everywhere; ordinary calibrated amax is
 a separate case with the legacy layout's own rounding stated. Skipped, saying why, without
 FastDeploy's source (``HPU_FP8_FASTDEPLOY_SRC``; see fd_environment.py).
@@ -236,6 +237,23 @@ def test_the_hook_is_routed_whatever_fastdeploy_imports_first(run_case, checkpoi
                        "import_first": "fastdeploy.model_executor.model_loader"})  # fmt: skip
     assert_conforms(report)
     assert report["loader"] == "HpuFp8ModelLoader"
+
+
+def test_fastdeploys_v1_loader_is_an_oracle_only_where_it_loads_its_own_fp8_keys(run_case, checkpoints):
+    """FastDeploy's ``default_v1`` loader (its default on HPU since FastDeploy #5891) as a second oracle, on the same
+    legacy export (FastDeploy's own FP8 key names). At 8c3513a4 it cannot load them: the renaming function its v1 path
+    applies to every key (``rename_offline_ckpt_suffix_to_fd_suffix``, ``model_executor/utils.py@8c3513a4``
+    l.487-508) binds ``fd_suffix_map`` inside ``fn`` only for ``block_wise_fp8``, so for ``tensor_wise_fp8`` Python
+    reads an unbound local. Either that error, or (a FastDeploy that fixed it) every parameter and kernel argument
+    equal to the hook's: anything else fails."""
+    spec, legacy = checkpoints("ernie-moe-tiny", True)
+    report = run_case({"oracle": legacy, "hook": spec, "tp": 1, "rank": 0, "oracle_loader": "default_v1"})
+    if "fd_suffix_map" in report.get("error", ""):
+        assert report["error"].startswith("UnboundLocalError"), report["error"]
+        print("FastDeploy's v1 loader on its own FP8 keys:", report["error"])
+    else:
+        assert_conforms(report)
+        print(f"FastDeploy's v1 loader agrees with the hook: {report['parameters']} parameters")
 
 
 def test_without_fd_plugins_fastdeploys_own_loader_fails_loudly_on_the_checkpoint(run_case, checkpoints):
