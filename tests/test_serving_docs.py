@@ -165,7 +165,7 @@ def _listed(tree: ast.Module, name: str) -> list[tuple]:
 
 def _conformance_cases() -> tuple[set[tuple], dict[str, set[str]]]:
     """(the (preset, kv, tp, layout) of every CASES entry and every FILL_CASES entry, every test function by file)."""
-    files = {"test_conformance.py", status.QWEN3_SUITE}
+    files = {"test_conformance.py", status.QWEN3_SUITE, status.PR5855_SUITE}
     trees = {file: _suite(file) for file in files}
     entries = {(p, kv, tp, layout) for p, _, kv, tp, layout in _listed(trees["test_conformance.py"], "CASES")}
     entries |= {tuple(case) for case in _listed(trees[status.QWEN3_SUITE], "FILL_CASES")}

@@ -59,7 +59,13 @@ class Cell:
 
 
 _EP_BEFORE_5855 = "FastDeploy's HPU MoE raises on expert parallelism before PR 5855"
-_EP_5855 = "FastDeploy at 8c3513a4 builds GPU EP buffers first; the recipe's EP line is checked to the worker config"
+_EP_5855 = (
+    "on PR 5855's own MoE backend and model runner laid over FastDeploy 8c3513a4, an opt-in case (the files are "
+    "FastDeploy's and not shipped; hpu-fp8-loader's docs/fastdeploy.md section 13), against FastDeploy's own EP "
+    "loading, which reads the MoE input scale only under each expert's key"
+)
+PR5855_SUITE = "test_pr5855_conformance.py"
+PR5855_FILES = "test_the_hook_on_pr5855s_own_files"
 _QWEN2_TP2 = "against FastDeploy's pre-sharded loading: its v0 loader does not split FP8 Qwen2"
 _QWEN2 = (
     "FastDeploy never measures Qwen2's MLP and no FP8 Qwen2 has been seen served; with FP8 attention Qwen2-7B lost "
@@ -99,14 +105,15 @@ def _cells() -> tuple[Cell, ...]:
     checked, unchecked, unsupported = Status.CHECKED, Status.UNCHECKED, Status.UNSUPPORTED
     presharded = "test_qwen2_at_tp2_against_fastdeploys_presharded_loading"
     cells = []
-    for kv in ("fp8", "none"):
+    for kv in ("fp8", "none"):  # PR 5855 at EP 2: one opt-in case, KV fp8
+        ep_5855 = (checked, (_EP_5855,), PR5855_FILES, PR5855_SUITE) if kv == "fp8" else (unchecked,)
         cells += [
             Cell(*moe, "ernie-moe-tiny", "PR 5324", "TP 1", kv, checked),
             Cell(*moe, "ernie-moe-tiny", "PR 5324", "TP 2", kv, checked),
             Cell(*moe, "ernie-moe-tiny", "PR 5324", "EP 2", kv, unsupported, (_EP_BEFORE_5855,)),
             Cell(*moe, "ernie-moe-tiny", "PR 5855", "TP 1", kv, checked if kv == "fp8" else unchecked),
             Cell(*moe, "ernie-moe-tiny", "PR 5855", "TP 2", kv, checked if kv == "fp8" else unchecked),
-            Cell(*moe, "ernie-moe-tiny", "PR 5855", "EP 2", kv, unchecked, (_EP_5855,)),
+            Cell(*moe, "ernie-moe-tiny", "PR 5855", "EP 2", kv, *ep_5855),
             Cell(*dense, "ernie-dense-tiny", "any", "TP 1", kv, unchecked),
             Cell(*dense, "ernie-dense-tiny", "any", "TP 2", kv, checked if kv == "fp8" else unchecked),
             Cell(*qwen2, "qwen2-tiny", "any", "TP 1", kv, checked, (_QWEN2,)),
