@@ -123,3 +123,4 @@ def test_a_rank_given_another_ranks_experts_is_reported(run_overlay_case, checkp
     expected = sorted(f"ernie.layers.{i}.mlp.experts.{name}" for i in moe_layers for name in per_expert)
     assert named == expected, report["differences"]
     assert report["kernel_differences"], report
+    print("caught:", *report["differences"], sep="\n  ")
