@@ -56,9 +56,12 @@ class OneProcessGroup:
         return self.ranks.index(rank) if rank in self.ranks else -1
 
 
-def _worker_arguments(model_dir: str, tp: int, load_choices: str, expert_parallel: bool) -> list[str]:
+def _worker_arguments(model_dir: str, tp: int, load_choices: str, expert_parallel: bool, dp: int) -> list[str]:
     argv = [
-        "--model", model_dir, "--tensor_parallel_size", str(tp), "--load_choices", load_choices,
+        "--model", model_dir, "--tensor_parallel_size", str(tp), "--data_parallel_size", str(dp),
+        # one engine-worker queue port a data-parallel group, as FastDeploy's engine passes them (its default: 9923)
+        "--engine_worker_queue_port", ",".join(str(9923 + group) for group in range(dp)),
+        "--load_choices", load_choices,
         "--max_model_len", "256", "--max_num_seqs", "4", "--max_num_batched_tokens", "1024", "--block_size", "128",
         "--graph_optimization_config", json.dumps({"use_cudagraph": False}),
     ]  # fmt: skip
@@ -74,11 +77,17 @@ _FLEET_READY = False
 
 
 def fastdeploy_config(
-    model_dir: str | Path, tp: int = 1, rank: int = 0, load_choices: str = "hpu_fp8", expert_parallel: bool = False
+    model_dir: str | Path,
+    tp: int = 1,
+    rank: int = 0,
+    load_choices: str = "hpu_fp8",
+    expert_parallel: bool = False,
+    dp: int = 1,
 ):
-    """FastDeploy's FDConfig for one rank of ``model_dir``, built by its worker's own argument parsing and config code;
-    ``expert_parallel``: the experts spread over the ``tp`` ranks (FastDeploy's EP = data x tensor parallel size)."""
-    return worker_config(_worker_arguments(str(model_dir), tp, load_choices, expert_parallel), tp, rank)
+    """FastDeploy's FDConfig for worker ``rank`` of the ``dp x tp`` that serve ``model_dir``, built by its worker's own
+    argument parsing and config code; ``expert_parallel``: the experts spread over all of them (FastDeploy's EP size
+    is data x tensor parallel size, and a worker's EP rank its rank among them)."""
+    return worker_config(_worker_arguments(str(model_dir), tp, load_choices, expert_parallel, dp), dp * tp, rank)
 
 
 def worker_config(worker_argv: Sequence[str], world_size: int, rank: int):

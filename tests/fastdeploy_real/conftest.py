@@ -32,7 +32,7 @@ def overlay_env(fastdeploy_env) -> FastDeployEnvironment:
     """FastDeploy's source with the upstream files HPU_FP8_FASTDEPLOY_OVERLAY holds laid over it, or a skip saying so."""
     given = os.environ.get(OVERLAY)
     if not given:
-        pytest.skip(f"{OVERLAY} is not set: name a directory of PR 5855's upstream files to run these cases")
+        pytest.skip(f"{OVERLAY} is not set: name a directory holding the files tests/fastdeploy_real/pr5855_overlay.json lists")
     return overlaid(fastdeploy_env["environment"], Path(given))
 
 

@@ -62,15 +62,15 @@ def with_indexed_moe_input_scales(legacy: Path, out: Path) -> Path:
     return out
 
 
-def assert_on_pr5855s_files(report: dict, tp: int, rank: int, expert_parallel: bool) -> None:
+def assert_on_pr5855s_files(report: dict, ranks: int, rank: int, expert_parallel: bool) -> None:
     """The hook filled FastDeploy's [E, 1] parameter, the files' convert_model padded it, and each MoE layer's kernel
-    was handed the rank's experts with that padded scale."""
+    was handed the rank's experts (EP rank = the worker's rank among all ``ranks``) with that padded scale."""
     experts = preset_config(PRESET, {})["moe_num_experts"]
-    local = experts // tp if expert_parallel else experts
+    local = experts // ranks if expert_parallel else experts
     first = rank * local if expert_parallel else 0
     announced = [line for line in report["stderr"].splitlines() if ANNOUNCEMENT_PREFIX in line]
     assert announced and MOE_PARAMETER_LAYOUT in announced[-1], announced
-    assert f"ep rank {rank if expert_parallel else 0} of {tp if expert_parallel else 1}" in announced[-1], announced
+    assert f"ep rank {rank if expert_parallel else 0} of {ranks if expert_parallel else 1}" in announced[-1], announced
     assert report["moe_calls"], report
     for name, call in report["moe_calls"].items():
         assert call["op"] == "fused_gate_moe_fp8", (name, call)
@@ -84,18 +84,24 @@ def oracle_for(legacy: Path, expert_parallel: bool) -> Path:
     return with_indexed_moe_input_scales(legacy, legacy.parent / "legacy-indexed") if expert_parallel else legacy
 
 
-@pytest.mark.parametrize(("tp", "expert_parallel"), [(1, False), (2, False), (2, True)])
-def test_the_hook_on_pr5855s_own_files(run_overlay_case, checkpoints, tp, expert_parallel):  # noqa: F811
+@pytest.mark.parametrize(
+    ("tp", "dp", "expert_parallel"),
+    [(1, 1, False), (2, 1, False), (2, 1, True), (1, 2, True)],
+    ids=["TP1", "TP2", "TP2-EP2", "DP2-EP2"],
+)
+def test_the_hook_on_pr5855s_own_files(run_overlay_case, checkpoints, tp, dp, expert_parallel):  # noqa: F811
+    """At DP 2 x EP 2 every worker is tensor-parallel rank 0 and its EP rank is its data-parallel rank: a hook that took
+    the expert range from the tensor-parallel rank would pass TP 2 x EP 2 (where the two coincide) and fail here."""
     spec, legacy = checkpoints(PRESET, True)
-    for rank in range(tp):
-        case = {"oracle": oracle_for(legacy, expert_parallel), "hook": spec, "tp": tp, "rank": rank,
+    for rank in range(tp * dp):
+        case = {"oracle": oracle_for(legacy, expert_parallel), "hook": spec, "tp": tp, "dp": dp, "rank": rank,
                 "expert_parallel": expert_parallel}  # fmt: skip
         report = run_overlay_case(case)
         assert_conforms(report)
         assert_attention_driven(report, preset_config(PRESET, {}), tp, "fp8")
-        assert_on_pr5855s_files(report, tp, rank, expert_parallel)
-        print(f"PR 5855 files, TP{tp}{' EP' if expert_parallel else ''} rank {rank}: {report['parameters']} parameters "
-              f"and {report['kernel_calls']} kernel calls identical; experts {report['moe_calls']}")  # fmt: skip
+        assert_on_pr5855s_files(report, tp * dp, rank, expert_parallel)
+        print(f"PR 5855 files, TP{tp} DP{dp}{' EP' if expert_parallel else ''} rank {rank}: {report['parameters']} "
+              f"parameters and {report['kernel_calls']} kernel calls identical; experts {report['moe_calls']}")  # fmt: skip
 
 
 def test_fastdeploys_own_ep_loading_drops_the_shared_moe_input_scale(run_overlay_case, checkpoints):  # noqa: F811
@@ -108,12 +114,14 @@ def test_fastdeploys_own_ep_loading_drops_the_shared_moe_input_scale(run_overlay
     print("FastDeploy's own EP loading of the shared-key layout:", report["error"])
 
 
-def test_a_rank_given_another_ranks_experts_is_reported(run_overlay_case, checkpoints):  # noqa: F811
-    """Negative control at EP 2 rank 1: the hook mapping rank 0's experts (its tensor-parallel share kept) is named on
-    every expert tensor of every MoE layer, and on nothing else."""
+@pytest.mark.parametrize(("fault", "tp", "dp"), [("experts-of-ep-rank-0", 2, 1), ("ep-rank-from-tp-rank", 1, 2)])
+def test_a_rank_given_another_ranks_experts_is_reported(run_overlay_case, checkpoints, fault, tp, dp):  # noqa: F811
+    """Negative controls at EP rank 1 (runtime/faults.py): the hook mapping rank 0's experts (at TP 2 x EP 2), or taking
+    its EP rank from its tensor-parallel rank (at DP 2 x EP 2, where that is 0), is named on every expert tensor of
+    every MoE layer, and on nothing else."""
     spec, legacy = checkpoints(PRESET, True)
-    case = {"oracle": oracle_for(legacy, True), "hook": spec, "tp": 2, "rank": 1, "expert_parallel": True}
-    report = run_overlay_case({**case, "inject": "experts-of-ep-rank-0"})
+    case = {"oracle": oracle_for(legacy, True), "hook": spec, "tp": tp, "dp": dp, "rank": 1, "expert_parallel": True}
+    report = run_overlay_case({**case, "inject": fault})
     assert "error" not in report, report["error"]
     named = sorted(line.split(":")[0] for line in report["differences"])
     config = preset_config(PRESET, {})
@@ -123,4 +131,4 @@ def test_a_rank_given_another_ranks_experts_is_reported(run_overlay_case, checkp
     expected = sorted(f"ernie.layers.{i}.mlp.experts.{name}" for i in moe_layers for name in per_expert)
     assert named == expected, report["differences"]
     assert report["kernel_differences"], report
-    print("caught:", *report["differences"], sep="\n  ")
+    print(f"{fault} caught:", *report["differences"], sep="\n  ")

@@ -242,11 +242,11 @@ def run(case: dict) -> dict:
         pr5855_moe.apply()
     tp, rank = case["tp"], case["rank"]
     TOLERANCE["relative"] = case.get("tolerance", 0.0)
-    ep = case.get("expert_parallel", False)
-    oracle_runner = loaded_runner(fd_config(case["oracle"], tp, rank, case.get("oracle_loader", "default"), ep))
+    ep, dp = case.get("expert_parallel", False), case.get("dp", 1)
+    oracle_runner = loaded_runner(fd_config(case["oracle"], tp, rank, case.get("oracle_loader", "default"), ep, dp))
     if case.get("inject"):
         inject(case["inject"])
-    hook_config = fd_config(case["hook"], tp, rank, "hpu_fp8", ep)
+    hook_config = fd_config(case["hook"], tp, rank, "hpu_fp8", ep, dp)
     from fastdeploy.model_executor.model_loader import get_model_loader
 
     loader = type(get_model_loader(hook_config.load_config)).__name__

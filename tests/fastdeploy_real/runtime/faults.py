@@ -79,14 +79,14 @@ def _every_rank_as_rank_0(mapping) -> None:
     mapping.map_rank = rank_0
 
 
-def _experts_of_ep_rank_0(mapping) -> None:
-    """Every expert-parallel rank given rank 0's experts (its tensor-parallel rank kept)."""
+def _ep_rank_replaced(mapping, ep_rank: Callable) -> None:
+    """The hook's expert-parallel rank taken as ``ep_rank(par)`` instead of FastDeploy's, everything else kept."""
     real = mapping.map_rank
 
-    def ep_rank_0(checkpoint, qc, d, par, *args, **kwargs):
-        return real(checkpoint, qc, d, dataclasses.replace(par, ep_rank=0), *args, **kwargs)
+    def replaced(checkpoint, qc, d, par, *args, **kwargs):
+        return real(checkpoint, qc, d, dataclasses.replace(par, ep_rank=ep_rank(par)), *args, **kwargs)
 
-    mapping.map_rank = ep_rank_0
+    mapping.map_rank = replaced
 
 
 def _linear_multiplier_as_descale(mapping) -> None:
@@ -125,7 +125,9 @@ def _expert_activation_scales_swapped(mapping) -> None:
 
 HOOK_RULES: dict[str, Callable] = {
     "every-rank-as-rank-0": _every_rank_as_rank_0,
-    "experts-of-ep-rank-0": _experts_of_ep_rank_0,
+    # every EP rank given rank 0's experts; the EP rank read off the tensor-parallel rank (the same at TP 2 x EP 2)
+    "experts-of-ep-rank-0": lambda mapping: _ep_rank_replaced(mapping, lambda par: 0),
+    "ep-rank-from-tp-rank": lambda mapping: _ep_rank_replaced(mapping, lambda par: par.tp_rank),
     "linear-multiplier-as-descale": _linear_multiplier_as_descale,
     "expert-scale-split-before-5757": _expert_scale_split_before_5757,
     "expert-activation-scales-swapped": _expert_activation_scales_swapped,

@@ -22,9 +22,11 @@ import paddle
 from hpu_fp8_loader.fastdeploy.probe import fastdeploy_config
 
 
-def fd_config(model_dir: str, tp: int = 1, rank: int = 0, load_choices: str = "default", expert_parallel: bool = False):
+def fd_config(
+    model_dir: str, tp: int = 1, rank: int = 0, load_choices: str = "default", expert_parallel: bool = False, dp: int = 1
+):
     """FastDeploy's FDConfig for one rank, built by its worker's own code (the package's probe, shared with doctor)."""
-    return fastdeploy_config(model_dir, tp, rank, load_choices, expert_parallel)
+    return fastdeploy_config(model_dir, tp, rank, load_choices, expert_parallel, dp)
 
 
 def loaded_runner(config):
