@@ -58,16 +58,15 @@ class OneProcessGroup:
 
 def _worker_arguments(model_dir: str, tp: int, load_choices: str, expert_parallel: bool, dp: int) -> list[str]:
     argv = [
-        "--model", model_dir, "--tensor_parallel_size", str(tp), "--data_parallel_size", str(dp),
-        # one engine-worker queue port a data-parallel group, as FastDeploy's engine passes them (its default: 9923)
-        "--engine_worker_queue_port", ",".join(str(9923 + group) for group in range(dp)),
-        "--load_choices", load_choices,
+        "--model", model_dir, "--tensor_parallel_size", str(tp), "--load_choices", load_choices,
         "--max_model_len", "256", "--max_num_seqs", "4", "--max_num_batched_tokens", "1024", "--block_size", "128",
         "--graph_optimization_config", json.dumps({"use_cudagraph": False}),
     ]  # fmt: skip
     for option in ("--speculative_config", "--plas_attention_config", "--early_stop_config", "--eplb_config",
                    "--routing_replay_config"):  # fmt: skip
         argv += [option, "{}"]  # FastDeploy's engine always passes these to its workers
+    if dp > 1:  # with one engine-worker queue port a data-parallel group, as FastDeploy's engine passes them
+        argv += ["--data_parallel_size", str(dp), "--engine_worker_queue_port", ",".join(str(9923 + g) for g in range(dp))]
     if expert_parallel:  # what the engine passes for --enable-expert-parallel --disable-sequence-parallel-moe
         argv += ["--enable_expert_parallel", "--disable_sequence_parallel_moe"]
     return argv
