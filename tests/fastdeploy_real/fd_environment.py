@@ -149,7 +149,11 @@ def overlay_files(overlay: Path) -> dict[str, dict]:
 
 
 def overlaid(environment: FastDeployEnvironment, overlay: Path) -> FastDeployEnvironment:
-    """``environment`` with its source copied once and the overlay's files laid over it (same interpreter)."""
+    """``environment`` with its source copied once and the overlay's files laid over it (same interpreter); only over
+    the commit the manifest names as its base (a checkout given as a directory cannot be told apart and is taken)."""
+    base = json.loads(OVERLAY_MANIFEST.read_text())["base"]
+    if environment.commit not in (base, "checkout"):
+        raise RuntimeError(f"{OVERLAY}: its files are laid over FastDeploy {base}; the source under test is {environment.commit}")
     manifest = overlay_files(overlay)
     key = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:12]
     target = _cache() / f"{environment.source.name}-overlay-{key}"

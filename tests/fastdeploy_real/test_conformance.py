@@ -3,11 +3,11 @@
 Each case builds the same FastDeploy model twice through FastDeploy's worker code (config from
 ``worker_process``, ``HPUModelRunner.load_model``): once with ``--load-choices default`` from the
 legacy export, once with ``--load-choices hpu_fp8`` from the hpu-fp8 checkpoint, with the plugin
-found by FastDeploy through ``FD_PLUGINS``. Every parameter and buffer must agree to the bit, and so must the
-arguments every attention layer (prefill and decode), MLP and MoE layer hands its first HPU kernel, and the KV
-cache FastDeploy allocates. Checkpoints whose activation amax the
-legacy layout stores exactly (bf16) make exact bits possible everywhere; ordinary calibrated amax is
-a separate case with the legacy layout's own rounding stated. Skipped, saying why, without
+found by FastDeploy through ``FD_PLUGINS``. Every parameter and buffer must agree to the bit, and so
+must the arguments every attention layer (prefill and decode), MLP and MoE layer hands its first HPU
+kernel, and the KV cache FastDeploy allocates. Checkpoints whose activation amax the legacy layout
+stores exactly (bf16) make exact bits possible everywhere; ordinary calibrated amax is a separate case
+with the legacy layout's own rounding stated. Skipped, saying why, without
 FastDeploy's source (``HPU_FP8_FASTDEPLOY_SRC``; see fd_environment.py).
 """
 

@@ -70,21 +70,12 @@ def expert_keys_hold_raw_amax(real: Callable[[str], bool]) -> Callable[[str], bo
 # ``mapping`` that the hook looks up when it runs (``export-legacy`` imported its own by name and stays right).
 
 
-def _every_rank_as_rank_0(mapping) -> None:
-    real = mapping.map_rank
-
-    def rank_0(checkpoint, qc, d, par, *args, **kwargs):
-        return real(checkpoint, qc, d, dataclasses.replace(par, tp_rank=0, ep_rank=0), *args, **kwargs)
-
-    mapping.map_rank = rank_0
-
-
-def _ep_rank_replaced(mapping, ep_rank: Callable) -> None:
-    """The hook's expert-parallel rank taken as ``ep_rank(par)`` instead of FastDeploy's, everything else kept."""
+def _ranks_replaced(mapping, ranks: Callable) -> None:
+    """The hook's parallelism with the fields ``ranks(par)`` returns in place of FastDeploy's, everything else kept."""
     real = mapping.map_rank
 
     def replaced(checkpoint, qc, d, par, *args, **kwargs):
-        return real(checkpoint, qc, d, dataclasses.replace(par, ep_rank=ep_rank(par)), *args, **kwargs)
+        return real(checkpoint, qc, d, dataclasses.replace(par, **ranks(par)), *args, **kwargs)
 
     mapping.map_rank = replaced
 
@@ -124,10 +115,10 @@ def _expert_activation_scales_swapped(mapping) -> None:
 
 
 HOOK_RULES: dict[str, Callable] = {
-    "every-rank-as-rank-0": _every_rank_as_rank_0,
+    "every-rank-as-rank-0": lambda mapping: _ranks_replaced(mapping, lambda par: {"tp_rank": 0, "ep_rank": 0}),
     # every EP rank given rank 0's experts; the EP rank read off the tensor-parallel rank (the same at TP 2 x EP 2)
-    "experts-of-ep-rank-0": lambda mapping: _ep_rank_replaced(mapping, lambda par: 0),
-    "ep-rank-from-tp-rank": lambda mapping: _ep_rank_replaced(mapping, lambda par: par.tp_rank),
+    "experts-of-ep-rank-0": lambda mapping: _ranks_replaced(mapping, lambda par: {"ep_rank": 0}),
+    "ep-rank-from-tp-rank": lambda mapping: _ranks_replaced(mapping, lambda par: {"ep_rank": par.tp_rank}),
     "linear-multiplier-as-descale": _linear_multiplier_as_descale,
     "expert-scale-split-before-5757": _expert_scale_split_before_5757,
     "expert-activation-scales-swapped": _expert_activation_scales_swapped,

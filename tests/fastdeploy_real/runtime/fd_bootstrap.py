@@ -7,9 +7,10 @@
 3. Three CPU kernel gaps of paddle's CPU wheel, filled only where that wheel raises: ``paddle.stack`` of
    float8_e4m3fn tensors (FastDeploy's HPU MoE loading stacks its experts) goes through a uint8 view,
    bit for bit; ``paddle.min`` of a bfloat16 tensor (PR 5855's MoE backend takes the smallest of the
-   experts' input multipliers) goes through float32, exact since the minimum is one of its inputs; a division whose divisor is a bfloat16 tensor (``240.0 / act_scale``, ``1.0 / act_scale``
-   in its linear loading) computes in float32 and rounds once to bf16, as a correctly rounded bf16
-   division would [assumed of the HPU kernel]. A bf16 tensor divided by a Python number
+   experts' input multipliers) goes through float32, exact since the minimum is one of its inputs; a
+   division whose divisor is a bfloat16 tensor (``240.0 / act_scale``, ``1.0 / act_scale`` in its linear
+   loading) computes in float32 and rounds once to bf16, as a correctly rounded bf16 division would
+   [assumed of the HPU kernel]. A bf16 tensor divided by a Python number
    (``act_scale / 240.0``) has a CPU kernel and keeps it: its last bit is then CPU paddle's, which
    the hook's float32 arithmetic need not share (conformance.py reports such values as device-rounded).
 
