@@ -59,11 +59,11 @@ class Cell:
 
 
 _EP_BEFORE_5855 = "FastDeploy's HPU MoE raises on expert parallelism before PR 5855"
-_EP_5855 = (
+_PR5855_FILES = (
     "on PR 5855's own MoE backend and model runner laid over FastDeploy 8c3513a4, an opt-in case (the files are "
-    "FastDeploy's and not shipped; hpu-fp8-loader's docs/fastdeploy.md section 13), against FastDeploy's own EP "
-    "loading, which reads the MoE input scale only under each expert's key"
+    "FastDeploy's and not shipped; hpu-fp8-loader's docs/fastdeploy.md section 13)"
 )
+_EP_5855 = "against FastDeploy's own EP loading, which reads the MoE input scale only under each expert's key"
 PR5855_SUITE = "test_pr5855_conformance.py"
 PR5855_FILES = "test_the_hook_on_pr5855s_own_files"
 _QWEN2_TP2 = "against FastDeploy's pre-sharded loading: its v0 loader does not split FP8 Qwen2"
@@ -105,15 +105,17 @@ def _cells() -> tuple[Cell, ...]:
     checked, unchecked, unsupported = Status.CHECKED, Status.UNCHECKED, Status.UNSUPPORTED
     presharded = "test_qwen2_at_tp2_against_fastdeploys_presharded_loading"
     cells = []
-    for kv in ("fp8", "none"):  # PR 5855 at EP 2: one opt-in case, KV fp8
-        ep_5855 = (checked, (_EP_5855,), PR5855_FILES, PR5855_SUITE) if kv == "fp8" else (unchecked,)
+    # PR 5855 at TP with KV fp8: the re-created layout, in CI; everything else of PR 5855: its own files, opt-in
+    on_5855_files = (checked, (_PR5855_FILES,), PR5855_FILES, PR5855_SUITE)
+    for kv in ("fp8", "none"):
+        tp_5855 = (checked,) if kv == "fp8" else on_5855_files
         cells += [
             Cell(*moe, "ernie-moe-tiny", "PR 5324", "TP 1", kv, checked),
             Cell(*moe, "ernie-moe-tiny", "PR 5324", "TP 2", kv, checked),
             Cell(*moe, "ernie-moe-tiny", "PR 5324", "EP 2", kv, unsupported, (_EP_BEFORE_5855,)),
-            Cell(*moe, "ernie-moe-tiny", "PR 5855", "TP 1", kv, checked if kv == "fp8" else unchecked),
-            Cell(*moe, "ernie-moe-tiny", "PR 5855", "TP 2", kv, checked if kv == "fp8" else unchecked),
-            Cell(*moe, "ernie-moe-tiny", "PR 5855", "EP 2", kv, *ep_5855),
+            Cell(*moe, "ernie-moe-tiny", "PR 5855", "TP 1", kv, *tp_5855),
+            Cell(*moe, "ernie-moe-tiny", "PR 5855", "TP 2", kv, *tp_5855),
+            Cell(*moe, "ernie-moe-tiny", "PR 5855", "EP 2", kv, checked, (_PR5855_FILES, _EP_5855), PR5855_FILES, PR5855_SUITE),
             Cell(*dense, "ernie-dense-tiny", "any", "TP 1", kv, unchecked),
             Cell(*dense, "ernie-dense-tiny", "any", "TP 2", kv, checked if kv == "fp8" else unchecked),
             Cell(*qwen2, "qwen2-tiny", "any", "TP 1", kv, checked, (_QWEN2,)),

@@ -84,23 +84,24 @@ def oracle_for(legacy: Path, expert_parallel: bool) -> Path:
     return with_indexed_moe_input_scales(legacy, legacy.parent / "legacy-indexed") if expert_parallel else legacy
 
 
+@pytest.mark.parametrize("kv_cache", ["fp8", "none"])
 @pytest.mark.parametrize(
     ("tp", "dp", "expert_parallel"),
     [(1, 1, False), (2, 1, False), (2, 1, True), (1, 2, True)],
     ids=["TP1", "TP2", "TP2-EP2", "DP2-EP2"],
 )
-def test_the_hook_on_pr5855s_own_files(run_overlay_case, checkpoints, tp, dp, expert_parallel):  # noqa: F811
+def test_the_hook_on_pr5855s_own_files(run_overlay_case, checkpoints, tp, dp, expert_parallel, kv_cache):  # noqa: F811
     """At DP 2 x EP 2 every worker is tensor-parallel rank 0 and its EP rank is its data-parallel rank: a hook that took
     the expert range from the tensor-parallel rank would pass TP 2 x EP 2 (where the two coincide) and fail here."""
-    spec, legacy = checkpoints(PRESET, True)
+    spec, legacy = checkpoints(PRESET, True, kv_cache)
     for rank in range(tp * dp):
         case = {"oracle": oracle_for(legacy, expert_parallel), "hook": spec, "tp": tp, "dp": dp, "rank": rank,
                 "expert_parallel": expert_parallel}  # fmt: skip
         report = run_overlay_case(case)
         assert_conforms(report)
-        assert_attention_driven(report, preset_config(PRESET, {}), tp, "fp8")
+        assert_attention_driven(report, preset_config(PRESET, {}), tp, kv_cache)
         assert_on_pr5855s_files(report, tp * dp, rank, expert_parallel)
-        print(f"PR 5855 files, TP{tp} DP{dp}{' EP' if expert_parallel else ''} rank {rank}: {report['parameters']} "
+        print(f"PR 5855 files, KV {kv_cache}, TP{tp} DP{dp}{' EP' if expert_parallel else ''} rank {rank}: {report['parameters']} "
               f"parameters and {report['kernel_calls']} kernel calls identical; experts {report['moe_calls']}")  # fmt: skip
 
 
