@@ -43,7 +43,8 @@ INDEX = "model.safetensors.index.json"
 def with_indexed_moe_input_scales(legacy: Path, out: Path) -> Path:
     """A copy of ``legacy`` with each MoE layer's shared input scale also stored under every expert's indexed key
     (one added shard), the form FastDeploy 8c3513a4's ``load_ep_checkpoint`` keeps; nothing else changes."""
-    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+    from safetensors.torch import save_file
 
     if not out.exists():
         shutil.copytree(legacy, out)
@@ -52,7 +53,8 @@ def with_indexed_moe_input_scales(legacy: Path, out: Path) -> Path:
         experts = preset_config(PRESET, {})["moe_num_experts"]
         added = {}
         for key in [k for k in weight_map if k.endswith(SHARED_INPUT)]:
-            value = load_file(out / weight_map[key])[key]
+            with safe_open(out / weight_map[key], framework="pt") as shard:  # that one tensor, not its whole shard
+                value = shard.get_tensor(key)
             for expert in range(experts):
                 added[key.replace(".experts.", f".experts.{expert}.")] = value.clone()
         assert added, f"no {SHARED_INPUT} in {legacy}"
