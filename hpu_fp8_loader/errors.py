@@ -176,7 +176,7 @@ class UnsafePathError(HpuFp8Error, ValueError):
     """An index entry points outside the checkpoint directory (absolute path, `..`, symlink escape).
 
     Also raised for an output that is, lies inside or contains its source (which is never modified), and for
-    a staging path ``OUT.partial`` that is a link or a file rather than a directory this tool made.
+    a staging path ``OUT.partial`` this tool did not make: a link, a file, or a directory without its marker.
 
     Example:
         >>> try:

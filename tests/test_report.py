@@ -80,7 +80,7 @@ def test_report_refuses_an_existing_non_empty_dir_without_force(tmp_path):
     refused = CliRunner().invoke(main, args)
     assert refused.exit_code == 1 and "rep: already exists and is not empty; pass --force" in refused.output
     forced = CliRunner().invoke(main, [*args, "--force"])
-    assert forced.exit_code == 1 and f"holds no {REPORT_FILE}" in forced.output  # --force replaces only a report
+    assert forced.exit_code == 1 and "no hpu_fp8_manifest.json" in forced.output  # --force replaces only a report
     assert (tmp_path / "rep" / "mine.txt").read_text() == "keep" and not (tmp_path / "m.json").exists()
 
 

@@ -170,7 +170,7 @@ def convert(
             positive amax; dead experts while ``options.dead_experts`` is ``error``.
         NonFiniteError: a weight to quantize holds NaN or inf.
         UnsafePathError: ``out`` is, lies inside or contains ``src``; an index entry or a file to copy points
-            outside ``src``; ``out.partial`` is a link or a file.
+            outside ``src``; ``out.partial`` is not this tool's (a link, a file, a user's directory).
         OutputExistsError: ``out`` exists and ``options.force`` is false (or it is not a checkpoint this tool wrote).
         OutputLockedError: another run is writing ``out``.
         WriteFailedError: writing failed (no space left, an I/O error); run the same call again to resume.

@@ -210,7 +210,7 @@ def export_legacy(
         UnsupportedFormatVersionError: ``src`` declares another format_version.
         OutputExistsError: ``out`` exists and ``force`` is false.
         OutputLockedError: another run is writing ``out``.
-        UnsafePathError: ``out`` is, lies inside or contains ``src``, or ``OUT.partial`` is a link or a file.
+        UnsafePathError: ``out`` is, lies inside or contains ``src``, or ``OUT.partial`` is not this tool's (a link, a file, a user's directory).
         WriteFailedError: writing failed (no space left, an I/O error).
 
     Example:

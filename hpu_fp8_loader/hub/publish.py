@@ -33,7 +33,7 @@ from hpu_fp8_loader.engine.layer_major import layer_steps
 from hpu_fp8_loader.errors import HpuFp8Error, OutputExistsError, UnsafePathError, UploadError, WriteFailedError, one_line
 from hpu_fp8_loader.hub.cards import CardFile, CardPlot, check_license, render_card
 from hpu_fp8_loader.io.checkpoint import read_config, source_file
-from hpu_fp8_loader.io.manifest import MANIFEST_FILE, write_manifest
+from hpu_fp8_loader.io.manifest import MANIFEST_FILE, foreign_entry, write_manifest
 from hpu_fp8_loader.io.own_files import read_own, write_new
 from hpu_fp8_loader.io.writer import check_apart
 from hpu_fp8_loader.quality import DEFAULT_EVAL_SAMPLES, DEFAULT_EVAL_SEQ_LEN
@@ -269,8 +269,9 @@ def check_write_access(api, repo_id: str) -> None:
 
 def _staging_dir(work: Path, inputs: Sequence[Path]) -> Path:
     """``WORK/checkpoint``, checked before anything is written: it never overlaps an input (the source, a
-    measurement file), and an existing one is replaced only when a push staged it (``WORK/.hpu-fp8-push``);
-    anything else found there is refused, never deleted."""
+    measurement file), and an existing one is replaced only when a push staged it (``WORK/.hpu-fp8-push``) and its
+    manifest still accounts for everything in it (``io.manifest.foreign_entry``); anything else found there is
+    refused, never deleted."""
     checkpoint = work / STAGED
     try:
         check_apart(checkpoint, inputs)
@@ -281,9 +282,14 @@ def _staging_dir(work: Path, inputs: Sequence[Path]) -> Path:
             f"{checkpoint}: a link or a file, not a directory hpu-fp8 push staged; remove it or choose another --work-dir"
         )
     ours = read_own(work / STAGING_MARKER, len(_MARKER_TEXT)) == _MARKER_TEXT  # a link or another file: not ours
-    if checkpoint.exists() and (not ours or (not (checkpoint / MANIFEST_FILE).is_file() and any(checkpoint.iterdir()))):
+    if checkpoint.exists() and not ours:
         raise OutputExistsError(
             f"{checkpoint}: already exists and was not staged by hpu-fp8 push; remove it or choose another --work-dir"
+        )
+    if checkpoint.exists() and any(checkpoint.iterdir()) and (reason := foreign_entry(checkpoint)) is not None:
+        raise OutputExistsError(
+            f"{checkpoint}: {reason}, so it is not a checkpoint as hpu-fp8 push staged it; nothing was removed: "
+            "remove it yourself or choose another --work-dir"
         )
     return checkpoint
 

@@ -18,19 +18,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["copy_new", "hidden_temporary", "read_own", "write_new"]
+__all__ = ["copy_new", "hidden_temporary", "read_own", "under_umask", "write_new"]
 
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def under_umask(mode: int) -> int:
+    """The permissions a file or directory created with ``mode`` gets under the current umask: what ``mkstemp`` and
+    ``mkdtemp`` (0600, 0700) are set to, so that what they make is published as an ``open`` or ``mkdir`` would."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask
 
 
 def hidden_temporary(path: Path) -> tuple[int, Path]:
     """A new, empty file beside ``path`` under a random hidden name (open descriptor, path), with the permissions
     a file created under the current umask gets (``mkstemp`` makes it 0600)."""
     descriptor, name = tempfile.mkstemp(dir=path.absolute().parent, prefix=f".{path.name}.", suffix=".partial")
-    umask = os.umask(0)
-    os.umask(umask)
     try:
-        os.fchmod(descriptor, 0o666 & ~umask)
+        os.fchmod(descriptor, under_umask(0o666))
     except OSError:
         os.close(descriptor)
         os.unlink(name)

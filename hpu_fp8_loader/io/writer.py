@@ -6,10 +6,16 @@ rows, or column segments of a transposed tensor) are written with ``pwrite`` at 
 any order and from any worker process. Output goes into ``OUT.partial`` and is renamed only when
 the index and the manifest are written: a directory without ``hpu_fp8_manifest.json`` was never
 finished, and a ``.partial`` directory is never mistaken for output.
+
+Only what this tool made is ever emptied or replaced. ``OUT.partial`` appears with a marker already inside
+(``.hpu_fp8_staging.json``, naming OUT), and a directory there without it is a user's and refused, ``--force`` or
+not. ``--force`` replaces an ``OUT`` only when its manifest accounts for everything in it
+(``io.manifest.foreign_entry``), never for a file of that name alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -20,7 +26,7 @@ import stat
 import struct
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,12 +34,14 @@ import numpy as np
 
 from hpu_fp8_loader.errors import OutputExistsError, OutputLockedError, UnsafePathError, WriteFailedError, force_flag, one_line
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, INDEX_FILE, copied_source_files, resolve_path
-from hpu_fp8_loader.io.manifest import MANIFEST_FILE, write_manifest
-from hpu_fp8_loader.io.own_files import copy_new, read_own, write_new
+from hpu_fp8_loader.io.jsonfile import parse_json
+from hpu_fp8_loader.io.manifest import foreign_entry, write_manifest
+from hpu_fp8_loader.io.own_files import copy_new, read_own, under_umask, write_new
 from hpu_fp8_loader.io.safetensors_file import ITEMSIZES, dtype_name
 
 __all__ = [
     "PARTIAL_SUFFIX",
+    "STAGING_MARKER",
     "PlannedTensor",
     "Shard",
     "ShardFile",
@@ -52,6 +60,9 @@ PARTIAL_SUFFIX = ".partial"
 _HOLDER_FILE = ".hpu_fp8_lock"
 # The longest holder note read back: a pid and a command line; anything longer was not written by us.
 _HOLDER_LIMIT = 64 << 10
+# Inside OUT.partial from the moment it exists until it is published: the proof that this tool made it, for this OUT.
+STAGING_MARKER = ".hpu_fp8_staging.json"
+_STAGING_FORMAT = "hpu-fp8-staging"
 
 
 @dataclass(frozen=True)
@@ -216,16 +227,79 @@ def check_apart(out: str | Path, sources: Iterable[str | Path]) -> None:
 
 
 def _check_replaceable(out: Path) -> None:
-    """``--force`` replaces only what this tool wrote (a directory with ``hpu_fp8_manifest.json``) or an empty
-    directory: a typo'd OUT must not delete a user's files, a regular file or a link's target."""
+    """``--force`` replaces only an empty directory or one this tool published, whole and unchanged (its manifest
+    accounts for every entry in it: :func:`foreign_entry`), never a regular file or a link's target: a typo'd OUT, a
+    user's file put beside a checkpoint, or a manifest file made by hand must never get a user's files deleted."""
     if out.is_symlink() or not out.is_dir():
         raise OutputExistsError(
             f"{out}: exists and is not a directory; {force_flag()} replaces only a checkpoint this tool wrote"
         )
-    if not (out / MANIFEST_FILE).is_file() and any(out.iterdir()):
+    if any(out.iterdir()) and (reason := foreign_entry(out)) is not None:
         raise OutputExistsError(
-            f"{out}: exists and is not a checkpoint this tool wrote (no {MANIFEST_FILE}); {force_flag()} replaces only those, "
-            "remove it yourself if it should go"
+            f"{out}: {reason}; {force_flag()} replaces only a directory this tool wrote, as its manifest lists it: "
+            "nothing was removed, remove it yourself if it should go"
+        )
+
+
+def _printable(text: str) -> str:
+    """``text`` as UTF-8 can hold it: a path's bytes that are no UTF-8 kept visible as ``\\x`` escapes, never an error
+    (and never a lone surrogate, which strict JSON refuses to read back)."""
+    return os.fsencode(text).decode("utf-8", "backslashreplace")
+
+
+def _staging_marker(out: Path) -> bytes:
+    """What ``OUT.partial`` holds to prove this tool made it for ``out``: the format, OUT's name (checked) and, for a
+    reader, OUT's full path and the command that made it."""
+    marker = {
+        "format": _STAGING_FORMAT,
+        "version": 1,
+        "out": _printable(out.name),
+        "path": _printable(str(out.absolute())),
+        "made_by": f"pid {os.getpid()}: {_printable(' '.join(sys.argv))}",
+    }
+    return (json.dumps(marker, indent=2) + "\n").encode()
+
+
+def _made_for(partial: Path, out: Path) -> bool:
+    """Whether ``partial`` carries the marker this tool writes for ``out`` (a regular file of ours, never a link)."""
+    data = read_own(partial / STAGING_MARKER, _HOLDER_LIMIT)
+    try:
+        marker = parse_json(data) if data is not None else None
+    except ValueError:
+        return False
+    return (
+        isinstance(marker, dict)
+        and marker.get("format") == _STAGING_FORMAT
+        and marker.get("version") == 1
+        and marker.get("out") == _printable(out.name)
+    )
+
+
+def _create_staging(partial: Path, out: Path) -> None:
+    """Make ``OUT.partial`` with its marker already inside: built under a random name beside it, then renamed, so that
+    it never exists without the marker. Whatever appeared at that name meanwhile is left as it is (the rename replaces
+    nothing but an empty directory) for :func:`_check_staging` to judge."""
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    built = Path(tempfile.mkdtemp(dir=partial.parent, prefix=f".{partial.name}.", suffix=".new"))
+    try:
+        os.chmod(built, under_umask(0o777))
+        write_new(built / STAGING_MARKER, _staging_marker(out))
+        os.rename(built, partial)
+    except OSError as exc:
+        shutil.rmtree(built, ignore_errors=True)
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise
+
+
+def _check_staging(partial: Path, out: Path) -> None:
+    """Refuse a staging path this tool did not make for ``out``: a link, a file, or a directory without its marker
+    (a user's, which is never emptied, ``--force`` or not)."""
+    if partial.is_symlink() or not partial.is_dir():
+        raise UnsafePathError(f"{partial}: the staging path is a link or a file, not a directory this tool made; remove it")
+    if not _made_for(partial, out):
+        raise UnsafePathError(
+            f"{partial}: a directory this tool did not make for {out.name} (it holds no {STAGING_MARKER} of ours); "
+            "nothing in it was touched: move it away or remove it yourself, then run again"
         )
 
 
@@ -268,20 +342,20 @@ def _release_lock(partial: Path) -> None:
 
 
 def clear_staging(partial: Path, keep: Iterable[str] = ()) -> None:
-    """Empty ``OUT.partial`` for a fresh start, keeping only the lock holder's note and the entries named in ``keep``
-    (a link is removed, never followed)."""
-    kept = {_HOLDER_FILE, *keep}
+    """Empty ``OUT.partial`` (made by :func:`prepare_output_dir`, which proved it ours) for a fresh start, keeping only
+    its marker, the lock holder's note and the entries named in ``keep`` (a link is removed, never followed)."""
+    kept = {STAGING_MARKER, _HOLDER_FILE, *keep}
     for child in partial.iterdir():
         if child.name not in kept:
             shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
 
 
 def prepare_output_dir(out: str | Path, force: bool = False, sources: Iterable[str | Path] = ()) -> Path:
-    """``OUT.partial``, locked for this process (kept if present, for resuming).
+    """``OUT.partial``, locked for this process (kept if present and made by this tool for ``out``, for resuming).
 
-    Refused before any work: an existing ``OUT`` unless ``force`` (and then only one this tool wrote), an
-    ``OUT`` overlapping a source, a staging path that is not a plain directory (a planted link), and a
-    staging directory another run is writing.
+    Refused before any work: an existing ``OUT`` unless ``force`` (and then only one this tool wrote, as its manifest
+    lists it), an ``OUT`` overlapping a source, a staging path this tool did not make (a planted link, a file, a
+    user's directory), and a staging directory another run is writing.
     """
     out = Path(out)
     check_apart(out, sources)
@@ -290,10 +364,10 @@ def prepare_output_dir(out: str | Path, force: bool = False, sources: Iterable[s
             raise OutputExistsError(f"{out}: already exists; pass {force_flag()} to replace it")
         _check_replaceable(out)
     partial = out.with_name(out.name + PARTIAL_SUFFIX)
-    if partial.is_symlink() or (partial.exists() and not partial.is_dir()):
-        raise UnsafePathError(f"{partial}: the staging path is a link or a file, not a directory this tool made; remove it")
     try:
-        partial.mkdir(parents=True, exist_ok=True)
+        if not os.path.lexists(partial):
+            _create_staging(partial, out)
+        _check_staging(partial, out)
         _lock_staging(partial, out)
     except OSError as exc:
         raise _write_failed(partial, exc, "creating the output directory") from exc
@@ -344,6 +418,24 @@ def _rename_onto_nothing(partial: Path, out: Path) -> None:
         raise
 
 
+@contextlib.contextmanager
+def _unmarked(partial: Path, out: Path) -> Iterator[None]:
+    """The staging marker removed (durably) for the renames that publish: it is no part of the output. Put back if
+    they fail, so that the staging directory is still this tool's and the same command resumes."""
+    marker = partial / STAGING_MARKER
+    if not os.path.lexists(marker):  # a report's staging, made by mkdtemp, has none
+        yield
+        return
+    marker.unlink()
+    fsync_path(partial)
+    try:
+        yield
+    except BaseException:
+        if partial.is_dir() and not partial.is_symlink():
+            write_new(marker, _staging_marker(out))
+        raise
+
+
 def publish_output_dir(
     partial: Path,
     out: str | Path,
@@ -367,15 +459,16 @@ def publish_output_dir(
         replacing = os.path.lexists(out)  # checked as replaceable just now; anything appearing later is not
         (partial / _HOLDER_FILE).unlink(missing_ok=True)
         if manifest:
-            write_manifest(partial)
+            write_manifest(partial, leave_out=[STAGING_MARKER])
         _sync_tree(partial)
-        if replacing:
-            retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-", dir=out.parent))
-            out.rename(retired / out.name)
-            partial.rename(out)
-            shutil.rmtree(retired)
-        else:
-            _rename_onto_nothing(partial, out)
+        with _unmarked(partial, out):
+            if replacing:
+                retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-", dir=out.parent))
+                out.rename(retired / out.name)
+                partial.rename(out)
+                shutil.rmtree(retired)
+            else:
+                _rename_onto_nothing(partial, out)
         fsync_path(out.parent)
     except OSError as exc:
         raise _write_failed(out, exc, "publishing") from exc
@@ -409,7 +502,7 @@ def finish_output(
         if copy_from is not None:
             for name, source in copied_source_files(Path(copy_from)).items():
                 copy_new(source, staging / name)
-        write_manifest(staging, digests)
+        write_manifest(staging, digests, leave_out=[STAGING_MARKER])
     except OSError as exc:
         raise _write_failed(Path(exc.filename or staging), exc, "writing the index, config and manifest") from exc
     return publish_output_dir(staging, out, force=force)

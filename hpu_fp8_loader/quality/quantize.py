@@ -100,7 +100,7 @@ def quantize(
     Raises:
         OutputExistsError: ``out`` exists and ``options.force`` is false (before the calibration runs).
         OutputLockedError: another run is writing ``out``.
-        UnsafePathError: ``out`` is, lies inside or contains ``src``, or ``out.partial`` is a link or a file.
+        UnsafePathError: ``out`` is, lies inside or contains ``src``, or ``out.partial`` is not this tool's (a link, a file, a user's directory).
         ConfigError: ``src``'s config.json is missing or invalid, or its tensors do not fit it; ``options.keep_bf16``
             is not servable for this model.
         DatasetError: the dataset cannot be read or holds no text.

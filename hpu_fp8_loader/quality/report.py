@@ -39,6 +39,7 @@ from hpu_fp8_loader.conversion.plan import check_keep_bf16
 from hpu_fp8_loader.engine.model import Observer
 from hpu_fp8_loader.errors import ConfigError, OutputExistsError, UnsafePathError, WriteFailedError, force_flag, require_optional
 from hpu_fp8_loader.io.checkpoint import Checkpoint
+from hpu_fp8_loader.io.manifest import foreign_entry
 from hpu_fp8_loader.io.writer import check_apart, publish_output_dir
 from hpu_fp8_loader.quality.observers import (
     AmaxObserver,
@@ -259,7 +260,10 @@ class Report:
             data["plots"] = render(data, staging)
             (staging / REPORT_FILE).write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
             # what publishes a checkpoint: synced, then renamed over OUT, which is checked again as it is now
-            return publish_output_dir(staging, out, force=True, replaceable=lambda found: check_report_dir(found, force))
+            # with a manifest, as a checkpoint: it is what lets --force replace this report later, and nothing else
+            return publish_output_dir(
+                staging, out, manifest=True, force=True, replaceable=lambda found: check_report_dir(found, force)
+            )
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -267,7 +271,8 @@ class Report:
 
 def check_report_dir(directory: str | Path, force: bool, sources: Iterable[str | Path] = ()) -> None:
     """Refuse, before any work, a report directory that must not be written: one of ``sources`` (or inside or
-    around one), a link or a file, a non-empty directory without ``force``, or with it one that holds no report."""
+    around one), a link or a file, a non-empty directory without ``force``, or with it one that is not a report this
+    tool wrote, whole (its manifest accounts for everything in it: ``io.manifest.foreign_entry``)."""
     out = Path(directory)
     require_optional("matplotlib", f"{out}: the report's plots")
     check_apart(out, sources)
@@ -276,8 +281,11 @@ def check_report_dir(directory: str | Path, force: bool, sources: Iterable[str |
     if out.is_dir() and any(out.iterdir()):
         if not force:
             raise OutputExistsError(f"{out}: already exists and is not empty; pass {force_flag()} to replace it")
-        if not (out / REPORT_FILE).is_file():
-            raise OutputExistsError(f"{out}: holds no {REPORT_FILE}; {force_flag()} replaces only a report, remove it yourself")
+        if (reason := foreign_entry(out)) is not None:
+            raise OutputExistsError(
+                f"{out}: {reason}; {force_flag()} replaces only a report this tool wrote, as its manifest lists it: "
+                "nothing was removed, remove it yourself if it should go"
+            )
     parent = out.absolute().parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise WriteFailedError(f"{out}: its directory {parent} is missing or not writable")

@@ -249,7 +249,7 @@ def synthesize(
         UnknownArchitectureError: ``config["model_type"]`` is not a supported model type.
         OutputExistsError: ``out`` exists and ``force`` is false, or it is not a checkpoint this tool wrote.
         OutputLockedError: another run is writing ``out``.
-        UnsafePathError: ``OUT.partial`` is a link or a file.
+        UnsafePathError: ``OUT.partial`` is not this tool's (a link, a file, a user's directory).
         WriteFailedError: writing failed (no space left, an I/O error); nothing was published.
 
     Example:

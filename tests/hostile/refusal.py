@@ -18,6 +18,7 @@ from pathlib import Path
 from click.testing import CliRunner, Result
 
 from hpu_fp8_loader.cli.main import main
+from hpu_fp8_loader.io import writer
 
 
 def run_cli(*args: object, env: dict | None = None, input: str | None = None) -> Result:
@@ -52,6 +53,14 @@ REFUSED: list[str] = []
 
 # What a message must never show a user: numpy reprs, pydantic's prefixes, a bare Python None or a class repr.
 _NOT_FOR_HUMANS = re.compile(r"np\.(?:float|int|uint|bool)\w*\(|Value error, |Assertion failed, |\bNone\b|<class '")
+
+
+def left_staging(out: Path) -> Path:
+    """``OUT.partial`` as an interrupted run of this tool leaves it: made by ``prepare_output_dir`` (its marker inside),
+    no longer locked. Only in such a directory can a planted file reach the tool: any other is refused untouched."""
+    partial = writer.prepare_output_dir(out)
+    writer._release_lock(partial)
+    return partial
 
 
 def tree_digest(root: Path) -> dict[str, str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hostile.refusal import assert_refused, run_cli, tree_digest
+from hostile.refusal import assert_refused, left_staging, run_cli, tree_digest
 from hpu_fp8_loader.conversion.journal import JOURNAL
 from hpu_fp8_loader.sources.measurements import write_measurements
 from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
@@ -164,8 +164,7 @@ def test_synth_set_of_a_5000_digit_integer_is_refused_naming_the_key(tmp_path):
 def test_a_resume_journal_of_huge_integers_vouches_for_nothing_and_the_conversion_completes(work, spec_factory, content):
     """The journal is ours, but a crash or a hand may leave anything there: it is read strictly, and what it cannot
     vouch for is converted again, giving the shards a conversion from scratch gives."""
-    partial = work / "out.partial"
-    partial.mkdir()
+    partial = left_staging(work / "out")
     (partial / JOURNAL).write_text(content)
     (partial / "model-00001-of-00002.safetensors").write_bytes(b"left over")
     result = run_cli(

@@ -16,15 +16,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.block_fp8 import hf_block_checkpoint
 from helpers.hub_cache import add_to_cache
 
-from hostile.refusal import assert_refused, run_cli, tree_digest
+from hostile.refusal import assert_refused, left_staging, run_cli, tree_digest
+from hostile.writers import STAGING_WRITERS, run_writer
 from hpu_fp8_loader.io import writer
 from hpu_fp8_loader.io.fingerprint import file_fingerprint
 from hpu_fp8_loader.io.manifest import write_manifest
-from hpu_fp8_loader.sources.measurements import write_measurements
-from hpu_fp8_loader.sources.synth import preset_config, synthetic_measurements
 
 SECRET = "hf_secret_do_not_leak_0123456789"
 CLI = str(Path(sys.executable).with_name("hpu-fp8"))
@@ -55,13 +53,6 @@ def cache_shaped(tmp_path: Path, source: Path, blobs: Path, link_to: str) -> Pat
     (root / "blobs").symlink_to(blobs)
     (snapshot / "vocab.txt").symlink_to(f"../../blobs/{link_to}")
     return snapshot
-
-
-@pytest.fixture
-def measurements(tmp_path):
-    path = tmp_path / "m.json"
-    write_measurements(path, synthetic_measurements(preset_config("qwen2-tiny")))
-    return path
 
 
 BLOB_TARGETS = {"proc-self-environ": ("/proc/self", "environ"), "hf-home-token": (None, "token")}
@@ -144,56 +135,15 @@ def test_a_resume_trusts_a_blob_name_only_in_the_real_cache(tmp_path, source_fac
 # ---------------------------------------------------------------------------------------------- item 2: planted names
 
 
-@pytest.fixture
-def src(tmp_path, source_factory, measurements):
-    """A private BF16 source (qwen2-tiny); its measurement file is ``measurements``."""
-    root = tmp_path / "project" / "src"
-    shutil.copytree(source_factory("qwen2-tiny"), root)
-    return root
-
-
-@pytest.fixture
-def legacy(tmp_path, ckpt):
-    """A checkpoint of FastDeploy's legacy layout, for import-legacy (written by export-legacy)."""
-    out = tmp_path / "project" / "legacy"
-    assert run_cli("export-legacy", ckpt, out).exit_code == 0
-    return out
-
-
-@pytest.fixture
-def block(tmp_path, source_factory):
-    """A block-wise FP8 checkpoint (Hugging Face layout) of qwen2-tiny, for import."""
-    return hf_block_checkpoint(source_factory("qwen2-tiny", "torch"), tmp_path / "project" / "block")
-
-
-# Every command that stages a checkpoint directory in OUT.partial, as (argv builder, fixture it reads).
-STAGING_WRITERS = {
-    "import": (lambda s, o, m: ("import", s, o, "--measurements", m, "-q"), "block"),
-    "export-compressed-tensors": (lambda s, o, m: ("export-compressed-tensors", s, o, "-q"), "ckpt"),
-    "convert": (lambda s, o, m: ("convert", s, o, "--measurements", m, "-q", "--workers", "1"), "src"),
-    "synth": (lambda s, o, m: ("synth", o, "--preset", "qwen2-tiny", "-q"), None),
-    "retarget": (lambda s, o, m: ("retarget", s, o, "--target", "gaudi3"), "ckpt"),
-    "export-legacy": (lambda s, o, m: ("export-legacy", s, o), "ckpt"),
-    "import-legacy": (lambda s, o, m: ("import-legacy", s, o, "--measurements", m), "legacy"),
-    "map --all-ranks": (lambda s, o, m: ("map", s, "--all-ranks", "--tp", "1", "-o", o), "ckpt"),
-}
-
-
-def _staging_run(request, tmp_path, measurements, command: str, out: Path):
-    build, fixture = STAGING_WRITERS[command]
-    source = request.getfixturevalue(fixture) if fixture else None
-    return run_cli(*build(source, out, measurements))
-
-
 @pytest.mark.parametrize("command", sorted(STAGING_WRITERS))
 def test_a_lock_note_planted_as_a_link_in_staging_is_replaced_never_written_through(request, tmp_path, measurements, command):
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
     out = tmp_path / "out"
-    partial = tmp_path / "out.partial"
-    partial.mkdir()
+    partial = left_staging(out)
+    (partial / ".hpu_fp8_lock").unlink()
     (partial / ".hpu_fp8_lock").symlink_to(victim)
-    result = _staging_run(request, tmp_path, measurements, command, out)
+    result = run_writer(request, command, out)
     assert result.exit_code == 0, result.output
     assert victim.read_text() == "keep me"
     assert (out / "hpu_fp8_manifest.json").is_file() and not os.path.lexists(out / ".hpu_fp8_lock")
@@ -206,11 +156,10 @@ def test_a_planted_link_or_fifo_in_staging_is_never_published_or_followed(reques
     secret = tmp_path / "secret.txt"
     secret.write_text(SECRET)
     out = tmp_path / "out"
-    partial = tmp_path / "out.partial"
-    partial.mkdir()
+    partial = left_staging(out)
     (partial / "vocab.txt").symlink_to(secret)
     os.mkfifo(partial / "notes.fifo")
-    result = _staging_run(request, tmp_path, measurements, command, out)
+    result = run_writer(request, command, out)
     assert result.exit_code == 0, result.output
     assert SECRET.encode() not in _all_bytes(out)
     assert not os.path.lexists(out / "notes.fifo") and not (out / "vocab.txt").is_symlink()
@@ -219,8 +168,7 @@ def test_a_planted_link_or_fifo_in_staging_is_never_published_or_followed(reques
 
 def test_a_fifo_planted_as_the_resume_journal_does_not_hang_convert(tmp_path, src, measurements):
     out = tmp_path / "out"
-    (tmp_path / "out.partial").mkdir()
-    os.mkfifo(tmp_path / "out.partial" / ".hpu_fp8_progress.json")
+    os.mkfifo(left_staging(out) / ".hpu_fp8_progress.json")
     result = run_cli(
         "convert", src, out, "--measurements", measurements, "-q", "--workers", "1"
     )  # before the fix: blocked forever
@@ -231,8 +179,7 @@ def test_a_fifo_planted_as_the_resume_journal_does_not_hang_convert(tmp_path, sr
 def test_a_journal_planted_as_a_link_is_replaced_and_its_target_kept(tmp_path, src, measurements):
     victim = tmp_path / "victim.json"
     victim.write_text('{"fingerprint": "not this one", "shards": {}}')
-    (tmp_path / "out.partial").mkdir()
-    (tmp_path / "out.partial" / ".hpu_fp8_progress.json").symlink_to(victim)
+    (left_staging(tmp_path / "out") / ".hpu_fp8_progress.json").symlink_to(victim)
     result = run_cli("convert", src, tmp_path / "out", "--measurements", measurements, "-q", "--workers", "1")
     assert result.exit_code == 0, result.output
     assert victim.read_text() == '{"fingerprint": "not this one", "shards": {}}'
@@ -248,8 +195,7 @@ def test_a_planted_shard_link_under_a_journal_that_vouches_for_it_is_not_reused(
     )
     kept = tmp_path / "kept"
     shutil.copytree(out, kept)
-    partial = tmp_path / "again.partial"
-    partial.mkdir()
+    partial = left_staging(tmp_path / "again")
     first = sorted(p.name for p in kept.glob("*.safetensors"))[0]
     (partial / first).symlink_to(kept / first)
 
@@ -382,7 +328,7 @@ def test_an_out_that_appears_while_a_command_runs_is_never_deleted_without_force
 ):
     out = tmp_path / "out"
     _make_out_while_running(monkeypatch, out)
-    result = _staging_run(request, tmp_path, measurements, command, out)
+    result = run_writer(request, command, out)
     assert_refused(result, str(out), "appeared while this command ran")
     assert (out / "thesis.tex").read_text() == "years of work" and sorted(p.name for p in out.iterdir()) == ["thesis.tex"]
     assert (tmp_path / "out.partial").is_dir()  # the finished work is kept for the same command to run again

@@ -199,10 +199,13 @@ def test_force_replaces_an_earlier_checkpoint_and_leaves_a_users_out_replaced_al
     assert run_cli(*convert_args(src, out, tmp_path)).exit_code == 0
     (tmp_path / "out.replaced").mkdir()
     (tmp_path / "out.replaced" / "mine.txt").write_text("not the tool's")
-    (out / "stale-marker").write_text("from the first run")
+    (out / "notes.txt").write_text("a user's, put beside the first run's files")
+    before = tree_digest(out)
+    assert_refused(run_cli(*convert_args(src, out, tmp_path, "--force")), str(out), "notes.txt is not a file listed")
+    assert tree_digest(out) == before  # a user's file makes the directory theirs: nothing of it goes
+    (out / "notes.txt").unlink()
     result = run_cli(*convert_args(src, out, tmp_path, "--force"))
     assert result.exit_code == 0, result.stderr
-    assert not (out / "stale-marker").exists()
     assert (tmp_path / "out.replaced" / "mine.txt").read_text() == "not the tool's"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "out", "out.replaced", "project"]
     assert run_cli("validate", "-q", out).exit_code == 0

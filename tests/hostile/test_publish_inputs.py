@@ -117,10 +117,15 @@ def test_a_work_dir_a_push_staged_is_replaced_and_the_source_kept(tmp_path, sour
     source_before = tree_digest(source)
     first = push(source, work, measurement_file)
     assert first.exit_code == 0, first.output
-    (work / "checkpoint" / "stale.txt").write_text("left from the first run")
+    (work / "checkpoint" / "notes.txt").write_text("a user's, put in the staged checkpoint")
+    staged = tree_digest(work / "checkpoint")
+    assert_refused(push(source, work, measurement_file), "checkpoint", "notes.txt is not a file listed", "nothing was removed")
+    assert tree_digest(work / "checkpoint") == staged
+    (work / "notes.txt").write_text("beside it, in the work directory: not the staged checkpoint's")
+    (work / "checkpoint" / "notes.txt").unlink()
     second = push(source, work, measurement_file)
     assert second.exit_code == 0, second.output
-    assert not (work / "checkpoint" / "stale.txt").exists() and tree_digest(source) == source_before
+    assert (work / "notes.txt").exists() and tree_digest(source) == source_before
 
 
 HOSTILE_REPO_IDS = [

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hostile.refusal import run_cli
+from hostile.refusal import left_staging, run_cli
 from hpu_fp8_loader.conversion.journal import JOURNAL, reusable_shards, save_journal
 from hpu_fp8_loader.io.manifest import file_digest
 from hpu_fp8_loader.io.writer import PlannedTensor, ShardFile, plan_shards
@@ -65,8 +65,7 @@ def test_a_journal_of_another_shape_restarts_clean(tmp_path, content):
 def test_a_journal_that_is_a_json_list_lets_convert_restart_and_publish(tmp_path, source_factory):
     """What the issue saw: a list as the journal ended convert in "'list' object has no attribute 'get'"."""
     write_measurements(tmp_path / "m.json", synthetic_measurements(preset_config("qwen2-tiny")))
-    (tmp_path / "out.partial").mkdir()
-    (tmp_path / "out.partial" / JOURNAL).write_text("[]")
+    (left_staging(tmp_path / "out") / JOURNAL).write_text("[]")
     argv = ("convert", source_factory("qwen2-tiny"), tmp_path / "out", "--measurements", tmp_path / "m.json")
     result = run_cli(*argv, "-q", "--workers", "1")
     assert result.exit_code == 0 and "Traceback" not in result.output, result.output
