@@ -112,7 +112,7 @@ def _edit_tensors(root: Path, edit) -> None:
             ),
             "nvfp4-pack-quantized",
         ),
-        (lambda q: q.update(quant_method="gptq"), "'gptq', not 'compressed-tensors'"),
+        (lambda q: q.update(quant_method="gptq"), "quant_method is 'gptq'; `hpu-fp8 import` reads compressed-tensors FP8"),
     ],
 )
 def test_unsupported_schemes_are_refused_naming_what_was_found(tmp_path, edit, message):

@@ -15,11 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpu_fp8_loader.arch import describe
+from hpu_fp8_loader.arch import Layout, ModelDescriptor, describe
 from hpu_fp8_loader.conversion.convert import ConvertProgress, convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import ConfigError, MeasurementError
-from hpu_fp8_loader.io.checkpoint import CONFIG_FILE
+from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, Checkpoint
 from hpu_fp8_loader.sources.block_fp8 import block_fp8_scheme, open_source
 from hpu_fp8_loader.sources.source_tensors import check_source, detect_layout
 from hpu_fp8_loader.spec.measurements import Measurements
@@ -50,6 +50,21 @@ class BlockFp8ImportResult:
     left_out: list[str] = field(default_factory=list)
 
 
+def _check_blocks_stored(checkpoint: Checkpoint, descriptor: ModelDescriptor, layout: Layout, scheme: str) -> None:
+    """Refuse a checkpoint whose config.json claims block FP8 while a linear is stored otherwise (a BF16 checkpoint
+    given a block-FP8 config): its output would say it came from block FP8, and the requantization errors printed
+    would be of a quantization that never happened."""
+    for w in descriptor.weights():
+        for part in w.source_parts(layout, descriptor.prefix) if w.is_linear else ():
+            stored = checkpoint.tensors[part.name]
+            if stored.dtype != "F8_E4M3":
+                raise ConfigError(
+                    f"{checkpoint.root}: config.json names {scheme}, but '{stored.name}' is {stored.dtype}; "
+                    "a block-FP8 checkpoint stores every linear as F8_E4M3 blocks (a BF16 checkpoint converts "
+                    "with `hpu-fp8 convert`)"
+                )
+
+
 def import_block_fp8(
     src: str | Path,
     out: str | Path,
@@ -74,8 +89,10 @@ def import_block_fp8(
 
     Raises:
         ConfigError: config.json names no block FP8, a block size that is missing or not two positive integers,
-            static activations; a weight without its ``weight_scale_inv`` (``weight_scale`` in the Paddle layout) or
-            with a scale grid of the wrong shape; and everything :func:`~hpu_fp8_loader.convert` refuses.
+            static activations; in the Paddle layout, a quant type missing or not block_wise_fp8, another block
+            size, ``is_quantized`` not true; a linear not stored as F8_E4M3; a weight without its
+            ``weight_scale_inv`` (``weight_scale`` in the Paddle layout), with a scale grid of the wrong shape or a
+            scale that is not floating point; and everything :func:`~hpu_fp8_loader.convert` refuses.
         MeasurementError: no ``measurements``, or what :func:`~hpu_fp8_loader.convert` refuses about them.
         HpuFp8Error: every other refusal of :func:`~hpu_fp8_loader.convert`.
 
@@ -98,7 +115,9 @@ def import_block_fp8(
         )
     descriptor = describe(checkpoint.config, str(Path(src) / CONFIG_FILE), checkpoint.tensors)
     result = BlockFp8ImportResult(Path(out), scheme)
-    result.left_out = check_source(checkpoint, descriptor, detect_layout(checkpoint, descriptor))  # refused before work
+    layout = detect_layout(checkpoint, descriptor)
+    result.left_out = check_source(checkpoint, descriptor, layout)  # refused before work
+    _check_blocks_stored(checkpoint, descriptor, layout, scheme)
     converted = convert(src, out, measurements, options, progress)
     result.errors = list(converted.requantization_errors.items())
     return result

@@ -26,6 +26,7 @@ from hpu_fp8_loader.conversion.convert import ConvertProgress, convert
 from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import ConfigError, MeasurementError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
+from hpu_fp8_loader.sources.source_tensors import read_scale
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import AmaxSourceKind
 from hpu_fp8_loader.spec.fp8 import E4M3FN_MAX, act_amax_problem
@@ -98,7 +99,12 @@ def _parse_config(src: Path, raw: object) -> _CompressedTensorsConfig:
         raise ConfigError(f"{where} is a {type(raw).__name__} ({raw!r:.60}), not an object")
     if raw.get("quant_method") != "compressed-tensors":
         found = repr(raw["quant_method"]) if "quant_method" in raw else "missing"
-        raise ConfigError(f"{where}.quant_method is {found}, not 'compressed-tensors'")
+        raise ConfigError(
+            f"{where}.quant_method is {found}; `hpu-fp8 import` reads compressed-tensors FP8 (quant_method "
+            "'compressed-tensors'), Hugging Face block FP8 (quant_method 'fp8' with weight_block_size) and FastDeploy's "
+            "Paddle block FP8 (quantization 'mix_quant', block_wise_fp8); a legacy FastDeploy FP8 checkpoint "
+            "(mix_quant, tensor_wise_fp8) goes through `hpu-fp8 import-legacy`"
+        )
     try:
         return _CompressedTensorsConfig.model_validate(raw)
     except ValidationError as exc:
@@ -161,7 +167,7 @@ def _imported_amax(checkpoint: Checkpoint, d: ModelDescriptor, fp8_max: float) -
     read: set[str] = set()
 
     def add(module: str, tensor: str) -> None:
-        value = float(np.asarray(checkpoint.get(tensor)).astype(np.float32).reshape(-1).max())
+        value = float(read_scale(checkpoint, tensor).reshape(-1).max())
         if not np.isfinite(value) or value <= 0:
             raise ConfigError(f"{checkpoint.root}: '{tensor}' is {value}; an input scale must be finite and > 0")
         problem = act_amax_problem(value * fp8_max)

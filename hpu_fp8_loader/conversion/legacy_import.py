@@ -26,6 +26,7 @@ from hpu_fp8_loader.io.writer import CheckpointWriter
 from hpu_fp8_loader.numerics import e4m3, scales
 from hpu_fp8_loader.numerics.fusion import fuse_columns
 from hpu_fp8_loader.sources.block_fp8 import block_size
+from hpu_fp8_loader.sources.source_tensors import read_scale
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import AmaxSourceKind, DeadExpertPolicy, ExpertRef, KvCacheScheme, is_hpu_fp8
 from hpu_fp8_loader.spec.fp8 import act_amax_problem
@@ -89,7 +90,7 @@ def _legacy_measurements(checkpoint: Checkpoint) -> tuple[Measurements, float | 
         except ValueError:
             unknown.append(key)
             continue
-        value = float(np.asarray(checkpoint.get(key), np.float32).reshape(-1)[0])
+        value = float(read_scale(checkpoint, key).reshape(-1)[0])
         if names.attention_point_of(module) == "s":
             s_values.append(value)
         resolved = amax_from_legacy(key, value)
@@ -119,7 +120,7 @@ def _weight_scale(checkpoint: Checkpoint, key: str, channels: int, channel_wise:
     info = checkpoint.tensors.get(key)
     if info is None:
         raise ConfigError(f"{checkpoint.root}: '{key}' is missing")
-    values = np.asarray(checkpoint.get(key), np.float32).reshape(-1)
+    values = read_scale(checkpoint, key).reshape(-1)
     if not (np.isfinite(values).all() and (values > 0).all()):
         raise ConfigError(
             f"{checkpoint.root}: '{key}' holds {values.min()}..{values.max()}; weight scales must be finite and > 0"

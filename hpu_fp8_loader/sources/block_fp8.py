@@ -33,8 +33,44 @@ PADDLE_BLOCK = (128, 128)  # BlockWiseFP8Config's default; mix_quant passes none
 _PADDLE_NAMES = (("quant_weight", "weight"), ("weight_scale", BLOCK_SCALE))
 
 
+# The quant types FastDeploy's mix_quant reads for the linears (MixQuantConfig.from_config takes both as required keys:
+# layers/quantization/mix_quant.py@8c3513a4); a block-FP8 checkpoint stores every one of them as 128x128 blocks.
+_PADDLE_QUANT_TYPES = ("dense_quant_type", "moe_quant_type")
+
+
 def _paddle_block(qc: dict) -> bool:
-    return qc.get("quantization") == "mix_quant" and "block_wise_fp8" in (qc.get("dense_quant_type"), qc.get("moe_quant_type"))
+    """Whether ``qc`` claims FastDeploy's Paddle block FP8: mix_quant with block_wise_fp8 for some linears."""
+    return qc.get("quantization") == "mix_quant" and "block_wise_fp8" in (qc.get(key) for key in _PADDLE_QUANT_TYPES)
+
+
+def _check_paddle_block(qc: dict, where: str) -> None:
+    """Refuse a Paddle block-FP8 config whose keys contradict the one layout it can mean: both quant types
+    block_wise_fp8 (FastDeploy raises on a missing one; another type, such as wint8 or wfp8afp8, stores those linears
+    in another form), no block size but FastDeploy's 128x128 (mix_quant passes none, so another one would be a claim
+    FastDeploy ignores), and quantized weights."""
+    for key in _PADDLE_QUANT_TYPES:
+        value = qc.get(key)
+        if value is None:
+            raise ConfigError(
+                f"{where}.{key} is missing; FastDeploy's mix_quant requires both dense_quant_type and moe_quant_type "
+                "(block_wise_fp8 for a block-FP8 checkpoint)"
+            )
+        if value != "block_wise_fp8":
+            raise ConfigError(
+                f"{where}.{key} is {value!r:.40} beside block_wise_fp8; only a checkpoint whose linears are all "
+                "block_wise_fp8 imports (the others would be stored in another form)"
+            )
+    size = qc.get("weight_block_size")
+    if size is not None and size != list(PADDLE_BLOCK):
+        raise ConfigError(
+            f"{where}.weight_block_size is {size!r:.60}; FastDeploy's mix_quant ignores it and reads "
+            f"{PADDLE_BLOCK[0]}x{PADDLE_BLOCK[1]} blocks, so the config and the tensors cannot both be right"
+        )
+    if "is_quantized" in qc and qc["is_quantized"] is not True:
+        raise ConfigError(
+            f"{where}.is_quantized is {qc['is_quantized']!r:.40}; a block-FP8 checkpoint stores quantized weights "
+            "(FastDeploy reads is_quantized false as a BF16 checkpoint)"
+        )
 
 
 def block_fp8_scheme(config: dict, source: str | Path = "config.json") -> str | None:
@@ -52,11 +88,12 @@ def block_size(config: dict, source: str | Path = "config.json") -> tuple[int, i
     qc = config.get("quantization_config")
     if not isinstance(qc, dict):
         return None
+    where = f"{source}: quantization_config"
     if _paddle_block(qc):
+        _check_paddle_block(qc, where)
         return PADDLE_BLOCK
     if qc.get("quant_method") != "fp8":
         return None
-    where = f"{source}: quantization_config"
     size = qc.get("weight_block_size")
     if size is None:
         raise ConfigError(

@@ -24,16 +24,23 @@ from hpu_fp8_loader.sources.block_fp8 import BLOCK_SCALE, block_size, scale_by_b
 from hpu_fp8_loader.spec.names import scale_name
 
 __all__ = [
+    "SCALE_DTYPES",
     "SOURCE_DTYPES",
     "check_source",
     "detect_layout",
     "fp8_scale_name",
+    "read_scale",
+    "scale_dtype_problem",
     "source_problem",
     "source_rows",
     "source_scale",
 ]
 
 SOURCE_DTYPES = ("BF16", "F16", "F32", "F8_E4M3")
+# What a scale tensor of a source may be stored as: floating point only. An integer tensor cast to float32 is a number
+# too, so an int32 weight_scale_inv would pass for a scale of another size (1.867 for 0.000599) and give a checkpoint
+# that validates; FP8 is no scale format either.
+SCALE_DTYPES = ("BF16", "F16", "F32", "F64")
 
 
 def detect_layout(checkpoint: Checkpoint, descriptor: ModelDescriptor) -> Layout:
@@ -67,6 +74,8 @@ def source_problem(checkpoint: Checkpoint, name: str) -> str | None:
     scale = checkpoint.tensors.get(scale_key)
     if scale is None:
         return f"tensor '{info.name}' is FP8 but '{scale_key}' is missing"
+    if (problem := scale_dtype_problem(checkpoint, scale_key)) is not None:
+        return problem
     block = block_size(checkpoint.config, checkpoint.root)
     if block is not None:
         grid = tuple(math.ceil(n / b) for n, b in zip(info.shape, block, strict=False))
@@ -81,10 +90,26 @@ def source_problem(checkpoint: Checkpoint, name: str) -> str | None:
     return None
 
 
+def scale_dtype_problem(checkpoint: Checkpoint, key: str) -> str | None:
+    """Why the scale tensor ``key`` cannot be read as scales (its dtype is not floating point), or None."""
+    info = checkpoint.tensors[key]
+    if info.dtype in SCALE_DTYPES:
+        return None
+    return f"'{info.name}' has dtype {info.dtype}; a scale tensor is floating point ({', '.join(SCALE_DTYPES)})"
+
+
+def read_scale(checkpoint: Checkpoint, key: str) -> np.ndarray:
+    """The float32 values of the scale tensor ``key``, as stored (shape kept); one that is not floating point is
+    refused naming it (:func:`scale_dtype_problem`), never read as numbers."""
+    if (problem := scale_dtype_problem(checkpoint, key)) is not None:
+        raise ConfigError(f"{checkpoint.root}: {problem}")
+    return np.asarray(checkpoint.get(key)).astype(np.float32)
+
+
 def source_scale(checkpoint: Checkpoint, name: str) -> np.ndarray:
     """The float32 scale of an FP8 source tensor: flat (one value, or one per row), or a block-wise grid."""
     scale_key = fp8_scale_name(checkpoint, name)
-    scale = np.asarray(checkpoint.get(scale_key)).astype(np.float32)
+    scale = read_scale(checkpoint, scale_key)
     if not (np.isfinite(scale).all() and (scale > 0).all()):
         raise ConfigError(
             f"{checkpoint.root}: '{checkpoint.tensors[scale_key].name}' holds {scale.min()}..{scale.max()}; "
