@@ -9,13 +9,15 @@ run die mid-way, hours in. A ``MemoryError`` (numpy's ``_ArrayMemoryError`` incl
 from __future__ import annotations
 
 import math
+import os
 import resource
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hpu_fp8_loader.errors import OutOfMemoryError
 
-__all__ = ["memory_budget", "memory_seen", "out_of_memory"]
+__all__ = ["memory_budget", "memory_seen", "out_of_memory", "reserve_blas_buffers"]
 
 # (limit, usage) files of a cgroup, v2 then v1's memory controller; v1 writes "no limit" as a huge number.
 _CGROUP_MEMORY = (("", "memory.max", "memory.current"), ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes"))
@@ -121,3 +123,71 @@ def out_of_memory(doing: str, exc: MemoryError) -> OutOfMemoryError:
         f"{doing}: out of memory{what} ({memory_seen()}); free memory or raise the limit, or ask for less "
         "(fewer --samples or --workers, a smaller --seq-len)"
     )
+
+
+def _blas_products(threads: int) -> None:
+    """``threads`` float32 matrix products at once, each large enough for OpenBLAS to take its work buffers, which it
+    reserves on the first product that needs them and keeps for every later one."""
+    import numpy as np
+
+    matrix = np.ones((512, 512), np.float32)
+    if threads == 1:  # on this thread: the engine's own product runs here too
+        matrix @ matrix
+        return
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda _: matrix @ matrix, range(threads)))
+
+
+# How long a forked child's few products may take: milliseconds when they fit; what outlasts this is taken as failed.
+_PROBE_SECONDS = 30
+
+
+def _child_products(threads: int) -> bool:
+    """Whether ``threads`` products at once run in a forked child, silently and to the end.
+
+    The child's stdout and stderr are a pipe: OpenBLAS's failure is a line it prints, after which its exit can hang
+    (its own lock, held in the child), so the first byte read is a failure and the child is killed then; so is one
+    that outlasts :data:`_PROBE_SECONDS`."""
+    import select
+    import signal
+
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the child's own coverage is not collected)
+        code = 1
+        try:
+            os.close(read_end)
+            os.dup2(write_end, 1)
+            os.dup2(write_end, 2)
+            _blas_products(threads)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    try:
+        ready, _, _ = select.select([read_end], [], [], _PROBE_SECONDS)
+        quiet = bool(ready) and os.read(read_end, 1) == b""  # end of file, nothing said: the child has finished
+    finally:
+        os.close(read_end)
+    if not quiet:
+        os.kill(child, signal.SIGKILL)
+    _, status = os.waitpid(child, 0)
+    return quiet and os.waitstatus_to_exitcode(status) == 0
+
+
+def reserve_blas_buffers(doing: str, threads: int = 1) -> None:
+    """Have the BLAS library take its work buffers now, for ``threads`` products at once, before the weights take the
+    memory, or refuse in one line.
+
+    Where they do not fit under ``ulimit -v``, OpenBLAS prints its own line ("Memory allocation still failed after 10
+    retries, giving up") and exits the process from inside a product, past every handler of ours. So under such a
+    limit the products are tried first in a forked child (which has this process's limit and address space:
+    :func:`_child_products`), and its failure becomes an :class:`OutOfMemoryError` naming ``doing`` and the memory
+    seen. Without a limit, nothing is forked.
+    """
+    if resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY and not _child_products(threads):
+        raise OutOfMemoryError(
+            f"{doing}: out of memory for the work buffers of the BLAS library (OpenBLAS, {threads} product(s) at "
+            f"once) ({memory_seen()}); raise ulimit -v by a few hundred MB or free memory"
+        )
+    _blas_products(threads)

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hpu_fp8_loader.errors import ConfigError
-from hpu_fp8_loader.spec.config import validation_error_text
+from hpu_fp8_loader.spec.config import FASTDEPLOY_ARCHITECTURES, validation_error_text
 
 __all__ = [
     "MAX_EXPERTS",
@@ -76,6 +76,20 @@ class ModelConfig(BaseModel):
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}; set head_dim"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_model(self) -> ModelConfig:
+        """``architectures`` naming the class of another supported model contradicts ``model_type``: FastDeploy builds
+        by the one, this tool reads by the other, and rewriting either would serve a model nobody chose. (A name of no
+        supported model, such as a fine-tune's own class, is left to the writer, which says what it writes.)"""
+        other = {cls: kind for kind, cls in FASTDEPLOY_ARCHITECTURES.items() if kind != self.model_type}
+        clash = next((name for name in self.architectures or () if name in other), None)
+        if clash is not None:
+            raise ValueError(
+                f"architectures names {clash} (a {other[clash]} model) but model_type is {self.model_type!r}; "
+                "which model is this? fix config.json so that both say the same"
             )
         return self
 

@@ -9,16 +9,32 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from hpu_fp8_loader.arch.base import ModelDescriptor
+from hpu_fp8_loader.errors import ConfigError
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.choices import Bf16Group
 from hpu_fp8_loader.spec.config import KvCacheScheme, QuantizationConfig
 
-__all__ = ["bf16_modules", "bf16_problems", "expected_tensors"]
+__all__ = ["bf16_modules", "bf16_problems", "check_keep_bf16", "expected_tensors"]
 
 
 def bf16_modules(descriptor: ModelDescriptor, groups: Collection[Bf16Group]) -> list[str]:
     """The linear modules of ``groups``, in model order: what ``quantization_config.ignore`` lists for them."""
     return [w.module for w in descriptor.weights() if w.is_linear and w.group in groups]
+
+
+def check_keep_bf16(descriptor: ModelDescriptor, kept: frozenset[Bf16Group]) -> None:
+    """Refuse groups this model cannot keep in BF16: experts it does not have, or every linear it has. The one rule
+    of convert, quantize and plan alike, so that plan never sizes a checkpoint convert would not write.
+
+    Raises:
+        ConfigError: naming the groups and why.
+    """
+    if Bf16Group.EXPERTS in kept and descriptor.moe is None:
+        raise ConfigError(f"keep_bf16 'experts': this {descriptor.model_type} model has no routed experts")
+    if kept and not any(w.quantized(kept) for w in descriptor.weights()):
+        raise ConfigError(
+            f"keep_bf16 {', '.join(sorted(g.value for g in kept))}: no linear is left in FP8; serve the BF16 model itself"
+        )
 
 
 def bf16_problems(descriptor: ModelDescriptor, qc: QuantizationConfig) -> list[str]:

@@ -11,6 +11,7 @@ The index and the manifest are written last, then ``OUT.partial`` is renamed to 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import multiprocessing
@@ -193,6 +194,14 @@ def convert(
     layout = detect_layout(checkpoint, descriptor)
     for note in check_source(checkpoint, descriptor, layout, used_elsewhere):
         log.warning("%s: %s", src, note)
+    if checkpoint.config.get("architectures") != [descriptor.architecture]:  # another supported model's is refused
+        log.warning(
+            "%s: config.json architectures %s is written as [%r], the class FastDeploy builds a %s model with",
+            src,
+            json.dumps(checkpoint.config.get("architectures")),
+            descriptor.architecture,
+            descriptor.model_type,
+        )
     copied_source_files(src)
     attention_fp8 = options.kv_cache is KvCacheScheme.FP8
     modules = descriptor.act_modules(attention_fp8, frozenset(bf16_modules(descriptor, options.keep_bf16)))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from hpu_fp8_loader import __version__
 from hpu_fp8_loader.arch import ModelDescriptor
-from hpu_fp8_loader.arch.contents import bf16_modules, expected_tensors
+from hpu_fp8_loader.arch.contents import bf16_modules, check_keep_bf16, expected_tensors
 from hpu_fp8_loader.errors import ConfigError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.safetensors_file import BLOCK_ELEMENTS
@@ -35,7 +35,6 @@ from hpu_fp8_loader.spec.config import (
 
 __all__ = [
     "ConvertOptions",
-    "check_keep_bf16",
     "output_config",
     "planned_tensors",
     "quantization_config_for",
@@ -164,20 +163,6 @@ def quantization_config_for(
         ),
         producer=Producer(name="hpu-fp8-loader", version=__version__),
     )
-
-
-def check_keep_bf16(descriptor: ModelDescriptor, kept: frozenset[Bf16Group]) -> None:
-    """Refuse groups this model cannot keep in BF16: experts it does not have, or every linear it has.
-
-    Raises:
-        ConfigError: naming the groups and why.
-    """
-    if Bf16Group.EXPERTS in kept and descriptor.moe is None:
-        raise ConfigError(f"keep_bf16 'experts': this {descriptor.model_type} model has no routed experts")
-    if kept and not any(w.quantized(kept) for w in descriptor.weights()):
-        raise ConfigError(
-            f"keep_bf16 {', '.join(sorted(g.value for g in kept))}: no linear is left in FP8; serve the BF16 model itself"
-        )
 
 
 def output_config(source_config: dict, descriptor: ModelDescriptor, qc: QuantizationConfig) -> dict:

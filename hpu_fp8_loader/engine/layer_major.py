@@ -37,7 +37,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 from hpu_fp8_loader.arch import ModelDescriptor
 from hpu_fp8_loader.console import Progress, human_bytes
 from hpu_fp8_loader.errors import NonFiniteError, WriteFailedError
-from hpu_fp8_loader.memory import memory_budget, out_of_memory
+from hpu_fp8_loader.memory import memory_budget, out_of_memory, reserve_blas_buffers
 
 __all__ = [
     "LayerModel",
@@ -263,6 +263,7 @@ def run_layer_major(
             if workers > 1:
                 stack.enter_context(threadpool_limits(blas_threads_per_chunk(workers)))
                 pool = stack.enter_context(ThreadPoolExecutor(workers, thread_name_prefix="hpu-fp8-chunk"))
+            reserve_blas_buffers("the first matrix product", workers)  # a refusal of ours, not OpenBLAS's exit
             spaces = {label: Workspace(windows, d.hidden_size, in_memory, scratch_dir, stack) for label in models}
             layers = {label: [model.layer(i, spaces[label]) for i in range(d.num_layers)] for label, model in models.items()}
             total = len(chunks) * (

@@ -10,7 +10,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hpu_fp8_loader.arch import ModelDescriptor, describe
+from hpu_fp8_loader.arch import Layout, ModelDescriptor, Role, describe
+from hpu_fp8_loader.arch.contents import check_keep_bf16
 from hpu_fp8_loader.errors import ConfigError
 from hpu_fp8_loader.fastdeploy.capacity import KvCapacity, kv_capacity
 from hpu_fp8_loader.fastdeploy.mapping import Parallelism, check_parallelism, parameter_specs
@@ -123,7 +124,8 @@ def plan_deployment(
     Raises:
         ConfigError: ``tp`` or ``ep`` is below 1, or the model cannot be served so (a width ``tp`` does not split
             evenly, fewer KV heads than ranks, expert parallelism for a dense model or one that does not divide the
-            experts, MoE layers FastDeploy's ERNIE cannot build); for ``tp``, the message lists the valid sizes.
+            experts, MoE layers FastDeploy's ERNIE cannot build); for ``tp``, the message lists the valid sizes;
+            ``keep_bf16`` groups convert refuses to keep (experts of a dense model, every linear).
         ValueError: ``kv_cache`` is no KvCacheScheme value.
 
     Example:
@@ -135,6 +137,7 @@ def plan_deployment(
     if max_model_len is not None and device is None:
         raise ConfigError(f"max_model_len {max_model_len} is given without a device to size it for")
     keep_bf16 = frozenset(Bf16Group(group) for group in keep_bf16)
+    check_keep_bf16(d, keep_bf16)  # what convert refuses is never planned
     par = Parallelism(tp, 0, ep, 0)
     check_parallelism(d, par)
     by_group = dict.fromkeys(GROUPS, 0)
@@ -180,7 +183,8 @@ def describe_model(model: str | Path, revision: str | None = None) -> ModelDescr
 
     Raises:
         ConfigError: the file (or the directory's config.json) is missing or not a JSON object, a model key is
-            invalid or out of bounds, or the config's layer or expert counts disagree with the weights.
+            invalid or out of bounds, or the config's layer or expert counts, or its heads and ``head_dim``, disagree
+            with the weights.
         UnknownArchitectureError: config.json's model_type is not supported.
         CheckpointNotFoundError: a shard file of the directory is missing; as a repo id: missing, gated or private on
             the Hub, a revision that does not exist, or offline and not in the cache.
@@ -210,4 +214,28 @@ def describe_model_config(model: str | Path, revision: str | None = None) -> tup
         return describe(config, str(model)), config
     has_weights = (model / INDEX_FILE).is_file() or (model / SINGLE_FILE).is_file()
     config = read_config(model)
-    return describe(config, str(model / CONFIG_FILE), Checkpoint.open(model).tensors if has_weights else None), config
+    tensors = Checkpoint.open(model).tensors if has_weights else None
+    descriptor = describe(config, str(model / CONFIG_FILE), tensors)
+    if tensors is not None:
+        _check_attention_shapes(descriptor, {name: info.shape for name, info in tensors.items()}, model / CONFIG_FILE)
+    return descriptor, config
+
+
+def _check_attention_shapes(d: ModelDescriptor, shapes: dict[str, tuple[int, ...]], config: Path) -> None:
+    """The first layer's attention weights have the shapes config.json's heads and ``head_dim`` imply, in whichever
+    layout the files hold them (Paddle names, as a BF16 Paddle source and an hpu-fp8 checkpoint store them, or
+    torch's): a wrong ``head_dim`` would otherwise size every KV cache and rank of the plan from a model the files
+    are not. The counts are checked by :func:`describe`; the rest of the weights, by convert and validate."""
+    implied: dict[str, list[tuple[int, ...]]] = {}  # a name both layouts use (Qwen's o_proj) has both shapes
+    for w in d.weights():
+        if w.layer == 0 and w.role in (Role.ATTN_QKV, Role.ATTN_O):
+            for part in (part for layout in Layout for part in w.source_parts(layout, d.prefix)):
+                implied.setdefault(part.name, []).append(part.shape)
+    for name, allowed in implied.items():
+        held = shapes.get(name)
+        if held is not None and held not in allowed:
+            raise ConfigError(
+                f"{config}: tensor '{name}' has shape {list(held)}, but num_attention_heads {d.num_heads}, "
+                f"num_key_value_heads {d.num_kv_heads}, head_dim {d.head_dim} and hidden_size {d.hidden_size} "
+                f"imply {' or '.join(str(list(shape)) for shape in allowed)}"
+            )

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from hpu_fp8_loader.arch import describe
+from hpu_fp8_loader.arch.contents import check_keep_bf16
 from hpu_fp8_loader.conversion.convert import ConvertProgress, ConvertResult, convert
 from hpu_fp8_loader.conversion.journal import CALIBRATION
-from hpu_fp8_loader.conversion.plan import ConvertOptions, check_keep_bf16
+from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.engine.layer_major import LayerProgress
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, Checkpoint, read_config
 from hpu_fp8_loader.io.fingerprint import file_fingerprint

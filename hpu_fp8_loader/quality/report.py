@@ -35,7 +35,7 @@ import numpy as np
 from hpu_fp8_loader import __version__
 from hpu_fp8_loader.arch import ModelDescriptor, Role
 from hpu_fp8_loader.arch.base import linear_group
-from hpu_fp8_loader.conversion.plan import check_keep_bf16
+from hpu_fp8_loader.arch.contents import check_keep_bf16
 from hpu_fp8_loader.engine.model import Observer
 from hpu_fp8_loader.errors import ConfigError, OutputExistsError, UnsafePathError, WriteFailedError, force_flag, require_optional
 from hpu_fp8_loader.io.checkpoint import Checkpoint

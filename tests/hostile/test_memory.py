@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hpu_fp8_loader.cli.launch import MIN_ADDRESS_SPACE
 from hpu_fp8_loader.errors import OutOfMemoryError
 from hpu_fp8_loader.memory import memory_seen, out_of_memory
 from hpu_fp8_loader.sources.measurements import write_measurements
@@ -106,12 +107,15 @@ def _baseline_bytes() -> int:
     return int(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout)
 
 
-def _run_limited(argv: list[object], limit: int, cwd: Path) -> subprocess.CompletedProcess:
+def _run_limited(argv: list[object], limit: int, cwd: Path, launcher: bool = True) -> subprocess.CompletedProcess:
+    """``hpu-fp8 ARGV`` under ``ulimit -v limit``; without ``launcher``, the command line itself (``python -m
+    hpu_fp8_loader.cli.main``), past the executable's start-up floor (cli/launch.py), as a library caller runs it."""
+
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    cli = str(Path(sys.executable).with_name("hpu-fp8"))
-    return subprocess.run([cli, *map(str, argv)], capture_output=True, text=True, preexec_fn=cap, cwd=cwd, timeout=600)
+    cli = [str(Path(sys.executable).with_name("hpu-fp8"))] if launcher else [sys.executable, "-m", "hpu_fp8_loader.cli.main"]
+    return subprocess.run([*cli, *map(str, argv)], capture_output=True, text=True, preexec_fn=cap, cwd=cwd, timeout=600)
 
 
 def _one_line(result: subprocess.CompletedProcess) -> str:
@@ -136,10 +140,46 @@ def test_convert_under_ulimit_v_is_one_line_and_publishes_nothing(tmp_path, sour
     """A limit the converter's first steps already overrun: one line, no OUT; the same command then runs."""
     write_measurements(tmp_path / "m.json", synthetic_measurements(preset_config("qwen2-tiny")))
     argv = ["convert", source_factory("qwen2-tiny"), tmp_path / "out", "--measurements", tmp_path / "m.json", "--workers", "2"]
-    line = _one_line(_run_limited(argv, _baseline_bytes() + 2 * 2**20, tmp_path))
+    line = _one_line(_run_limited(argv, _baseline_bytes() + 2 * 2**20, tmp_path, launcher=False))
     assert ": out of memory" in line and "ulimit -v (RLIMIT_AS) is" in line
     assert not (tmp_path / "out").exists()
     again = subprocess.run(
         [str(Path(sys.executable).with_name("hpu-fp8")), *map(str, argv), "-q"], capture_output=True, text=True, timeout=600
     )
     assert again.returncode == 0, again.stderr
+
+
+@pytest.mark.parametrize("mib", [120, 200, 250])
+def test_an_address_space_too_small_to_start_in_is_one_line_of_ours(tmp_path, mib):
+    """Issue 39 item 5: below about 250 MiB the line was OpenBLAS's ("Memory allocation still failed after 10
+    retries, giving up") as numpy loaded, or a pydantic traceback; now the executable refuses first."""
+    line = _one_line(_run_limited(["validate", "qwen2-bytes"], mib * 2**20, tmp_path))
+    assert line == (
+        f"hpu-fp8: error: ulimit -v (RLIMIT_AS) is {mib} MiB; hpu-fp8 needs at least {MIN_ADDRESS_SPACE >> 20} MiB of "
+        "address space to start (Python, numpy and its BLAS library): raise it with `ulimit -v`"
+    )
+
+
+def test_blas_buffers_that_do_not_fit_are_one_line_of_ours_and_the_process_lives():
+    """Past the start, a limit that leaves OpenBLAS no room for its work buffers: it would print its own line and exit
+    the process from inside the first product; the forked trial makes it an OutOfMemoryError, and the same call
+    passes once the limit allows the buffers."""
+    script = (
+        "import re, resource\n"
+        "from hpu_fp8_loader.memory import reserve_blas_buffers\n"
+        "from hpu_fp8_loader.errors import OutOfMemoryError\n"
+        "vm = int(re.search(r'VmSize:\\s+(\\d+)', open('/proc/self/status').read())[1]) * 1024\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (vm + (8 << 20), resource.RLIM_INFINITY))\n"
+        "try:\n"
+        "    reserve_blas_buffers('the first matrix product', 2)\n"
+        "except OutOfMemoryError as exc:\n"
+        "    print(exc)\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (vm + (512 << 20), resource.RLIM_INFINITY))\n"
+        "reserve_blas_buffers('the first matrix product', 2)\n"
+        "print('fits')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "OpenBLAS error" not in done.stdout + done.stderr, done.stdout + done.stderr
+    refusal, fits = done.stdout.splitlines()
+    assert refusal.startswith("the first matrix product: out of memory for the work buffers of the BLAS library")
+    assert "ulimit -v (RLIMIT_AS) is" in refusal and fits == "fits"
