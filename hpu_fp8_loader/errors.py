@@ -8,6 +8,10 @@ what a bug report needs.
 The classes for malformed input (config, safetensors, index, measurements, values, checksums, unsafe paths) also
 derive from ``ValueError``, so that code catching it catches ours too. None derives from ``OSError``: the code
 turns a system's ``OSError`` into ``WriteFailedError`` and the like, and must never mistake one of ours for one.
+
+One exception class lives elsewhere, on purpose: ``quality/chat_template.py``'s ``_OutputLimitError`` is a private
+signal inside the child interpreter that renders a chat template (a template whose output passes the limit), caught
+there and reported as a :class:`TokenizerError` naming the record; it never reaches a caller, so it is no user error.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ __all__ = [
     "DatasetError",
     "HpuFp8Error",
     "HubError",
+    "MalformedReplyError",
     "MeasurementError",
     "MissingDependencyError",
     "NonFiniteError",
@@ -379,6 +384,19 @@ class HubError(HpuFp8Error):
         ... except HubError as exc:
         ...     print(exc)  # "org/qwen2-7b-hpu-fp8: the connection to the Hub at https://huggingface.co failed while ..."
     """
+
+
+class MalformedReplyError(HubError):
+    """A reply of the Hub that huggingface_hub must not act on (a revision that is no commit, a JSON body of another
+    shape); ``what`` says what was wrong, for the message of the code that called the client.
+
+    Raised from inside huggingface_hub's response hook (``sources/hub_replies.py``), which lets it through untouched;
+    ``sources.resolve.hub_error`` turns it into that code's own one-line error, naming the repo id.
+    """
+
+    def __init__(self, what: str):
+        super().__init__(f"the Hub sent {what}")
+        self.what = what
 
 
 class ChecksumMismatchError(HpuFp8Error, ValueError):

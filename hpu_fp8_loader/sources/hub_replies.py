@@ -20,10 +20,10 @@ import json
 import re
 from collections.abc import Callable
 
-from hpu_fp8_loader.errors import HubError
+from hpu_fp8_loader.errors import MalformedReplyError
 from hpu_fp8_loader.io.hub_cache import BLOB_NAME
 
-__all__ = ["MalformedReplyError", "guard_hub_client"]
+__all__ = ["guard_hub_client"]
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 # The routes whose JSON replies the client reads, by what follows the endpoint (which may carry a path prefix).
@@ -33,14 +33,6 @@ _WHOAMI = re.compile(r"/api/whoami-v2$")
 _TREE = re.compile(r"/api/(?:models|datasets|spaces)/[^/]+/[^/]+/tree/")
 _FILE = re.compile(r"/resolve/")
 _SHOWN = 60  # characters of a bad value quoted back
-
-
-class MalformedReplyError(HubError):
-    """A reply of the Hub that huggingface_hub must not act on; ``what`` says what was wrong, for the caller's message."""
-
-    def __init__(self, what: str):
-        super().__init__(f"the Hub sent {what}")
-        self.what = what
 
 
 def _shown(value: object) -> str:

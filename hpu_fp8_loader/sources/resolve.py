@@ -18,9 +18,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from hpu_fp8_loader.console import hub_bars_follow_ours
-from hpu_fp8_loader.errors import CheckpointNotFoundError, HpuFp8Error, HubError, one_line
+from hpu_fp8_loader.errors import CheckpointNotFoundError, HpuFp8Error, HubError, MalformedReplyError, one_line
 from hpu_fp8_loader.io.hub_cache import names_in, snapshot_problem
-from hpu_fp8_loader.sources.hub_replies import MalformedReplyError, guard_hub_client
+from hpu_fp8_loader.sources.hub_replies import guard_hub_client
 from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 
 __all__ = [
@@ -167,7 +167,7 @@ def hub_failures() -> tuple[type[Exception], ...]:
     """What the client raises when the Hub or the connection to it fails: HTTP and transport errors (httpx's,
     which its own subclass), OSError, a failed LFS transfer (RuntimeError), a request it refuses to send,
     such as a card the Hub's YAML check refuses (ValueError); a reply refused before the client read it
-    (:class:`~hpu_fp8_loader.sources.hub_replies.MalformedReplyError`), and the errors a reply of another shape than
+    (:class:`~hpu_fp8_loader.errors.MalformedReplyError`), and the errors a reply of another shape than
     the client expects makes it raise (TypeError, KeyError, AttributeError, IndexError, AssertionError)."""
     from huggingface_hub.errors import HTTPError
 

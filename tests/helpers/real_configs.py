@@ -1,12 +1,18 @@
 """The target models' real configurations.
 
 Transcribed from the models' published config.json files on the Hugging Face Hub: ERNIE-4.5-21B-A3B-PT,
-ERNIE-4.5-300B-A47B-PT and ERNIE-4.5-0.3B-PT (baidu/), Qwen2-0.5B, Qwen2-1.5B, Qwen2-7B and Qwen2-72B (Qwen/).
+ERNIE-4.5-300B-A47B-PT and ERNIE-4.5-0.3B-PT (https://huggingface.co/baidu/), Qwen2-0.5B, Qwen2-1.5B, Qwen2-7B and
+Qwen2-72B (https://huggingface.co/Qwen/).
 
-The Qwen3 ones (Qwen/Qwen3-0.6B, -8B, -32B, -30B-A3B, -235B-A22B) are the shape-defining keys of those releases'
-config.json, written from the published files without a download here (this machine has no network, and
-/work/shared/reference/models.md lists no Qwen3); tests/test_arch.py checks them against the parameter counts
-the model cards state (0.6B, 8.2B, 32.8B, 30.5B total / 3.3B active, 235B total / 22B active).
+The Qwen3 ones (https://huggingface.co/Qwen/Qwen3-0.6B, -8B, -32B, -30B-A3B, -235B-A22B) were written without the
+published config.json files at hand (the project's machines reach no Hub), so each key is marked by what backs it:
+- the layer counts, query and KV heads, experts and experts per token are those each model card states under "Model
+  Overview", tied embeddings those of the Qwen3 Technical Report's architecture tables (arXiv 2505.09388), and
+  tests/test_arch.py checks every size against the parameter counts the cards
+  state (0.6B / 0.44B non-embedding, 8.2B / 6.95B, 32.8B / 31.2B, 30.5B total / 3.3B active, 235B / 22B), which
+  hidden_size, intermediate_size, moe_intermediate_size, head_dim and vocab_size must then also fit;
+- the rest (``max_position_embeddings``, ``rope_theta``, ``rms_norm_eps``, ``max_window_layers``, the router's
+  flags) is [unverified]: no test here reads them for a shape, and a wrong one changes no count the tests check.
 """
 
 ERNIE_21B = {
