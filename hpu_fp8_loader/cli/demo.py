@@ -40,19 +40,21 @@ class DemoResult:
     evaluation: EvaluationResult
 
 
-def _replace_work_dir(work_dir: Path, force: bool) -> None:
-    """A fresh ``work_dir``: one the demo made before (it carries the marker) is replaced, anything else that
-    holds files only with ``force``, so a mistyped ``--out`` never deletes a user's directory."""
+def _replace_work_dir(work_dir: Path) -> None:
+    """A fresh ``work_dir``: one the demo made before (it carries the marker) is replaced, an empty or absent one made,
+    and anything else refused, so that a mistyped ``--out`` never deletes a user's directory (there is no ``--force``
+    for the demo: the directory it replaces is always its own)."""
     if work_dir.is_symlink() or (work_dir.exists() and not work_dir.is_dir()):
         raise OutputExistsError(f"{work_dir}: exists and is not a directory; choose another --out")
-    check_apart(work_dir, [_PACKAGE])  # the shipped models live there: --force must never delete them
+    check_apart(work_dir, [_PACKAGE])  # the shipped models live there: never deleted, whatever the marker says
     for what, place in (("the current directory", Path.cwd()), ("your home directory", Path.home())):
         if work_dir.exists() and place.resolve().is_relative_to(work_dir.resolve()):
             raise UnsafePathError(f"{work_dir}: it holds {what}; --out must be a directory of its own")
     ours = read_own(work_dir / _MARKER, len(_MARKER_TEXT)) == _MARKER_TEXT
-    if work_dir.exists() and any(work_dir.iterdir()) and not ours and not force:
+    if work_dir.exists() and any(work_dir.iterdir()) and not ours:
         raise OutputExistsError(
-            f"{work_dir}: exists and was not made by the demo; pass --force to replace it, or choose another --out"
+            f"{work_dir}: exists and was not made by the demo (no {_MARKER} of its own); nothing was removed: "
+            "choose another --out, or remove it yourself if it should go"
         )
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
@@ -64,11 +66,11 @@ def run_demo(
     model: str = "ernie-moe-bytes",
     kv_cache: KvCacheScheme = KvCacheScheme.FP8,
     say=print,
-    force: bool = False,
 ) -> DemoResult:
-    """Run the default pipeline in ``work_dir`` (replaced if the demo made it; anything else needs ``force``)."""
+    """Run the default pipeline in ``work_dir`` (replaced if the demo made it, made if absent or empty; any other
+    directory is refused)."""
     work_dir = Path(work_dir)
-    _replace_work_dir(work_dir, force)
+    _replace_work_dir(work_dir)
     source = TINY_MODELS[model]
     say(f"1/4 model: {source} (trained here on Python's documentation; BF16, Hugging Face torch layout)")
     calibration = calibrate(source, samples=32, seq_len=128)

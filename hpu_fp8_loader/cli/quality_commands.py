@@ -41,7 +41,7 @@ from hpu_fp8_loader.spec.choices import KvCacheScheme
     default="hpu-fp8-demo",
     show_default=True,
     type=click.Path(path_type=Path),
-    help="Working directory (replaced on each run; a directory the demo did not make needs --force).",
+    help="Working directory (replaced on each run; a directory the demo did not make is refused, never deleted).",
 )
 @click.option(
     "--model",
@@ -51,9 +51,8 @@ from hpu_fp8_loader.spec.choices import KvCacheScheme
     help="Which shipped tiny trained model to use.",
 )
 @kv_cache_option()
-@force_option(help="Replace --out even if the demo did not make it.")
 @json_option()
-def demo(work_dir: Path, model: str, kv_cache: KvCacheScheme, force: bool, as_json: bool) -> None:
+def demo(work_dir: Path, model: str, kv_cache: KvCacheScheme, as_json: bool) -> None:
     """Run the main job on the embedded default: calibrate, convert, validate and evaluate a tiny trained model.
 
     \b
@@ -66,13 +65,13 @@ def demo(work_dir: Path, model: str, kv_cache: KvCacheScheme, force: bool, as_js
       hpu-fp8 demo --model qwen2-bytes --kv-cache none --out qwen2-demo
 
     \b
-      # Replace a directory the demo did not make, and print everything as one JSON document
-      hpu-fp8 demo --out /tmp/hpu-fp8-demo --force --json
+      # In a directory of its own, printing everything as one JSON document
+      hpu-fp8 demo --out /tmp/hpu-fp8-demo --json
     """
     from hpu_fp8_loader.cli.demo import run_demo
 
     with user_errors():
-        result = run_demo(work_dir, model, kv_cache, say=say(as_json), force=force)
+        result = run_demo(work_dir, model, kv_cache, say=say(as_json))
     if as_json:
         emit_json(
             {

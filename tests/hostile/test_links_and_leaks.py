@@ -245,11 +245,11 @@ def test_demo_never_writes_its_marker_through_a_planted_link_nor_trusts_one(tmp_
     work.mkdir()
     (work / "notes.txt").write_text("mine")
     (work / ".hpu-fp8-demo").symlink_to(victim)  # a link to any file must not pass for the demo's marker
-    assert_refused(run_cli("demo", "--out", work), str(work), "--force")
+    assert_refused(run_cli("demo", "--out", work), str(work), "was not made by the demo", "nothing was removed")
     assert (work / "notes.txt").read_text() == "mine" and victim.read_text() == "keep me"
     (work / ".hpu-fp8-demo").unlink()
     (work / ".hpu-fp8-demo").write_text("some file of the user's that happens to have this name\n")
-    assert_refused(run_cli("demo", "--out", work), str(work), "--force")
+    assert_refused(run_cli("demo", "--out", work), str(work), "was not made by the demo", "nothing was removed")
     assert (work / "notes.txt").read_text() == "mine"
 
 

@@ -264,12 +264,12 @@ def test_demo_refuses_to_replace_a_directory_it_did_not_make(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     (work / "notes.txt").write_text("mine")
-    assert_refused(run_cli("demo", "--out", work), str(work), "--force")
+    assert_refused(run_cli("demo", "--out", work), str(work), "was not made by the demo", "nothing was removed")
     assert (work / "notes.txt").read_text() == "mine"
 
 
 @pytest.mark.parametrize("where", ["the shipped models", "around the package", "the current directory", "the home directory"])
-def test_demo_force_never_deletes_its_own_models_the_working_or_the_home_directory(tmp_path, monkeypatch, where):
+def test_demo_never_deletes_its_own_models_the_working_or_the_home_directory(tmp_path, monkeypatch, where):
     package = tmp_path / "site" / "hpu_fp8_loader"  # stands in for the installed package: a broken check must not
     (package / "tiny_models" / "qwen2-bytes").mkdir(parents=True)  # delete the real one while this test runs
     (package / "tiny_models" / "qwen2-bytes" / "config.json").write_text("{}")
@@ -284,8 +284,9 @@ def test_demo_force_never_deletes_its_own_models_the_working_or_the_home_directo
         "the current directory": home / "project",
         "the home directory": home,
     }[where]
+    (out / ".hpu-fp8-demo").write_bytes(b"made by hpu-fp8 demo; replaced on each run\n")  # even the demo's marker
     before = tree_digest(tmp_path)
-    assert_refused(run_cli("demo", "--out", out, "--force"), str(out))
+    assert_refused(run_cli("demo", "--out", out), str(out))
     assert tree_digest(tmp_path) == before
 
 
