@@ -14,7 +14,7 @@ import string
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from hostile.refusal import assert_refused, left_staging, run_cli, tree_digest
@@ -230,6 +230,7 @@ def _users_files(root: Path) -> dict[str, str]:
     return {name: digest for name, digest in tree_digest(root).items() if digest != "dir"}
 
 
+@pytest.mark.parametrize("command", ["synth", pytest.param("convert", marks=pytest.mark.slow)])
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     at_out=st.none() | _TREE,
@@ -237,7 +238,7 @@ def _users_files(root: Path) -> dict[str, str]:
     beside=_TREE,
     force=st.booleans(),
 )
-def test_no_file_the_tool_did_not_write_is_ever_removed(request, tmp_path_factory, at_out, at_partial, beside, force):
+def test_no_file_the_tool_did_not_write_is_ever_removed(request, tmp_path_factory, command, at_out, at_partial, beside, force):
     """Directories of users' files generated at OUT, at OUT.partial and beside them (names of the tool's own files
     among theirs, manifests and markers of any content): whatever the tool answers, every one of those files is still
     there with its bytes; it publishes only where OUT was absent or an empty directory and OUT.partial absent."""
@@ -250,7 +251,7 @@ def test_no_file_the_tool_did_not_write_is_ever_removed(request, tmp_path_factor
         target = place / f"beside-{name}"
         _plant(target, content) if isinstance(content, dict) else target.write_bytes(content)
     planted = {root: _users_files(root) for root in (out, partial)} | {place: _users_files(place)}
-    result = run_writer(request, "synth", out, *(["--force"] if force else []))
+    result = run_writer(request, command, out, *(["--force"] if force else []))
     for name, digest in planted[place].items():
         if not name.startswith(("out/", "out.partial/")):
             assert tree_digest(place).get(name) == digest, f"{name} beside OUT was changed or removed"
@@ -260,6 +261,7 @@ def test_no_file_the_tool_did_not_write_is_ever_removed(request, tmp_path_factor
             assert left.get(name) == digest, f"{root.name}/{name} was removed or changed (exit {result.exit_code})"
     may_publish = (at_out is None or (at_out == {} and force)) and at_partial is None
     assert (result.exit_code == 0) == may_publish, result.stderr
+    event("published" if result.exit_code == 0 else "refused")
     if result.exit_code == 0:
-        assert foreign_entry(out) is None  # what synth wrote, whole, and nothing else
+        assert foreign_entry(out) is None  # what the command wrote, whole, and nothing else
     shutil.rmtree(place)
