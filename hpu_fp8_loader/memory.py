@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import resource
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -152,7 +153,9 @@ def _child_products(threads: int) -> bool:
     import signal
 
     read_end, write_end = os.pipe()
-    child = os.fork()
+    with warnings.catch_warnings():  # Python 3.12+ warns of fork in a threaded process: a child that hangs is killed
+        warnings.simplefilter("ignore", DeprecationWarning)
+        child = os.fork()
     if child == 0:  # pragma: no cover (the child's own coverage is not collected)
         code = 1
         try:
