@@ -14,7 +14,7 @@ from doubles.fastdeploy import forget_standin, write_broken_fastdeploy, write_pa
 
 from hpu_fp8_loader.cli.main import main
 from hpu_fp8_loader.fastdeploy import plugin, support
-from hpu_fp8_loader.fastdeploy.doctor import doctor, fastdeploy_moe_layout
+from hpu_fp8_loader.fastdeploy.doctor import DoctorReport, _check_usage_reporting, doctor, fastdeploy_moe_layout
 
 
 def by_name(report) -> dict:
@@ -254,3 +254,22 @@ def test_a_qwen3_checkpoint_is_checked_like_the_others(no_fastdeploy, spec_facto
     assert "TP 2 x EP 1" in good["plan"].detail
     refused = by_name(doctor(spec_factory(preset), tp=4, environ={}))["checkpoint"]  # 2 KV heads
     assert refused.status == "fail" and f"cannot serve this {model_type} model" in refused.detail
+
+
+@pytest.mark.parametrize(
+    ("usage_module", "do_not_track", "status"),
+    [(False, None, "ok"), (True, None, "warn"), (True, "true", "warn"), (True, "0", "warn"), (True, "1", "ok")],
+    ids=["no usage reporting", "unset", "true is not 1", "0", "1"],
+)
+def test_usage_reporting_is_named_where_fastdeploy_has_it_and_do_not_track_is_not_1(tmp_path, usage_module, do_not_track, status):
+    """A stand-in for FastDeploy's sources (2.5 and later carry fastdeploy/usage/usage_lib.py, which reads
+    DO_NOT_TRACK; 8c3513a4 has none): the check reads only that file and the environment."""
+    if usage_module:
+        (tmp_path / "usage").mkdir()
+        (tmp_path / "usage" / "usage_lib.py").write_text("do_not_track = envs.DO_NOT_TRACK\n")
+    report = DoctorReport()
+    _check_usage_reporting(report, tmp_path, {} if do_not_track is None else {"DO_NOT_TRACK": do_not_track})
+    (check,) = report.checks
+    assert (check.name, check.status) == ("usage reporting", status)
+    if status == "warn":
+        assert "model path included" in check.detail and check.fix == "export DO_NOT_TRACK=1 before starting FastDeploy"

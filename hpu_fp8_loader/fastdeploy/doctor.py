@@ -317,6 +317,26 @@ def _check_plugin_setup(report: DoctorReport, environ: Mapping[str, str]) -> Non
         )  # fmt: skip
 
 
+def _check_usage_reporting(report: DoctorReport, root: Path, environ: Mapping[str, str]) -> None:
+    """FastDeploy from ``93b7675a`` (releases 2.5 and 2.6) has worker rank 0 post its whole config, the model path
+    included, to its usage server as it starts and every 10 minutes, unless ``DO_NOT_TRACK`` is exactly ``1``
+    (``fastdeploy/usage/usage_lib.py``, ``envs.py``; read from its code, not run). Known from the sources present."""
+    usage = root / "usage" / "usage_lib.py"
+    if not (usage.is_file() and "DO_NOT_TRACK" in usage.read_text(errors="replace")):
+        report.add("usage reporting", OK, "this FastDeploy has no usage reporting (fastdeploy/usage)")
+    elif environ.get("DO_NOT_TRACK") == "1":
+        report.add("usage reporting", OK, "DO_NOT_TRACK=1: this FastDeploy's usage reporting is off")
+    else:
+        value = environ.get("DO_NOT_TRACK")
+        report.add(
+            "usage reporting", WARN,
+            f"DO_NOT_TRACK is {'unset' if value is None else repr(value)}: this FastDeploy's worker rank 0 sends its "
+            "config, the model path included, to FastDeploy's usage server every 10 minutes (and writes "
+            "usage_stats.json under FD_CONFIG_ROOT); only DO_NOT_TRACK=1, exactly, turns it off",
+            "export DO_NOT_TRACK=1 before starting FastDeploy",
+        )  # fmt: skip
+
+
 def _failed_step(outcome: StepOutcome) -> str:
     return outcome.error or outcome.ended or "it gave no result"
 
@@ -446,6 +466,7 @@ def doctor(
     report.checks += fastdeploy_report.checks
     _check_plugin_setup(report, environ)
     if root is not None:
+        _check_usage_reporting(report, root, environ)
         _check_fastdeploy_steps(report, outcomes)
     report.checks += checkpoint_report.checks
     _check_model(report, outcomes.get("model"), tp)

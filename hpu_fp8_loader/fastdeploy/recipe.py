@@ -28,6 +28,7 @@ __all__ = [
     "HOOK_VARIABLES",
     "LAYOUTS",
     "PORT",
+    "PRIVACY_VARIABLES",
     "SERVER_MODULE",
     "ServingLayout",
     "Variable",
@@ -60,7 +61,9 @@ class Variable:
     """One environment variable of the recipe: its value, the comment shown beside it, and who reads it.
 
     ``read_by`` is ``fastdeploy`` (its ``envs.py`` or its code), ``paddle``, or ``gaudi`` (the Gaudi software
-    and PaddleCustomDevice's ``intel_hpu`` backend, which the guide sets them for and which are not on a CPU).
+    and PaddleCustomDevice's ``intel_hpu`` backend, which the guide sets them for and which are not on a CPU), or
+    ``fastdeploy-usage`` (FastDeploy's usage reporting, which only FastDeploy from ``93b7675a`` has: read there, and
+    without effect on a FastDeploy without it).
     """
 
     name: str
@@ -92,6 +95,21 @@ HOOK_VARIABLES = (
         "fastdeploy",
     ),
     Variable("HPU_WARMUP_MODEL_LEN", "4096", "... up to this many tokens", "fastdeploy"),
+)
+
+
+# FastDeploy from 93b7675a (2026-01-14; in releases 2.5 and 2.6) reports usage from worker rank 0
+# (fastdeploy/usage/usage_lib.py, report_usage_stats, called by hpu_worker.py): its whole config, the model path
+# included, posted to FastDeploy's usage server (FD_USAGE_STATS_SERVER) as it starts and every 600 s, and
+# usage_stats.json written under FD_CONFIG_ROOT, unless DO_NOT_TRACK is exactly "1" (envs.py). Read from the code
+# at e53f5184, f3fb7e03 (release/2.5) and 7198b588 (release/2.6), not run; 8c3513a4 predates it.
+PRIVACY_VARIABLES = (
+    Variable(
+        "DO_NOT_TRACK",
+        "1",
+        "else FastDeploy 2.5+ sends its config, model path included, out every 10 minutes",
+        "fastdeploy-usage",
+    ),
 )
 
 
@@ -192,6 +210,7 @@ def serving_block(checkpoint: tuple[str, str], layouts: tuple[ServingLayout, ...
         *_exports(DEVICE_VARIABLES),
         "# the hook and FastDeploy's HPU path",
         *_exports(HOOK_VARIABLES),
+        *_exports(PRIVACY_VARIABLES),
         _commented(DOCTOR_LINE, "FastDeploy, the hook, the checkpoint: each problem with its fix"),
     ]
     for i, layout in enumerate(layouts):

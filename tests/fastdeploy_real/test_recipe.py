@@ -191,8 +191,9 @@ def _guide_text() -> str:
 
 def unread_variables(environment: FastDeployEnvironment, variables: tuple[recipe.Variable, ...], cwd: Path) -> list[str]:
     """Each variable that is not read where the recipe says: FastDeploy (its envs.py list, or a quoted name in its
-    code), paddle (a quoted name in its Python package), or the Gaudi software (named in FastDeploy's Gaudi guide,
-    which sets them; the Gaudi software itself is not on a CPU)."""
+    code), paddle (a quoted name in its Python package), the Gaudi software (named in FastDeploy's Gaudi guide,
+    which sets them; the Gaudi software itself is not on a CPU), or FastDeploy's usage reporting (its envs.py list
+    where FastDeploy has ``fastdeploy/usage``; a FastDeploy without it, such as 8c3513a4, sends nothing to stop)."""
     names = environment.run(
         ["-c", "import json, fastdeploy.envs as e; print(json.dumps(sorted(e.environment_variables)))"], cwd=cwd
     )
@@ -212,6 +213,7 @@ def unread_variables(environment: FastDeployEnvironment, variables: tuple[recipe
             "fastdeploy": v.name in fd_envs or bool(quoted.search(fd_code)),
             "paddle": bool(quoted.search(paddle_code)),
             "gaudi": bool(re.search(rf"^export {re.escape(v.name)}=", guide, re.M)),
+            "fastdeploy-usage": v.name in fd_envs or not (environment.source / "fastdeploy" / "usage").is_dir(),
         }[v.read_by]
         if not found:
             unread.append(f"{v.name} ({v.read_by})")
@@ -222,7 +224,7 @@ def test_every_variable_of_the_recipe_is_read_where_it_says(fastdeploy_env, tmp_
     environment = fastdeploy_env["environment"]
     block = read_block(readme_block())
     exported = {name for c in block for name in c.environment} - {recipe.CHECKPOINT_VARIABLE}
-    declared = recipe.DEVICE_VARIABLES + recipe.HOOK_VARIABLES
+    declared = recipe.DEVICE_VARIABLES + recipe.HOOK_VARIABLES + recipe.PRIVACY_VARIABLES
     # the block's variables are exactly the recipe's, plus HPU_VISIBLE_DEVICES, FastDeploy's device ids on HPU
     assert exported == {v.name for v in declared} | {"HPU_VISIBLE_DEVICES"}
     devices = recipe.Variable("HPU_VISIBLE_DEVICES", "0", "", "fastdeploy")
