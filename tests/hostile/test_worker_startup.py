@@ -58,7 +58,13 @@ def _command_line(pid: int) -> bytes:
         return b""
 
 
-def _kill_at_first_sight(work: Path, victim: str) -> subprocess.CompletedProcess:
+# How often a kill is tried before the test gives up: the forkserver forks both workers within a few milliseconds of
+# starting, so a kill "at first sight" lands after that now and then (2 of 9 runs of this module on the 2-core
+# machine, one CI run among them), and the conversion then rightly finishes. Such a run says nothing of the kill.
+_TRIES = 5
+
+
+def _kill_once(work: Path, victim: str) -> subprocess.CompletedProcess:
     """Start the convert, kill -9 ``victim`` ("forkserver", "worker" or "convert") the moment it exists, and wait."""
     cli = str(Path(sys.executable).with_name("hpu-fp8"))
     process = subprocess.Popen(
@@ -79,9 +85,18 @@ def _kill_at_first_sight(work: Path, victim: str) -> subprocess.CompletedProcess
             break
         time.sleep(0.001)
     stdout, stderr = process.communicate(timeout=120)
-    if process.returncode == 0:
-        pytest.fail(f"the conversion finished before the {victim} was killed")
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def _kill_at_first_sight(work: Path, victim: str) -> subprocess.CompletedProcess:
+    """:func:`_kill_once` until the kill lands before the conversion can finish (at most ``_TRIES`` times); a
+    conversion that finished anyway is removed before the next try, so each try starts from nothing."""
+    for _ in range(_TRIES):
+        result = _kill_once(work, victim)
+        if result.returncode != 0:
+            return result
+        shutil.rmtree(work / "out")
+    pytest.fail(f"the conversion finished before the {victim} was killed, {_TRIES} times")
 
 
 @pytest.mark.parametrize(
