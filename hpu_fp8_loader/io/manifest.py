@@ -75,6 +75,13 @@ def well_formed_entry(entry: object) -> bool:
     )
 
 
+def _listed(manifest: object) -> dict | None:
+    """The ``files`` object of a parsed manifest of ours (the format :func:`write_manifest` writes), else None."""
+    if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT or not isinstance(manifest.get("files"), dict):
+        return None
+    return manifest["files"]
+
+
 def check_manifest(root: Path, hashes: bool, known: dict[str, str] | None = None) -> list[str]:
     """Every disagreement between the manifest and the files; sha256 only when ``hashes``.
 
@@ -89,10 +96,10 @@ def check_manifest(root: Path, hashes: bool, known: dict[str, str] | None = None
         )
     except HpuFp8Error as exc:
         return [str(exc)]
-    if manifest.get("format") != _FORMAT or not isinstance(manifest.get("files"), dict):
+    listed = _listed(manifest)
+    if listed is None:
         return [f"{MANIFEST_FILE} is not an {_FORMAT} file"]
     problems = []
-    listed = manifest["files"]
     for name, entry in listed.items():
         try:
             target = safe_member(root, name)
@@ -130,12 +137,13 @@ def _listed_files(root: Path) -> dict[str, dict] | str:
         manifest = parse_json(data)
     except ValueError:
         return f"{MANIFEST_FILE} is not valid JSON"
-    if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT or not isinstance(manifest.get("files"), dict):
+    listed = _listed(manifest)
+    if listed is None:
         return f"{MANIFEST_FILE} is not an {_FORMAT} file"
-    malformed = next((name for name, entry in manifest["files"].items() if not well_formed_entry(entry)), None)
+    malformed = next((name for name, entry in listed.items() if not well_formed_entry(entry)), None)
     if malformed is not None:
         return f"{MANIFEST_FILE}: entry {malformed!r} is not {{size: integer, sha256: 64 hex digits}}"
-    return manifest["files"]
+    return listed
 
 
 def foreign_entry(root: str | Path) -> str | None:
@@ -157,13 +165,13 @@ def foreign_entry(root: str | Path) -> str | None:
         for directory, subdirectories, files in os.walk(root, onerror=_raise):  # links are listed, never followed
             for path in sorted(Path(directory) / name for name in (*subdirectories, *files)):
                 relative = path.relative_to(root).as_posix()
-                mode = path.lstat().st_mode
-                if relative == MANIFEST_FILE or (stat.S_ISDIR(mode) and relative in holders):
+                found_here = path.lstat()
+                if relative == MANIFEST_FILE or (stat.S_ISDIR(found_here.st_mode) and relative in holders):
                     continue
                 entry = listed.get(relative)
-                if entry is None or not stat.S_ISREG(mode):
+                if entry is None or not stat.S_ISREG(found_here.st_mode):
                     return f"{relative} is not a file listed in {MANIFEST_FILE}"
-                size = path.lstat().st_size
+                size = found_here.st_size
                 if size != entry["size"]:
                     return f"{relative} is {size} bytes, {MANIFEST_FILE} says {entry['size']}"
                 if size <= _HASHED_UP_TO and file_digest(path)[1] != entry["sha256"]:

@@ -58,8 +58,9 @@ __all__ = [
 PARTIAL_SUFFIX = ".partial"
 # Inside OUT.partial: who holds the staging lock (pid and command line), for the message a second run gets.
 _HOLDER_FILE = ".hpu_fp8_lock"
-# The longest holder note read back: a pid and a command line; anything longer was not written by us.
-_HOLDER_LIMIT = 64 << 10
+# The longest note of ours read back from a staging directory (the lock holder's, the staging marker): a pid, a command
+# line, a path; anything longer was not written by us.
+_NOTE_LIMIT = 64 << 10
 # Inside OUT.partial from the moment it exists until it is published: the proof that this tool made it, for this OUT.
 STAGING_MARKER = ".hpu_fp8_staging.json"
 _STAGING_FORMAT = "hpu-fp8-staging"
@@ -262,7 +263,7 @@ def _staging_marker(out: Path) -> bytes:
 
 def _made_for(partial: Path, out: Path) -> bool:
     """Whether ``partial`` carries the marker this tool writes for ``out`` (a regular file of ours, never a link)."""
-    data = read_own(partial / STAGING_MARKER, _HOLDER_LIMIT)
+    data = read_own(partial / STAGING_MARKER, _NOTE_LIMIT)
     try:
         marker = parse_json(data) if data is not None else None
     except ValueError:
@@ -324,7 +325,7 @@ def _lock_staging(partial: Path, out: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        note = read_own(partial / _HOLDER_FILE, _HOLDER_LIMIT)  # never through a planted link, never a FIFO
+        note = read_own(partial / _HOLDER_FILE, _NOTE_LIMIT)  # never through a planted link, never a FIFO
         holder = one_line(note.decode("utf-8", "backslashreplace")) if note else "unknown"
         raise OutputLockedError(
             f"{out}: another hpu-fp8 run is writing it ({holder}); wait for it to finish or stop it, then run again"
