@@ -169,3 +169,66 @@ def test_a_float32_lm_head_gets_the_bf16_values_cast_exactly(standin, spec_facto
     embedding = dict(model.named_parameters())["ernie.embed_tokens.embeddings.weight"]
     assert lm_head.dtype == paddle.float32
     np.testing.assert_array_equal(lm_head.numpy(), embedding.astype(paddle.float32).numpy().T)
+
+
+class _Norm(paddle.nn.Layer):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.weight = self.create_parameter([width])
+
+
+class _HeldNorms(paddle.nn.Layer):
+    """What FastDeploy's QKRMSNorm holds from 2533836d: two RMSNorms (paddle layers, not FastDeploy's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_norm, self.k_norm = _Norm(4), _Norm(4)
+
+
+class _Attention(paddle.nn.Layer):
+    def __init__(self, held: bool) -> None:
+        super().__init__()
+        self.qkv_proj = _Norm(8)
+        if held:
+            self.qk_norm = _HeldNorms()
+        else:
+            self.q_norm, self.k_norm = _Norm(4), _Norm(4)
+
+
+class _Model(paddle.nn.Layer):
+    def __init__(self, held: bool) -> None:
+        super().__init__()
+        self.layers = paddle.nn.LayerList([paddle.nn.Layer() for _ in range(2)])
+        for layer in self.layers:
+            layer.self_attn = _Attention(held)
+
+
+def test_held_qk_norms_are_mapped_to_their_parameters_only_where_the_model_holds_them():
+    mapped = ["m.layers.0.self_attn.q_norm.weight", "m.layers.0.self_attn.k_norm.weight", "m.layers.0.mlp.q_norm.weight",
+              "m.layers.0.self_attn.qkv_proj.weight", "m.layers.0.self_attn.q_norm.bias"]  # fmt: skip
+    held = plugin.model_parameter_names(mapped, ["m.layers.0.self_attn.qk_norm.q_norm.weight"])
+    assert held == {
+        "m.layers.0.self_attn.q_norm.weight": "m.layers.0.self_attn.qk_norm.q_norm.weight",
+        "m.layers.0.self_attn.k_norm.weight": "m.layers.0.self_attn.qk_norm.k_norm.weight",
+        **{name: name for name in mapped[2:]},
+    }
+    assert plugin.model_parameter_names(mapped, ["m.layers.0.self_attn.q_norm.weight"]) == {name: name for name in mapped}
+
+
+def test_attached_qk_norms_are_the_held_layers_and_change_no_parameter_or_child():
+    model = _Model(held=True)
+    before = ([name for name, _ in model.named_parameters()], [name for name, _ in model.named_sublayers()])
+    assert plugin.attach_qk_norms(model) == 2
+    for layer in model.layers:
+        attention = layer.self_attn
+        assert attention.q_norm is attention.qk_norm.q_norm and attention.k_norm is attention.qk_norm.k_norm
+        assert "q_norm" not in dict(attention.named_children())
+    assert ([name for name, _ in model.named_parameters()], [name for name, _ in model.named_sublayers()]) == before
+    assert plugin.attach_qk_norms(model) == 0  # attached already: each attention has its own now
+
+
+def test_an_attention_with_its_own_qk_norms_gets_nothing_attached():
+    model = _Model(held=False)
+    own = [layer.self_attn.q_norm for layer in model.layers]
+    assert plugin.attach_qk_norms(model) == 0
+    assert [layer.self_attn.q_norm for layer in model.layers] == own

@@ -38,6 +38,8 @@ __all__ = [
     "FASTDEPLOY_FP8_MAX",
     "LM_HEAD_PARAMETER",
     "NUMPY",
+    "QK_NORMS",
+    "QK_NORM_HOLDER",
     "ROUTER_BIAS_PARAMETER",
     "WEIGHT_SCALE_PARAMETER",
     "Arithmetic",
@@ -50,6 +52,7 @@ __all__ = [
     "embedding_parameter",
     "expert_parameter",
     "fastdeploy_name",
+    "held_qk_norm_parameter",
     "holds_raw_amax",
     "local_experts",
     "map_rank",
@@ -76,6 +79,11 @@ EXPERT_PARAMETERS = (
     "up_gate_proj_in_scale", "down_proj_in_scale",
 )  # fmt: skip
 ROUTER_BIAS_PARAMETER = "gate_correction_bias"  # under ``<layer>.mlp.experts``
+# From 2533836d (FastDeploy PR 5880, in releases 2.5 and 2.6) Qwen3's attention holds its two per-head RMSNorms in
+# a QKRMSNorm of this name: the spec's (and FastDeploy's checkpoint key) ``<layer>.self_attn.q_norm.weight`` is then
+# the parameter ``<layer>.self_attn.qk_norm.q_norm.weight``, k likewise (docs/fastdeploy.md section 14).
+QK_NORM_HOLDER = "qk_norm"
+QK_NORMS = ("q_norm", "k_norm")
 
 
 def embedding_parameter(prefix: str) -> str:
@@ -91,6 +99,14 @@ def attention_parameter(prefix: str, layer: int, scale: str) -> str:
 def expert_parameter(prefix: str, layer: int, parameter: str) -> str:
     """One of a layer's EXPERT_PARAMETERS (or ROUTER_BIAS_PARAMETER), on its fused MoE module."""
     return f"{names.layer_names(prefix, layer).experts}.{parameter}"
+
+
+def held_qk_norm_parameter(name: str) -> str | None:
+    """A Qwen3 q/k norm weight's parameter where FastDeploy holds the norms in ``QK_NORM_HOLDER``; None for any other."""
+    attention, _, norm = name.removesuffix("." + names.WEIGHT).rpartition(".")
+    if not name.endswith("." + names.WEIGHT) or norm not in QK_NORMS or not attention.endswith(".self_attn"):
+        return None
+    return f"{attention}.{QK_NORM_HOLDER}.{norm}.{names.WEIGHT}"
 
 
 # Tensors up to this size are read through the memory map instead of pread.

@@ -20,6 +20,10 @@ The loader builds the model as FastDeploy's v0 loader does (``ModelRegistry.get_
 and fails naming every parameter left unfilled and every mapped tensor the model lacks.
 ``HPUModelRunner.load_model`` then runs ``convert_model`` as after its own loader.
 
+From 2533836d (releases 2.5 and 2.6) FastDeploy holds Qwen3's q/k norms under ``self_attn.qk_norm`` and its HPU
+runner no longer hands them to the fused attention; :func:`attach_qk_norms` gives them back (docs/fastdeploy.md
+section 14, "q/k norms from 2533836d").
+
 FastDeploy's MoE layer holds ``down_proj_in_scale`` in one of two ways, told apart on the model
 FastDeploy built (docs/fastdeploy.md, "Two MoE layouts"): a Python list of per-expert bf16 ``[1]``
 tensors set as an attribute (PR 5324 up to PR 5855), or an ``[E, 1]`` bf16 parameter that
@@ -31,6 +35,7 @@ from __future__ import annotations
 import importlib.abc
 import logging
 import sys
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -42,10 +47,16 @@ __all__ = [
     "LOAD_CHOICE",
     "MOE_LIST_LAYOUT",
     "MOE_PARAMETER_LAYOUT",
+    "SEQUENCE_PARALLEL_MOE_REFUSAL",
+    "attach_qk_norms",
+    "check_parallel_config",
+    "fastdeploy_casts",
     "fill_model",
     "is_registered",
+    "model_parameter_names",
     "moe_layout",
     "register",
+    "router_parameters",
 ]
 
 LOAD_CHOICE = "hpu_fp8"
@@ -148,16 +159,28 @@ def _to_paddle(array: np.ndarray):
     return paddle.to_tensor(np.ascontiguousarray(array))
 
 
-def _for_parameter(name: str, parameter, value: np.ndarray) -> np.ndarray:
-    """The value in the parameter's dtype: only a bf16 lm_head into a float32 one (``--lm_head-fp32``) is cast, exactly."""
-    import paddle
-
+def fastdeploy_casts(name: str, built: str, mapped: str, routers: Collection[str]) -> bool:
+    """Whether FastDeploy's own loading casts a tensor mapped as ``mapped`` into the ``built`` dtype of its parameter
+    (dtypes as paddle names them): a bf16 lm_head into the float32 one of ``--lm_head-fp32`` (exact), and a float32
+    router into the bf16 gate FastDeploy builds for Qwen3-MoE by default from 53aaac69 (PR 6457, in release 2.6;
+    float32 with ``--moe-gate-fp32``): ``UnquantizedLinearMethod.process_loaded_weights`` casts what it loads to the
+    parameter's dtype."""
     from hpu_fp8_loader.fastdeploy.mapping import LM_HEAD_PARAMETER
 
-    if parameter.dtype == _paddle_dtype(value):
-        return value
-    if name == LM_HEAD_PARAMETER and parameter.dtype == paddle.float32 and value.dtype.name == "bfloat16":
-        return value.astype(np.float32)  # FastDeploy casts the same way; bf16 -> float32 is exact
+    return (name == LM_HEAD_PARAMETER and (built, mapped) == ("float32", "bfloat16")) or (
+        name in routers and (built, mapped) == ("bfloat16", "float32")
+    )
+
+
+def _for_parameter(name: str, parameter, value: np.ndarray, routers: Collection[str]):
+    """The value as a paddle tensor of the parameter's dtype, cast only where FastDeploy's own loading casts it
+    (:func:`fastdeploy_casts`) and as it does, by paddle's ``cast``."""
+    tensor = _to_paddle(value)
+    if parameter.dtype == tensor.dtype:
+        return tensor
+    built, mapped = (str(dtype).removeprefix("paddle.") for dtype in (parameter.dtype, tensor.dtype))
+    if fastdeploy_casts(name, built, mapped, routers):
+        return tensor.cast(parameter.dtype)
     raise HpuFp8Error(f"parameter {name} is {parameter.dtype}, the checkpoint gives {value.dtype.name}")
 
 
@@ -200,6 +223,51 @@ def moe_layout(model) -> str | None:
     raise HpuFp8Error(f"the model holds {_DOWN_IN_SCALE} as a parameter in some MoE layers and not in others")
 
 
+def model_parameter_names(mapped: Iterable[str], built: Collection[str]) -> dict[str, str]:
+    """Each name the mapping fills -> the parameter of it in the model FastDeploy ``built``: the same name, but for
+    Qwen3's q/k norms where this FastDeploy holds them in ``qk_norm`` (from 2533836d), told from the model itself as
+    the MoE layout is."""
+    from hpu_fp8_loader.fastdeploy.mapping import QK_NORM_HOLDER, held_qk_norm_parameter
+
+    held = any(f".self_attn.{QK_NORM_HOLDER}." in name for name in built)
+    return {name: (held_qk_norm_parameter(name) if held else None) or name for name in mapped}
+
+
+def router_parameters(descriptor) -> frozenset[str]:
+    """The MoE routers' parameter names (a float32 tensor in the spec)."""
+    from hpu_fp8_loader.arch import Role
+    from hpu_fp8_loader.fastdeploy.mapping import fastdeploy_name
+
+    return frozenset(fastdeploy_name(descriptor, w) for w in descriptor.weights() if w.role is Role.ROUTER)
+
+
+def attach_qk_norms(model) -> int:
+    """Give each attention layer that holds its q/k norms in ``qk_norm`` its ``q_norm`` and ``k_norm`` back, as plain
+    attributes; how many layers.
+
+    Why: from 2533836d FastDeploy's HPU runner still hands its fused attention ``self.q_norm if hasattr(self,
+    "q_norm") else None`` (``fused_self_atten_forward``, ``worker/hpu_model_runner.py``), which the rename makes
+    always None, so Qwen3 on a Gaudi would run without its q/k norm, BF16 and FP8 alike. The HPU attention backend
+    reads nothing of a norm but its ``weight`` (``fused_qkv_rope``'s arguments in ``hpu_attn_backend.py``), so the
+    norm layers themselves restore what it handed the kernel before the rename. Set past paddle's ``__setattr__``,
+    they are no sublayers: no parameter, name or child of the model changes, and ``convert_model`` walks the same
+    tree. The conformance suite drives the attention on those commits and compares every argument with the
+    emulation (docs/fastdeploy.md section 14)."""
+    from hpu_fp8_loader.fastdeploy.mapping import QK_NORM_HOLDER, QK_NORMS
+
+    attached = 0
+    for _, layer in model.named_sublayers():
+        holder = getattr(layer, QK_NORM_HOLDER, None)
+        if holder is None or not all(hasattr(holder, norm) for norm in QK_NORMS):
+            continue
+        if any(hasattr(layer, norm) for norm in QK_NORMS):
+            continue  # a FastDeploy whose attention has its own: nothing to restore
+        for norm in QK_NORMS:
+            object.__setattr__(layer, norm, getattr(holder, norm))
+        attached += 1
+    return attached
+
+
 def fill_model(model, root: str | Path, par) -> int:
     """Set every parameter of ``model`` from the hpu-fp8 checkpoint at ``root``; returns how many were set.
 
@@ -216,9 +284,11 @@ def fill_model(model, root: str | Path, par) -> int:
     descriptor = describe(checkpoint.config)
     specs = parameter_specs(descriptor, qc.kv_cache_scheme, par, qc.kept_bf16)
     parameters = dict(model.named_parameters())
+    named = model_parameter_names(specs, parameters)
+    routers = router_parameters(descriptor)
     as_lists = moe_layout(model) == MOE_LIST_LAYOUT
     sublayers = dict(model.named_sublayers()) if as_lists else {}
-    expected = {name for name in specs if not (as_lists and name.endswith(_DOWN_IN_SCALE))}
+    expected = {named[name] for name in specs if not (as_lists and name.endswith(_DOWN_IN_SCALE))}
     unused = sorted(expected - set(parameters))
     if unused:
         raise HpuFp8Error(f"the checkpoint maps {len(unused)} tensor(s) the model does not have: {', '.join(unused[:10])}")
@@ -236,18 +306,30 @@ def fill_model(model, root: str | Path, par) -> int:
             # FastDeploy's PR 5324 MoE method sets a list of the local experts' bf16 [1] scales on the layer
             setattr(sublayers[piece.name.removesuffix("." + _DOWN_IN_SCALE)], _DOWN_IN_SCALE, [_to_paddle(v) for v in value])
             continue
-        parameter = parameters[piece.name]
+        name = named[piece.name]
+        parameter = parameters[name]
         if list(parameter.shape) != list(value.shape):
-            raise HpuFp8Error(
-                f"parameter {piece.name} has shape {list(parameter.shape)}, the checkpoint gives {list(value.shape)}"
-            )
-        parameter.set_value(_to_paddle(_for_parameter(piece.name, parameter, value)))
+            raise HpuFp8Error(f"parameter {name} has shape {list(parameter.shape)}, the checkpoint gives {list(value.shape)}")
+        parameter.set_value(_for_parameter(name, parameter, value, routers))
         stacked.pop(piece.name, None)
-        filled.add(piece.name)
+        filled.add(name)
     unfilled = sorted(set(parameters) - filled)
     if unfilled:
         raise HpuFp8Error(f"{len(unfilled)} model parameter(s) left unfilled by the checkpoint: {', '.join(unfilled[:10])}")
     return len(filled)
+
+
+SEQUENCE_PARALLEL_MOE_REFUSAL = (
+    "hpu_fp8: sequence-parallel MoE is on (FastDeploy turns it on with expert parallelism at tensor-parallel size > 1): "
+    "it builds each MoE layer's o_proj and, from FastDeploy 6d33d5e3 (in releases 2.5 and 2.6), its shared experts "
+    "unsplit, which the hook does not map; serve with --disable-sequence-parallel-moe, as the recipe's EP line does"
+)
+
+
+def check_parallel_config(fd_config) -> None:
+    """Refuse, in one line saying why, a parallel setting whose parameters the hook does not map (before any is built)."""
+    if getattr(fd_config.parallel_config, "use_sequence_parallel_moe", False):
+        raise HpuFp8Error(SEQUENCE_PARALLEL_MOE_REFUSAL)
 
 
 def _parallelism(fd_config):
@@ -297,16 +379,19 @@ def loader_class():
                 raise HpuFp8Error("hpu_fp8: dynamic weight loading (RL) is not supported; serve without --dynamic_load_weight")
             # format_version, manifest sizes, headers, index, scales: validate --quick, not a weight scan
             checkpoint = load(fd_config.model_config.model, hashes=False)
+            check_parallel_config(fd_config)
             architecture = fd_config.model_config.architectures[0]
             model = ModelRegistry.get_class(architecture)(fd_config)
             model.eval()
             par = _parallelism(fd_config)
             count = fill_model(model, checkpoint.path, par)
+            attached = attach_qk_norms(model)
             layout = moe_layout(model)
             _announce(
                 ANNOUNCEMENT_PREFIX + " %d parameters of %s from %s (tp rank %d of %d, ep rank %d of %d%s)",
                 count, architecture, checkpoint.path, par.tp_rank, par.tp_size, par.ep_rank, par.ep_size,
-                f"; MoE {layout}" if layout else "",
+                (f"; MoE {layout}" if layout else "") + (f"; q/k norms handed to the HPU attention of {attached} layers"
+                                                       if attached else ""),
             )  # fmt: skip
             return model
 

@@ -128,8 +128,14 @@ def mismatches(checkpoint: str | Path, tp: int = 1, rank: int = 0) -> tuple[list
     from fastdeploy.model_executor.models.model_base import ModelRegistry
 
     from hpu_fp8_loader.arch import describe
-    from hpu_fp8_loader.fastdeploy.mapping import LM_HEAD_PARAMETER, Parallelism, parameter_specs
-    from hpu_fp8_loader.fastdeploy.plugin import MOE_LIST_LAYOUT, moe_layout
+    from hpu_fp8_loader.fastdeploy.mapping import Parallelism, parameter_specs
+    from hpu_fp8_loader.fastdeploy.plugin import (
+        MOE_LIST_LAYOUT,
+        fastdeploy_casts,
+        model_parameter_names,
+        moe_layout,
+        router_parameters,
+    )
     from hpu_fp8_loader.io.checkpoint import Checkpoint
     from hpu_fp8_loader.spec.config import parse_quantization_config
 
@@ -140,10 +146,13 @@ def mismatches(checkpoint: str | Path, tp: int = 1, rank: int = 0) -> tuple[list
     layout = moe_layout(model)
     opened = Checkpoint.open(checkpoint)
     qc = parse_quantization_config(opened.config)
-    specs = parameter_specs(describe(opened.config), qc.kv_cache_scheme, Parallelism(tp, rank), qc.kept_bf16)
+    descriptor = describe(opened.config)
+    specs = parameter_specs(descriptor, qc.kv_cache_scheme, Parallelism(tp, rank), qc.kept_bf16)
+    routers = router_parameters(descriptor)
     dtypes = {"F8_E4M3": "float8_e4m3fn", "BF16": "bfloat16", "F32": "float32"}
+    named = model_parameter_names(specs, built)
     expected = {
-        name: (spec.shape, dtypes[spec.dtype])
+        named[name]: (spec.shape, dtypes[spec.dtype])
         for name, spec in specs.items()
         if not (layout == MOE_LIST_LAYOUT and name.endswith(".down_proj_in_scale"))
     }
@@ -151,8 +160,7 @@ def mismatches(checkpoint: str | Path, tp: int = 1, rank: int = 0) -> tuple[list
     problems += [f"{name}: the hook fills it, FastDeploy does not build it" for name in sorted(set(expected) - set(built))]
     for name in sorted(set(built) & set(expected)):
         (shape, dtype), (want_shape, want_dtype) = built[name], expected[name]
-        float32_lm_head = name == LM_HEAD_PARAMETER and dtype == "float32"  # --lm_head-fp32: the hook casts
-        if shape != want_shape or (dtype != want_dtype and not float32_lm_head):
+        if shape != want_shape or (dtype != want_dtype and not fastdeploy_casts(name, dtype, want_dtype, routers)):
             problems.append(f"{name}: FastDeploy builds {list(shape)} {dtype}, the hook fills {list(want_shape)} {want_dtype}")
     return problems, layout, len(built)
 
