@@ -232,3 +232,30 @@ def test_an_attention_with_its_own_qk_norms_gets_nothing_attached():
     own = [layer.self_attn.q_norm for layer in model.layers]
     assert plugin.attach_qk_norms(model) == 0
     assert [layer.self_attn.q_norm for layer in model.layers] == own
+
+
+def test_only_the_router_is_cast_into_a_bf16_gate_and_rounded_to_nearest_even():
+    import ml_dtypes
+
+    routers = frozenset({"model.layers.0.mlp.gate.weight"})
+    gate = paddle.create_parameter([2, 3], "bfloat16", default_initializer=paddle.nn.initializer.Constant(0.0))
+    values = np.array([[1 + 2**-8, 1 + 3 * 2**-8, -0.1], [3.0, 1e-30, 65504.0]], np.float32)  # ties go to even
+    cast = plugin._for_parameter("model.layers.0.mlp.gate.weight", gate, values, routers)
+    expected = values.astype(ml_dtypes.bfloat16)
+    assert cast.dtype == paddle.bfloat16
+    assert np.array_equal(cast.view(paddle.uint16).numpy().astype(np.uint16), expected.view(np.uint16))
+    with pytest.raises(
+        HpuFp8Error, match=r"parameter model.layers.0.mlp.up.weight is paddle.bfloat16, the checkpoint gives float32"
+    ):
+        plugin._for_parameter("model.layers.0.mlp.up.weight", gate, values, routers)
+    float_gate = paddle.create_parameter([2, 3], "float32", default_initializer=paddle.nn.initializer.Constant(0.0))
+    with pytest.raises(HpuFp8Error, match="is paddle.float32, the checkpoint gives bfloat16"):  # never the other way
+        plugin._for_parameter("model.layers.0.mlp.gate.weight", float_gate, expected, routers)
+
+
+def test_sequence_parallel_moe_is_refused_naming_the_flag_that_turns_it_off():
+    on = SimpleNamespace(parallel_config=SimpleNamespace(use_sequence_parallel_moe=True))
+    with pytest.raises(HpuFp8Error, match="--disable-sequence-parallel-moe"):
+        plugin.check_parallel_config(on)
+    plugin.check_parallel_config(SimpleNamespace(parallel_config=SimpleNamespace(use_sequence_parallel_moe=False)))
+    plugin.check_parallel_config(SimpleNamespace(parallel_config=SimpleNamespace()))  # a FastDeploy without the setting
