@@ -31,6 +31,7 @@ from hpu_fp8_loader.numerics import scales
 from hpu_fp8_loader.sources.resolve import SPEC_PATTERNS, local_or_hub
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import (
+    FASTDEPLOY_EXCLUSION_KEYS,
     KvCacheScheme,
     QuantizationConfig,
     ScaleRounding,
@@ -352,7 +353,11 @@ def _check_config(config: dict, qc: QuantizationConfig, descriptor: ModelDescrip
     linear_modules = {w.module for w in descriptor.weights() if w.is_linear}
     for module in qc.ignore:
         if module not in linear_modules:
-            report.add("config.ignore", "quantization_config.ignore", f"{module!r} is not a linear module of this model")
+            report.add(
+                "config.ignore", "quantization_config.ignore",
+                f"{module!r} is not a linear module of this model ({FASTDEPLOY_EXCLUSION_KEYS}, as a glob and with "
+                "'model.' read as the model's own prefix: an entry that is not a linear's name may keep others in BF16)",
+            )  # fmt: skip
     if set(qc.ignore) <= linear_modules:  # otherwise the entries above are the problem
         for problem in bf16_problems(descriptor, qc):
             report.add("config.ignore", "quantization_config.ignore", problem)

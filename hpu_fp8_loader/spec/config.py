@@ -20,6 +20,8 @@ from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX, GAUDI3_FP8_MAX
 
 __all__ = [
     "FASTDEPLOY_ARCHITECTURES",
+    "FASTDEPLOY_EXCLUSION_KEYS",
+    "FOREIGN_KEYS",
     "FP8_MAX_BY_TARGET",
     "AmaxSourceKind",
     "Bf16Group",
@@ -275,6 +277,16 @@ def _json_text(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+FASTDEPLOY_EXCLUSION_KEYS = "FastDeploy from 82057cb7 builds every linear its entries match unquantized"
+FOREIGN_KEYS = {
+    "modules_to_not_convert": (
+        f"; {FASTDEPLOY_EXCLUSION_KEYS} (layers/utils.py modules_to_convert), which the spec does not mean: linears "
+        "are kept in BF16 only by group, through dense_quant_type, moe_quant_type and ignore (docs/spec.md section 2)"
+    ),
+}
+"""Keys the spec does not have that a reader of quantization_config acts on, each with why it is refused."""
+
+
 def _error_text(err: ErrorDetails) -> str:
     """One pydantic error for a human: the key, what it should be and the JSON value found, no "Value error," prefix."""
     where = ".".join(str(p) for p in err["loc"])
@@ -283,7 +295,7 @@ def _error_text(err: ErrorDetails) -> str:
     if err["type"] == "missing":
         return f"'{where}' is missing"
     if err["type"] == "extra_forbidden":
-        return f"'{where}' is not a known key"
+        return f"'{where}' is not a known key" + FOREIGN_KEYS.get(where, "")
     message = err["msg"].removeprefix("Input ")
     return f"'{where}' {message}, got {_json_text(err['input'])}" if where else f"{message}, got {_json_text(err['input'])}"
 

@@ -72,3 +72,37 @@ def test_a_wrongly_typed_quantization_config_value_is_unreadable_naming_the_key(
     line = assert_refused(run_cli(command, model), key.rpartition(".")[2], "config.json", code=EXIT_UNREADABLE)
     assert "Value error" not in line and "None" not in line
     assert tree_digest(tmp_path) == before
+
+
+@pytest.mark.parametrize("command", ["validate", "inspect"])
+def test_modules_to_not_convert_is_refused_saying_fastdeploy_acts_on_it(command, spec_factory, tmp_path):
+    """FastDeploy from 82057cb7 builds every linear ``modules_to_not_convert`` matches unquantized; the spec keeps linears
+    in BF16 only by group, so the key is refused, naming it and why, whatever it lists."""
+    model = tmp_path / "model"
+    shutil.copytree(spec_factory(), model)
+    config = json.loads((model / "config.json").read_text())
+    config["quantization_config"]["modules_to_not_convert"] = ["ernie.layers.1.mlp.shared_experts.down_proj"]
+    (model / "config.json").write_text(json.dumps(config))
+    before = tree_digest(tmp_path)
+    line = assert_refused(run_cli(command, model), "modules_to_not_convert", "82057cb7", code=EXIT_UNREADABLE)
+    assert "by group" in line
+    assert tree_digest(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "entry",
+    ["model.layers.0.self_attn.qkv_proj", "ernie.layers.0.self_attn", "ernie.layers.*.mlp.down_proj", "*"],
+    ids=["model-prefix", "a-module-above-linears", "glob", "everything"],
+)
+def test_an_ignore_entry_fastdeploy_would_match_beyond_the_spec_is_refused(entry, spec_factory, tmp_path):
+    """FastDeploy from 82057cb7 reads ``ignore`` as globs over every linear's prefix (and ``model.`` as the model's own
+    prefix): each entry here is no linear's name, would keep linears FastDeploy matches in BF16 while the hook fills
+    them in FP8, and is refused by validate naming it."""
+    model = tmp_path / "model"
+    shutil.copytree(spec_factory("ernie-moe-tiny"), model)
+    config = json.loads((model / "config.json").read_text())
+    config["quantization_config"]["ignore"] = [entry]
+    (model / "config.json").write_text(json.dumps(config))
+    result = run_cli("validate", model)
+    assert result.exit_code == 1 and f"[config.ignore] quantization_config.ignore: {entry!r} is not a linear module" in result.output
+    assert "82057cb7" in result.output
