@@ -7,7 +7,8 @@ code holds.
 Regions lie between ``<!-- BEGIN name: ... -->`` and ``<!-- END name -->``: ``recipe`` is the serving block
 (hpu_fp8_loader/fastdeploy/recipe.py, which the model cards render too), ``matrix`` the support matrix
 (hpu_fp8_loader/fastdeploy/status.py), ``versions`` the supported FastDeploy and paddle
-(hpu_fp8_loader/fastdeploy/support.py, which `hpu-fp8 doctor` compares with). tests/test_serving_docs.py checks
+(hpu_fp8_loader/fastdeploy/support.py, which `hpu-fp8 doctor` compares with), ``builds`` (docs/fastdeploy.md only) the
+FastDeploy builds checked and the changes between them (the same module). tests/test_serving_docs.py checks
 that they match.
 """
 
@@ -37,7 +38,7 @@ def regions() -> dict[str, str]:
 
 def fastdeploy_doc_regions() -> dict[str, str]:
     """Each region's content, as docs/fastdeploy.md must hold it."""
-    return {"versions": support.render_versions()}
+    return {"versions": support.render_versions(), "builds": support.render_builds()}
 
 
 def render(text: str, contents: dict[str, str] | None = None, file: str = "README.md") -> str:

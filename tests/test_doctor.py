@@ -196,16 +196,39 @@ def test_a_paddle_with_what_fastdeploy_calls_passes_that_check(fastdeploy_with):
     assert status == 0 and checks["paddle.compat.enable_torch_proxy"]["status"] == "ok"
 
 
+def test_a_fastdeploy_calling_enable_compat_only_without_torch_needs_it_only_without_torch(fastdeploy_with, monkeypatch):
+    """From 8b6bbb35 FastDeploy's __init__ calls paddle.enable_compat only where no torch distribution is installed
+    (Gaudi images ship torch): with torch, a paddle without it passes that check (and the import runs); without torch
+    it fails, naming the fix. The tests' environment has torch; its absence is doctor's answer stubbed, named so."""
+    from importlib.metadata import version
+
+    from hpu_fp8_loader.fastdeploy import doctor as doctor_module
+
+    fastdeploy_with("enable-compat", paddle_compat=False)
+    status, checks = doctor_json()
+    call = checks["paddle.enable_compat"]
+    assert status == 0 and call["status"] == "ok", checks
+    assert f"torch {version('torch')} is, so it is not called (paddle 3.3.0 lacks it)" in call["detail"]
+    assert "paddle.compat.enable_torch_proxy" not in checks  # this FastDeploy no longer calls it
+    monkeypatch.setattr(doctor_module, "_torch_version", lambda: None)
+    status, checks = doctor_json()
+    assert checks["paddle.enable_compat"]["status"] == "fail" and status == 1
+    assert f"paddlepaddle>={support.PADDLE_MINIMUM}" in checks["paddle.enable_compat"]["fix"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("version_txt", "status", "says"),
     [
         (f"fastdeploy GIT COMMIT ID: {CHECKED.commit}\n", "ok", f"develop at {CHECKED.short}"),
-        ("fastdeploy GIT COMMIT ID: 0123456789abcdef0123456789abcdef01234567\n", "warn", "cannot tell whether it is older"),
+        ("fastdeploy GIT COMMIT ID: 0123456789abcdef0123456789abcdef01234567\n", "warn", "doctor cannot place it"),
+        *[(f"fastdeploy GIT COMMIT ID: {b.commit.commit}\n", "ok", f"{b.name} at {b.commit.short}") for b in support.BUILDS],
         ("fastdeploy version: 2.4.1\n", "fail", "release 2.4 does not carry PR 5324"),
         ("fastdeploy version: 2.3.2\n", "fail", "release 2.3 does not carry PR 5324"),
         ("fastdeploy version: 2.2.0\n", "fail", "predates the HPU FP8 path"),
-        ("fastdeploy version: 2.5.0\n", "warn", "release 2.5 is cut after 2026-01"),
+        ("fastdeploy version: 2.5.0\n", "warn", f"a release/2.5 build; its head {support.BUILDS[1].commit.short} is checked"),
+        ("fastdeploy version: 2.6.1\n", "warn", f"a release/2.6 build; its head {support.BUILDS[2].commit.short} is checked"),
+        ("fastdeploy version: 2.7.0\n", "warn", "a release newer than any this package knows"),
         ("fastdeploy version: 2.4.0-dev\n", "warn", "a develop build; not checked"),
         (None, "warn", "FastDeploy unknown, commit unknown"),
     ],
@@ -224,27 +247,43 @@ def _git(repo, *args: str) -> str:
 
 
 @pytest.mark.slow
-def test_in_a_fastdeploy_checkout_git_tells_older_between_and_newer(fastdeploy_with, monkeypatch):
-    """A FastDeploy source checkout without version.txt: git history places HEAD against PR 5324 and the checked
-    commit (here a made-up history of four commits standing for them)."""
+def test_in_a_fastdeploy_checkout_git_places_the_commit_among_the_changes(fastdeploy_with, monkeypatch):
+    """A FastDeploy source checkout without version.txt: git history places HEAD against PR 5324, a checked build
+    and the changes after it, a cherry-pick counting as its change (here a made-up history standing for them)."""
     package = fastdeploy_with("none")
     repo = package.parent
     _git(repo, "init", "-q")
-    commits = []
-    for name in ("older", "pr5324", "between", "checked", "newer"):
+    commits = {}
+    for name in ("older", "pr5324", "between", "change", "checked", "newer"):
         (repo / "history.txt").write_text(name)
         _git(repo, "add", "-A")
         _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", name)
-        commits.append(_git(repo, "rev-parse", "HEAD"))
-    older, pr5324, between, checked, newer = commits
-    monkeypatch.setattr(support, "FIRST_SUPPORTED_COMMIT", support.FIRST_SUPPORTED_COMMIT.__class__(pr5324, "", "", (), ""))
-    monkeypatch.setattr(support, "CHECKED_COMMITS", (support.CHECKED_COMMITS[-1].__class__(checked, "d", "t", (), "checked"),))
-    expected = {older: ("fail", "predates PR 5324"), between: ("warn", "lies between PR 5324"),
-                checked: ("ok", "checked"), newer: ("warn", "is newer than the checked")}  # fmt: skip
-    for commit, (status, says) in expected.items():
-        _git(repo, "checkout", "-q", commit)
+        commits[name] = _git(repo, "rev-parse", "HEAD")
+    _git(repo, "checkout", "-q", "-b", "release", commits["between"])
+    (repo / "history.txt").write_text("picked")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-am", "cherry-pick of change")
+    commits["picked"] = _git(repo, "rev-parse", "HEAD")
+    commit = support.FastDeployCommit
+    monkeypatch.setattr(support, "FIRST_SUPPORTED_COMMIT", commit(commits["pr5324"], "", "", (), ""))
+    build = support.BUILDS[0].__class__("develop", commit(commits["checked"], "d", "t", (), "checked"), "v", "", "", "")
+    monkeypatch.setattr(support, "BUILDS", (build,))
+    changes = (
+        support.FastDeployChange(commit(commits["change"], "d", "t", (), "c"), cherry_picks=("0" * 40,)),
+        support.FastDeployChange(commit(commits["newer"], "d", "t", (), "n"), cherry_picks=(commits["picked"],)),
+    )
+    monkeypatch.setattr(support, "CHANGES", changes)
+    change, newer = commits["change"][:8], commits["newer"][:8]
+    expected = {
+        "older": ("fail", "predates PR 5324"),
+        "between": ("warn", f"carries none and lacks {change}, {newer}"),
+        "checked": ("ok", "checked"),
+        "newer": ("warn", f"carries {change}, {newer} and lacks none"),
+        "picked": ("warn", f"carries {newer} and lacks {change}"),
+    }
+    for name, (status, says) in expected.items():
+        _git(repo, "checkout", "-q", commits[name])
         check = {c.name: c for c in doctor(environ={}, build=False).checks}["fastdeploy commit"]
-        assert check.status == status and says in check.detail, (commit, check)
+        assert check.status == status and says in check.detail, (name, check)
 
 
 @pytest.mark.parametrize(("preset", "model_type"), [("qwen3-tiny", "qwen3"), ("qwen3-moe-tiny", "qwen3_moe")])
@@ -273,3 +312,16 @@ def test_usage_reporting_is_named_where_fastdeploy_has_it_and_do_not_track_is_no
     assert (check.name, check.status) == ("usage reporting", status)
     if status == "warn":
         assert "model path included" in check.detail and check.fix == "export DO_NOT_TRACK=1 before starting FastDeploy"
+
+
+@pytest.mark.parametrize(("block", "status"), [("weight_dtype='float32' if moe_gate_fp32 else ''", "warn"), ("", None)])
+def test_qwen3_moe_on_a_fastdeploy_with_a_bf16_gate_is_told_to_pass_moe_gate_fp32(fastdeploy_with, spec_factory, block, status):
+    """From 53aaac69 FastDeploy's Qwen3MoeBlock builds its gate in bf16 unless moe_gate_fp32 (its source here is the
+    stand-in's, holding only that word or not); a dense checkpoint is never told."""
+    root = fastdeploy_with("none")
+    (root / "model_executor" / "models" / "qwen3moe.py").write_text(block + "\n")
+    checks = by_name(doctor(spec_factory("qwen3-moe-tiny"), environ={}, build=False))
+    assert (checks["router gate"].status if "router gate" in checks else None) == status, checks.get("router gate")
+    if status:
+        assert "--moe-gate-fp32" in checks["router gate"].fix
+    assert "router gate" not in by_name(doctor(spec_factory("qwen3-tiny"), environ={}, build=False))

@@ -48,11 +48,17 @@ def test_the_supported_versions_users_read_are_those_doctor_compares_with():
     from hpu_fp8_loader.fastdeploy import support
 
     versions = support.render_versions()
-    assert f"git checkout {support.CHECKED_COMMITS[-1].commit}" in versions
+    assert f"git checkout {support.RECOMMENDED_BUILD.commit.commit}" in versions
+    assert all(f"`{build.commit.short}`" in versions for build in support.BUILDS)
     assert f"`{support.FIRST_SUPPORTED_COMMIT.short}`" in versions
-    assert f"paddlepaddle>={support.PADDLE_MINIMUM}" in versions and support.PADDLE_CALLS[0].attribute in versions
+    assert f"paddlepaddle>={support.PADDLE_MINIMUM}" in versions
+    assert all(call.attribute in versions for call in support.PADDLE_CALLS)
     for path in (README, ROOT / "docs" / "fastdeploy.md"):
         assert versions in path.read_text(), path
+    builds = support.render_builds()
+    assert all(build.commit.short in builds for build in support.BUILDS)
+    assert all(change.commit.short in builds for change in support.CHANGES)
+    assert builds in (ROOT / "docs" / "fastdeploy.md").read_text()
 
 
 def test_the_readme_region_check_fails_on_an_edited_block(tmp_path, monkeypatch):

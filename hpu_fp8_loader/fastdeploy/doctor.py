@@ -142,10 +142,10 @@ _RUN_DOCTOR_ON_A_CHECKPOINT = "`hpu-fp8 doctor CKPT` has this FastDeploy build t
 
 
 def _check_out() -> str:
-    """The fix for a FastDeploy outside the supported range: the last checked commit, built as its guide builds it."""
-    checked = support.CHECKED_COMMITS[-1]
+    """The fix for a FastDeploy outside the checked builds: the recommended one, built as its guide builds it."""
+    take = support.RECOMMENDED_BUILD
     return (
-        f"build FastDeploy {support.SUPPORTED_BRANCH} at {checked.short} from source (git checkout {checked.commit}; "
+        f"build FastDeploy {take.name} at {take.commit.short} from source (git checkout {take.commit.commit}; "
         "bash build.sh, as its Gaudi guide does)"
     )
 
@@ -156,45 +156,70 @@ def _ancestor(root: Path, older: str, newer: str) -> bool | None:
     return None if found is None else {0: True, 1: False}.get(found.returncode)
 
 
+def _has_commit(root: Path, commit: str) -> bool:
+    found = _git(root, "cat-file", "-e", f"{commit}^{{commit}}")
+    return found is not None and found.returncode == 0
+
+
+def _carried(root: Path, commit: str) -> tuple[list[str], list[str]] | None:
+    """(the CHANGES ``commit`` carries, those it lacks), as short hashes, by git ancestry (a cherry-pick counts); None
+    when git cannot tell for one of them."""
+    carried, lacking = [], []
+    for change in support.CHANGES:
+        # a cherry-pick lives on its release branch, which a clone of another branch may not hold: then it is no ancestor
+        picks = [_ancestor(root, c, commit) if _has_commit(root, c) else False for c in change.cherry_picks]
+        found = [_ancestor(root, change.commit.commit, commit), *picks]
+        if True in found:
+            carried.append(change.commit.short)
+        elif None in found:
+            return None
+        else:
+            lacking.append(change.commit.short)
+    return carried, lacking
+
+
+def _known_build(commit: str) -> support.FastDeployBuild | None:
+    return next((b for b in support.BUILDS if b.commit.commit.startswith(commit)), None) if commit else None
+
+
 def _check_commit(report: DoctorReport, root: Path, info: _BuildInfo) -> None:
-    """Known good, too old, between, unknown-newer: FastDeploy's commit against support.py's range."""
-    short, checked = info.commit[:8], support.CHECKED_COMMITS[-1]
-    known = next((c for c in support.CHECKED_COMMITS if c.commit.startswith(info.commit)), None) if info.commit else None
-    first = support.FIRST_SUPPORTED_COMMIT
+    """A checked build, too old, or placed among support.CHANGES by git; without a commit, by the version it reports."""
+    short, first = info.commit[:8], support.FIRST_SUPPORTED_COMMIT
+    known = _known_build(info.commit)
     if known is not None:
-        report.add("fastdeploy commit", OK, f"{support.SUPPORTED_BRANCH} at {known.short} ({known.date}): {known.why}")
+        report.add(
+            "fastdeploy commit", OK,
+            f"{known.name} at {known.commit.short} ({known.commit.date}, version {known.version}): {known.commit.why}",
+        )  # fmt: skip
         return
     if info.commit:
-        has_5324 = _ancestor(root, first.commit, info.commit) if _in_fastdeploy_checkout(root) else None
-        past_checked = _ancestor(root, checked.commit, info.commit) if has_5324 else None
+        in_checkout = _in_fastdeploy_checkout(root)
+        has_5324 = _ancestor(root, first.commit, info.commit) if in_checkout else None
+        placed = _carried(root, info.commit) if has_5324 else None
         if has_5324 is False:
             report.add(
                 "fastdeploy commit", FAIL, f"commit {short} predates PR 5324 ({first.short}, {first.date}): no HPU FP8 path",
                 _check_out(),
             )  # fmt: skip
-        elif past_checked:
+        elif placed is not None:
+            carried, lacking = placed
             report.add(
                 "fastdeploy commit", WARN,
-                f"commit {short} is newer than the checked {checked.short} ({checked.date}) and was not checked; "
-                "it may carry PR 5855, whose MoE layout the hook supports",
-                _RUN_DOCTOR_ON_A_CHECKPOINT,
-            )  # fmt: skip
-        elif past_checked is False:
-            report.add(
-                "fastdeploy commit", WARN,
-                f"commit {short} lies between PR 5324 ({first.short}) and the checked {checked.short}: it has the HPU FP8 "
-                "path but was not checked itself",
+                f"commit {short} is none of the checked builds; it has the HPU FP8 path, carries "
+                f"{', '.join(carried) or 'none'} and lacks {', '.join(lacking) or 'none'} of the changes docs/fastdeploy.md "
+                "section 1 lists",
                 f"{_RUN_DOCTOR_ON_A_CHECKPOINT}; or {_check_out()}",
             )  # fmt: skip
         else:
             report.add(
                 "fastdeploy commit", WARN,
-                f"commit {short} is not the checked {checked.short}, and without FastDeploy's git history doctor cannot "
-                "tell whether it is older or newer",
+                f"commit {short} is none of the checked builds, and without FastDeploy's git history doctor cannot "
+                "place it",
                 f"{_RUN_DOCTOR_ON_A_CHECKPOINT}; or {_check_out()}",
             )  # fmt: skip
         return
     verdict, release = support.release_verdict(info.version)
+    build = support.build_for_version(info.version)
     if release is not None and not release.carries_pr_5324:
         report.add(
             "fastdeploy commit", FAIL,
@@ -204,7 +229,7 @@ def _check_commit(report: DoctorReport, root: Path, info: _BuildInfo) -> None:
         report.add("fastdeploy commit", FAIL, f"FastDeploy {info.version} predates the HPU FP8 path (PR 5324)", _check_out())
     else:
         said = {
-            "release": f"release {release.version if release else ''} is {release.evidence if release else ''}",
+            "release": f"a {build.name} build; its head {build.commit.short} is checked" if build else "a release",
             "newer": "a release newer than any this package knows",
             "develop": "a develop build",
         }.get(verdict, "a version this package does not know")
@@ -253,6 +278,16 @@ _PADDLE_FIX = (
 )
 
 
+def _torch_version() -> str | None:
+    """torch's version where a torch distribution is installed, as FastDeploy asks (``importlib.metadata``); else None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return None
+
+
 def _check_paddle(report: DoctorReport, outcome: StepOutcome | None, calls: list, info: _BuildInfo | None) -> None:
     """paddle, its intel_hpu device, and what this FastDeploy calls of it."""
     if outcome is None or not outcome.ok:
@@ -270,9 +305,17 @@ def _check_paddle(report: DoctorReport, outcome: StepOutcome | None, calls: list
             "paddle build", WARN, f"FastDeploy was built against paddle {info.paddle}; this environment has {version}",
             f"rebuild FastDeploy (bash build.sh) with this paddle, or install paddle {info.paddle}",
         )  # fmt: skip
+    torch = _torch_version()
     for call in calls:
         where = f"fastdeploy/{call.fastdeploy_file}, from commit {call.since}"
-        if facts.get("attributes", {}).get(call.attribute):
+        if call.without_torch_only and torch is not None:
+            has = "has it" if facts.get("attributes", {}).get(call.attribute) else "lacks it"
+            report.add(
+                call.attribute, OK,
+                f"this FastDeploy calls it only where torch is not installed ({where}); torch {torch} is, so it is not "
+                f"called (paddle {version} {has})",
+            )  # fmt: skip
+        elif facts.get("attributes", {}).get(call.attribute):
             report.add(call.attribute, OK, f"paddle {version} has it; this FastDeploy calls it ({where})")
         else:
             report.add(
@@ -404,6 +447,24 @@ def _check_checkpoint(report: DoctorReport, checkpoint: str, tp: int, ep: int, r
     return Path(loaded.path) if qc.fp8_max == FASTDEPLOY_FP8_MAX else None
 
 
+def _check_router_gate(report: DoctorReport, root: Path, checkpoint: Path) -> None:
+    """Qwen3-MoE on a FastDeploy from 53aaac69 (release 2.6): its router gate is built in bf16 unless --moe-gate-fp32,
+    and no Gaudi run has shown the HPU MoE kernel to take a bf16 gate (docs/fastdeploy.md section 14)."""
+    from hpu_fp8_loader.io.checkpoint import read_config
+
+    block = root / "model_executor" / "models" / "qwen3moe.py"
+    if read_config(checkpoint).get("model_type") != "qwen3_moe" or not block.is_file():
+        return
+    if "moe_gate_fp32" in block.read_text(errors="replace"):
+        report.add(
+            "router gate", WARN,
+            "this FastDeploy builds Qwen3-MoE's router gate in bf16 unless --moe-gate-fp32 (from 53aaac69); the hook "
+            "fills either, but FastDeploy's HPU MoE kernel was always handed a float32 gate before, and a bf16 one has "
+            "not been seen on a Gaudi",
+            "add --moe-gate-fp32 to the server command (or serve with FastDeploy release/2.5)",
+        )  # fmt: skip
+
+
 def _check_model(report: DoctorReport, outcome: StepOutcome | None, tp: int) -> None:
     """FastDeploy builds the model at meta shapes; every parameter must be one the hook fills, alike."""
     if outcome is None:
@@ -469,5 +530,7 @@ def doctor(
         _check_usage_reporting(report, root, environ)
         _check_fastdeploy_steps(report, outcomes)
     report.checks += checkpoint_report.checks
+    if root is not None and servable is not None:
+        _check_router_gate(report, root, servable)
     _check_model(report, outcomes.get("model"), tp)
     return report

@@ -1,25 +1,25 @@
 """Which FastDeploy and which paddle the hook supports: the one place the package says it.
 
 ``hpu-fp8 doctor`` compares the FastDeploy it finds with these constants, and docs/fastdeploy.md
-(section 1) states them in prose; a change of the supported range is a change here first.
+(section 1) renders them; a change of the supported range is a change here first.
 
-How each fact was established (FastDeploy's git history as mirrored by the fork
-``fmiao2372/FastDeploy``, whose ``develop`` carries upstream's up to 2026-01-09):
+How each fact was established (git histories: the fork ``fmiao2372/FastDeploy``, whose ``develop`` carries
+upstream's up to 2026-01-09, and the fork ``gongshaotian/FastDeploy``, which carries upstream ``develop`` to
+e53f5184 and the heads of ``release/2.5`` and ``release/2.6``):
 
-* PR 5324, the HPU tensor-wise FP8 path the hook targets, is the merge ``404cf0ec`` on ``develop``
-  (``git log``); ``git branch --contains`` names ``develop`` and two branches cut from it, and the
-  history holds no release tag at all. Releases are therefore stated by date only [inferred]:
-  2.3 predates any HPU FP8 code, release/2.4 was cut before the merge.
-* A ``develop`` build names itself ``2.4.0-dev`` from ``3066a0c3`` (2025-12-08, ``setup.py``), before
-  PR 5324 and through the checked commit, so a version alone cannot tell a supported ``develop``
-  from an older one: the commit in ``version.txt`` (``build.sh`` writes it) and FastDeploy's own
-  sources (the HPU FP8 MoE method) decide.
-* ``fastdeploy/__init__.py`` calls ``paddle.compat.enable_torch_proxy`` at every ``develop`` commit
-  from ``131defa1`` (2025-12-22, ``git log -S enable_torch_proxy``), so importing FastDeploy needs a
-  paddle that has it: the paddlepaddle 3.1.1 wheel has no ``paddle.compat`` at all, 3.2.2's has no
-  ``enable_torch_proxy``, 3.3.0's has both (the wheels' contents, read here). FastDeploy's Gaudi
-  guide (``docs/get_started/installation/intel_gaudi.md@c2c1942d``) and its HPU CI script still
-  install 3.1.1.
+* PR 5324, the HPU tensor-wise FP8 path the hook targets, is the merge ``404cf0ec`` on ``develop``.
+  2.3 predates any HPU FP8 code and release/2.4 was cut before the merge [inferred, by date]; release/2.5
+  (cut from ``335ab70b``, 2026-02-10) and release/2.6 (from ``e3aed6de``, 2026-04-03) contain it and every
+  change of ``CHANGES`` before their cut (``git merge-base --is-ancestor``).
+* The version a build writes into ``version.txt`` is setup.py's ``FASTDEPLOY_VERSION`` default: ``2.4.0-dev``
+  on develop from ``3066a0c3`` through 8c3513a4, ``2.6.0-dev`` at e53f5184, ``2.5.0`` and ``2.6.0`` on the release
+  heads. A ``-dev`` version alone cannot tell one develop commit from another: the commit in ``version.txt``
+  and FastDeploy's own sources decide.
+* ``fastdeploy/__init__.py`` calls ``paddle.compat.enable_torch_proxy`` at every ``develop`` commit from
+  ``131defa1`` (2025-12-22) to ``8b6bbb35`` (2026-03-24), and from there (release/2.5: its cherry-pick
+  ``d12aa284``) ``paddle.enable_compat``, only where no torch is installed. The paddlepaddle 3.1.1 wheel has no
+  ``paddle.compat``, 3.2.2's has neither name, 3.3.0's has both (the wheels' contents, read here). FastDeploy's
+  Gaudi guide (``docs/get_started/installation/intel_gaudi.md``, at every build of ``BUILDS``) still installs 3.1.1.
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "BUILDS",
+    "CHANGES",
     "CHECKED_COMMITS",
+    "CI_BUILD",
     "EXPORT_LEGACY_TP_COMMIT",
     "FASTDEPLOY_RELEASES",
     "FIRST_SUPPORTED_COMMIT",
@@ -35,11 +38,18 @@ __all__ = [
     "PADDLE_MINIMUM",
     "PR_5324",
     "PR_5757",
+    "PR_5855",
+    "PR_5880",
+    "RECOMMENDED_BUILD",
     "SUPPORTED_BRANCH",
+    "FastDeployBuild",
+    "FastDeployChange",
     "FastDeployCommit",
     "PaddleCall",
     "Release",
+    "build_for_version",
     "release_verdict",
+    "render_builds",
     "render_versions",
 ]
 
@@ -74,19 +84,166 @@ FIRST_SUPPORTED_COMMIT = FastDeployCommit(
     "fills; not run by the conformance suite [inferred from the sources]",
 )
 
-CHECKED_COMMITS: tuple[FastDeployCommit, ...] = (
-    FastDeployCommit(
-        commit="8c3513a410df00ae6a13a7c87f16c2888e2cdeac",
-        date="2026-01-09",
-        title='Revert "[TSP] last_norm allgather move to model.py (#5924)" (#5961)',
-        carries=(PR_5324, PR_5757),
-        why="the conformance suite runs the hook against FastDeploy's own loading at this commit, on a CPU "
-        "(tests/fastdeploy_real); not yet on a Gaudi",
+PR_5855 = "PR 5855 (HPU MoE EP; down_proj_in_scale an [E, 1] parameter)"
+PR_5880 = "PR 5880 (Qwen3's q/k norms under self_attn.qk_norm)"
+
+
+@dataclass(frozen=True)
+class FastDeployBuild:
+    """A FastDeploy as users build it (its Gaudi guide: from source, ``bash build.sh``): a branch head."""
+
+    name: str  # the branch, as users name it
+    commit: FastDeployCommit
+    version: str  # setup.py's FASTDEPLOY_VERSION default, which the build writes into fastdeploy/version.txt
+    moe_layout: str  # "list" (PR 5324 up to PR 5855) or "parameter" (from PR 5855)
+    qwen3: str  # how Qwen3's q/k norms reach the HPU attention there
+    moe_gate: str  # the dtype of the Qwen3-MoE router gate FastDeploy builds there
+
+
+LIST, PARAMETER = "list", "parameter"
+_NORMS_OWN = "the attention's own; FastDeploy's runner hands them to the fused attention"
+_NORMS_HELD = "under `qk_norm`: FastDeploy's own loading hands the fused attention none, the hook hands them (section 14)"
+
+BUILDS: tuple[FastDeployBuild, ...] = (
+    FastDeployBuild(
+        "develop",
+        FastDeployCommit(
+            "8c3513a410df00ae6a13a7c87f16c2888e2cdeac",
+            "2026-01-09",
+            'Revert "[TSP] last_norm allgather move to model.py (#5924)" (#5961)',
+            (PR_5324, PR_5757),
+            "the conformance suite's CI commit (tests/fastdeploy_real, on a CPU; not yet on a Gaudi)",
+        ),
+        "2.4.0-dev",
+        LIST,
+        _NORMS_OWN,
+        "float32",
+    ),
+    FastDeployBuild(
+        "release/2.5",
+        FastDeployCommit(
+            "f3fb7e032cad403061258cfb0a2b5e228ac31465",
+            "2026-04-14",
+            "[KSM] fix the bug in topk (#7397)",
+            (PR_5324, PR_5757, PR_5855, PR_5880),
+            "release/2.5's head (cut from develop 335ab70b, 2026-02-10): the conformance suite runs it opt-in, on a CPU",
+        ),
+        "2.5.0",
+        PARAMETER,
+        _NORMS_HELD,
+        "float32",
+    ),
+    FastDeployBuild(
+        "release/2.6",
+        FastDeployCommit(
+            "7198b5883a0ebdc85b91a455aa07d0856911c9a7",
+            "2026-06-01",
+            "[RL] Fix the incorrect routing of EOS tokens, which leads to changes in accuracy (#7960)",
+            (PR_5324, PR_5757, PR_5855, PR_5880),
+            "release/2.6's head (cut from develop e3aed6de, 2026-04-03): the conformance suite runs it opt-in, on a CPU",
+        ),
+        "2.6.0",
+        PARAMETER,
+        _NORMS_HELD,
+        "bfloat16 (float32 with --moe-gate-fp32)",
+    ),
+    FastDeployBuild(
+        "develop",
+        FastDeployCommit(
+            "e53f5184acbb766f88475c8ead86986b6ac3b480",
+            "2026-04-15",
+            "PD deployment support without router (#7412)",
+            (PR_5324, PR_5757, PR_5855, PR_5880),
+            "develop after release/2.6 was cut: the conformance suite runs it opt-in, on a CPU",
+        ),
+        "2.6.0-dev",
+        PARAMETER,
+        _NORMS_HELD,
+        "bfloat16 (float32 with --moe-gate-fp32)",
     ),
 )
-"""Commits the conformance suite checks the hook against, newest last. A newer commit is "unknown-newer": it may
-carry PR 5855 (its MoE layout is supported, re-created by the suite on the last checked commit), no commit of which
-is in the history read."""
+"""The FastDeploy builds the conformance suite checks the hook against, oldest first (docs/fastdeploy.md section 1)."""
+
+CHECKED_COMMITS: tuple[FastDeployCommit, ...] = tuple(build.commit for build in BUILDS)
+CI_BUILD = BUILDS[0]
+"""The build CI's conformance suite runs (a clean clone's .ci/run): one within its time limit; the others opt-in."""
+RECOMMENDED_BUILD = BUILDS[1]
+"""The build a Gaudi user should take (docs/fastdeploy.md "For users"): a release, with PR 5855 (EP) and Qwen3-MoE's
+router gate in float32 as FastDeploy's HPU MoE kernel was always handed it (2.6 makes it bf16 unless
+--moe-gate-fp32, which no Gaudi run has shown the kernel to take)."""
+
+
+@dataclass(frozen=True)
+class FastDeployChange:
+    """A develop commit after PR 5324 that changes what the hook meets, and its cherry-picks onto a release."""
+
+    commit: FastDeployCommit
+    cherry_picks: tuple[str, ...] = ()  # full hashes of the same change on a release branch
+
+
+CHANGES: tuple[FastDeployChange, ...] = (
+    FastDeployChange(
+        FastDeployCommit(
+            "2533836dbb50b3f23a7006c4b9808ec9325e44d4",
+            "2026-01-12",
+            "[Optimization] Accelerate Qwen3 QK RMSNorm via Fused Triton Kernel (#5880)",
+            (PR_5880,),
+            "Qwen3's q/k norms move under self_attn.qk_norm and FastDeploy's HPU runner stops handing them to the fused "
+            "attention; the hook fills them there and hands them back",
+        )
+    ),
+    FastDeployChange(
+        FastDeployCommit(
+            "93b7675a64424db0a3a2b971aa2f823271da7333",
+            "2026-01-14",
+            "[Feature]Report FD statistical information (#5646)",
+            (),
+            "worker rank 0 reports its config to FastDeploy's usage server unless DO_NOT_TRACK=1",
+        )
+    ),
+    FastDeployChange(
+        FastDeployCommit(
+            "fbcccaa750af6a6f81be85c4c4da38f8c6ab17fc",
+            "2026-01-15",
+            "[Intel HPU] enable MoE EP for hpu (#5855)",
+            (PR_5855,),
+            "the MoE layer holds down_proj_in_scale as an [E, 1] parameter (padded after loading); EP on the HPU",
+        )
+    ),
+    FastDeployChange(
+        FastDeployCommit(
+            "6d33d5e370aa2bb4210fc10b2db7e7b21cf23011",
+            "2026-01-28",
+            "[Models][BugFix] shared experts and dense mlp layer do not require TP split (#6180)",
+            (),
+            "with sequence-parallel MoE (EP and TP > 1) ERNIE's shared experts are built unsplit: the hook refuses "
+            "sequence-parallel MoE, the recipe turns it off",
+        )
+    ),
+    FastDeployChange(
+        FastDeployCommit(
+            "53aaac69da2e391848593c9db117150286c0b2be",
+            "2026-02-26",
+            "[Optimization] Enable BF16 gate computation for GLM and Qwen (#6457)",
+            (),
+            "Qwen3-MoE's router gate is built in bf16 unless --moe-gate-fp32; the hook casts the float32 router as "
+            "FastDeploy's own loading does [a bf16 gate not yet seen on a Gaudi's MoE kernel]",
+        )
+    ),
+    FastDeployChange(
+        FastDeployCommit(
+            "8b6bbb3504fa5e5269b381bb32c59c388c16560f",
+            "2026-03-24",
+            "[Optimization] Use a separate driver when using Triton with Paddle (#6897)",
+            (),
+            "fastdeploy/__init__.py calls paddle.enable_compat only where torch is not installed, instead of "
+            "paddle.compat.enable_torch_proxy always",
+        ),
+        cherry_picks=("d12aa284a77b505ef98f9bd0f9b984ada1ecb8fc",),
+    ),
+)
+"""What changed for the hook after the CI build, oldest first; ``hpu-fp8 doctor`` says which of them a FastDeploy
+checkout carries (git ancestry)."""
 
 EXPORT_LEGACY_TP_COMMIT = FastDeployCommit(
     commit="44a13e4557ba2eabcedcc85b276f56c586d952a5",
@@ -110,7 +267,8 @@ class Release:
 FASTDEPLOY_RELEASES: tuple[Release, ...] = (
     Release("2.3", False, "cut 2025-11 with BF16 HPU support only; no intel_hpu/quantization in its tree [inferred]"),
     Release("2.4", False, "release/2.4 existed by 2025-12-15, before the PR 5324 merge (2025-12-17) [inferred]"),
-    Release("2.5", True, "cut after 2026-01, months after PR 5324 (and PR 5855) merged on develop [inferred, unchecked]"),
+    Release("2.5", True, "release/2.5, cut from develop 335ab70b (2026-02-10): carries PR 5324, PR 5855 and PR 5880 (git)"),
+    Release("2.6", True, "release/2.6, cut from develop e3aed6de (2026-04-03): carries PR 5324, PR 5855 and PR 5880 (git)"),
 )
 
 
@@ -122,10 +280,16 @@ class PaddleCall:
     fastdeploy_file: str  # relative to the fastdeploy package
     since: str  # the develop commit (short) from which FastDeploy calls it
     paddle_minimum: str
+    without_torch_only: bool = False  # FastDeploy makes the call only where no torch distribution is installed
 
 
-PADDLE_CALLS: tuple[PaddleCall, ...] = (PaddleCall("paddle.compat.enable_torch_proxy", "__init__.py", "131defa1", "3.3.0"),)
-"""What FastDeploy's import calls of paddle that older paddles lack; doctor checks each one the sources call."""
+PADDLE_CALLS: tuple[PaddleCall, ...] = (
+    PaddleCall("paddle.compat.enable_torch_proxy", "__init__.py", "131defa1", "3.3.0"),
+    # from 8b6bbb35 on develop (release/2.5: its cherry-pick d12aa284): `if not _is_package_installed("torch")`
+    PaddleCall("paddle.enable_compat", "__init__.py", "8b6bbb35", "3.3.0", without_torch_only=True),
+)
+"""What FastDeploy's import calls of paddle that older paddles lack (paddle 3.3.0 is the first wheel with either:
+3.1.1's has no paddle.compat, 3.2.2's neither name); doctor checks each one the sources call."""
 
 PADDLE_MINIMUM = "3.3.0"
 """The oldest paddle that imports the checked FastDeploy (``paddle.compat.enable_torch_proxy``); FastDeploy's Gaudi
@@ -156,21 +320,49 @@ def release_verdict(version: str) -> tuple[str, Release | None]:
     return ("older", None) if line < first else ("newer", None)
 
 
+def build_for_version(version: str) -> FastDeployBuild | None:
+    """The checked release build whose line a reported version (``2.5.0``, ``2.6.1``) names; None for a -dev build
+    (the commit decides) or a line no checked build heads."""
+    if "dev" in version or _release_line(version) is None:
+        return None
+    return next((b for b in BUILDS if b.name.startswith("release/") and _release_line(b.version) == _release_line(version)), None)
+
+
 def render_versions() -> str:
     """Which FastDeploy and which paddle, as a reader of the README and docs/fastdeploy.md needs it: rendered from
     the constants above (scripts/render_readme.py), so that the documents and ``hpu-fp8 doctor`` agree."""
-    checked = CHECKED_COMMITS[-1]
-    first = FIRST_SUPPORTED_COMMIT
-    call = PADDLE_CALLS[0]
-    releases = ", ".join(f"{r.version} {'carries' if r.carries_pr_5324 else 'lacks'} it" for r in FASTDEPLOY_RELEASES)
+    take = RECOMMENDED_BUILD
+    others = ", ".join(f"`{b.name}` `{b.commit.short}` ({b.version})" for b in BUILDS if b is not take)
+    calls = " or ".join(f"`{c.attribute}`" for c in PADDLE_CALLS)
     return (
-        f"- **FastDeploy**: `{SUPPORTED_BRANCH}` at `{checked.short}` ({checked.date}), checked against its own loading "
-        f"on a CPU, not yet on a Gaudi: `git checkout {checked.commit}`. Any `{SUPPORTED_BRANCH}` commit from "
-        f"`{first.short}` ({first.date}, {PR_5324}) should serve [inferred]; FastDeploy with PR 5855's MoE layout is "
-        f"supported too. Releases, by date only [inferred]: {releases}. `hpu-fp8 doctor` compares the commit in "
-        "FastDeploy's `version.txt` with this range.\n"
-        f"- **paddle**: {PADDLE_MINIMUM} or newer. FastDeploy's `{call.fastdeploy_file}` calls `{call.attribute}` "
-        f"(from `{call.since}` on), which paddle 3.1.1, the version FastDeploy's Gaudi guide installs, lacks: install "
-        f"paddlepaddle>={PADDLE_MINIMUM} and a PaddleCustomDevice `intel_hpu` wheel built against it [not yet seen on a "
-        "Gaudi]. `hpu-fp8 doctor` checks that paddle has what FastDeploy calls.\n"
+        f"- **FastDeploy**: take `{take.name}` (`{take.commit.short}`, version {take.version}; "
+        f"`git checkout {take.commit.commit}`), checked against FastDeploy's own loading on a CPU, not yet on a Gaudi. "
+        f"Also checked: {others}. Any `{SUPPORTED_BRANCH}` commit from `{FIRST_SUPPORTED_COMMIT.short}` "
+        f"({FIRST_SUPPORTED_COMMIT.date}, {PR_5324}) should serve [inferred]; 2.3 and 2.4 lack it. Why this one and "
+        "what changed between them: [docs/fastdeploy.md section 1](docs/fastdeploy.md#1-scope-commits-covered-and-"
+        "compatibility-matrix). `hpu-fp8 doctor` names the FastDeploy it finds.\n"
+        f"- **paddle**: {PADDLE_MINIMUM} or newer. FastDeploy's `__init__.py` calls {calls} (the latter, from "
+        f"`{PADDLE_CALLS[-1].since}`, only where torch is not installed), which paddle 3.1.1, the version FastDeploy's "
+        f"Gaudi guide installs, lacks: install paddlepaddle>={PADDLE_MINIMUM} and a PaddleCustomDevice `intel_hpu` "
+        "wheel built against it [not yet seen on a Gaudi]. `hpu-fp8 doctor` checks that paddle has what FastDeploy calls.\n"
     )
+
+
+def render_builds() -> str:
+    """The builds the suite checks and the changes between them, as docs/fastdeploy.md section 1 holds them."""
+    rows = [
+        "| build | commit | version.txt | MoE layout | Qwen3 q/k norms | Qwen3-MoE gate | checked |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for b in BUILDS:
+        mark = " (take this one)" if b is RECOMMENDED_BUILD else (" (CI)" if b is CI_BUILD else "")
+        rows.append(
+            f"| `{b.name}`{mark} | `{b.commit.short}` ({b.commit.date}) | `{b.version}` | {b.moe_layout} | {b.qwen3} | "
+            f"{b.moe_gate} | {b.commit.why} |"
+        )
+    rows += ["", "| change (develop) | date | on release branches | what it changes for the hook |", "|---|---|---|---|"]
+    for change in CHANGES:
+        c = change.commit
+        picks = ", ".join(f"cherry-pick `{p[:8]}`" for p in change.cherry_picks)
+        rows.append(f"| `{c.short}` {c.title} | {c.date} | {picks or 'by ancestry'} | {c.why} |")
+    return "\n".join(rows) + "\n"

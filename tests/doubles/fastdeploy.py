@@ -177,6 +177,12 @@ BROKEN_FASTDEPLOY_FAULTS = {
     "hang-on-import": ("import time\ntime.sleep(3600)\n", MODEL_LOADER),
     "killed-on-import": ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", MODEL_LOADER),
     "torch-proxy": ("import paddle\npaddle.compat.enable_torch_proxy(scope={'triton'})\n", MODEL_LOADER),
+    # from 8b6bbb35 (release/2.5: d12aa284) FastDeploy's __init__ asks importlib.metadata for torch first
+    "enable-compat": (
+        "from importlib.metadata import PackageNotFoundError, distribution\nimport paddle\ntry:\n"
+        "    distribution('torch')\nexcept PackageNotFoundError:\n    paddle.enable_compat(scope={'triton'})\n",
+        MODEL_LOADER,
+    ),
     "loader-none": ("", "def get_model_loader(load_config):\n    return None\n"),
     "base-exception": (
         "",
@@ -223,13 +229,14 @@ def write_broken_fastdeploy(root: Path, fault: str = "none", version_txt: str | 
 
 
 def write_paddle_standin(root: Path, version: str = "3.3.0", compat: bool = True) -> Path:
-    """The paddle doctor asks for: a version, custom devices (none), and ``paddle.compat.enable_torch_proxy`` when
-    ``compat`` (paddle 3.3.0 on); without it, the paddle of FastDeploy's Gaudi guide (3.1.1 has no paddle.compat).
+    """The paddle doctor asks for: a version, custom devices (none), and ``paddle.compat.enable_torch_proxy`` (with its
+    alias ``paddle.enable_compat``) when ``compat`` (paddle 3.3.0 on); without it, the paddle of FastDeploy's Gaudi guide (3.1.1 has no paddle.compat).
     No paddle 3.1.1 installs beside the tests' own 3.3, so this stands in for it; put ``root`` first on sys.path."""
     package = root / "paddle"
     package.mkdir(parents=True, exist_ok=True)
     (package / "__init__.py").write_text(
-        f"__version__ = {version!r}\nfrom paddle import device\n" + ("from paddle import compat\n" if compat else "")
+        f"__version__ = {version!r}\nfrom paddle import device\n"
+        + ("from paddle import compat\nfrom paddle.compat import enable_torch_proxy as enable_compat\n" if compat else "")
     )
     (package / "device.py").write_text("def get_all_custom_device_type():\n    return []\n")
     if compat:
