@@ -27,9 +27,26 @@ def fastdeploy_env() -> dict:
     return {"environment": environment, "before": before, "after": after}
 
 
+def native_moe_layout(environment: FastDeployEnvironment) -> str:
+    """The MoE layout the source under test builds itself, read from its files: "parameter" from PR 5855 (fbcccaa7,
+    2026-01-15: its runner pads the ``[E, 1]`` parameter after loading), else "list"."""
+    runner = environment.source / "fastdeploy/worker/hpu_model_runner.py"
+    return "parameter" if "process_scales_alignment_after_loading" in runner.read_text() else "list"
+
+
+@pytest.fixture(scope="session")
+def moe_layouts(fastdeploy_env) -> dict[str, str]:
+    """A case's ``moe_layout`` -> the layout FastDeploy then holds: ``develop`` is the source's own, ``pr5855`` its
+    re-creation on a source without it (runtime/pr5855_moe.py) or, from fbcccaa7, the source's own."""
+    return {"develop": native_moe_layout(fastdeploy_env["environment"]), "pr5855": "parameter"}
+
+
 @pytest.fixture(scope="session")
 def overlay_env(fastdeploy_env) -> FastDeployEnvironment:
-    """FastDeploy's source with the upstream files HPU_FP8_FASTDEPLOY_OVERLAY holds laid over it, or a skip saying so."""
+    """FastDeploy's source with PR 5855's files: itself from fbcccaa7 on, else with the upstream files
+    HPU_FP8_FASTDEPLOY_OVERLAY holds laid over it, or a skip saying so."""
+    if native_moe_layout(fastdeploy_env["environment"]) == "parameter":
+        return fastdeploy_env["environment"]
     given = os.environ.get(OVERLAY)
     if not given:
         pytest.skip(f"{OVERLAY} is not set: name a directory holding the files tests/fastdeploy_real/pr5855_overlay.json lists")

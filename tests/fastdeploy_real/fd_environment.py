@@ -2,10 +2,10 @@
 
 FastDeploy is not on PyPI and its setup builds CUDA ops, so the suite never installs it: its source
 goes on ``PYTHONPATH`` of a Python 3.10 virtual environment (FastDeploy's Gaudi image runs 3.10)
-holding FastDeploy's own ``requirements.txt`` at the commit under test (every package of it that
-installs here; ``fastdeploy_requirements_skipped.txt`` names the others and why) plus the suite's
-few pins where that list is not enough on a CPU (``requirements.txt``: paddle itself, and what
-replaces a skipped package), then this package, installed the way a user installs it into
+holding FastDeploy's own ``requirements.txt`` at the commit under test (every package of it from
+PyPI as listed; ``fastdeploy_requirements_skipped.txt`` says what replaces each one pinned at a URL,
+which this machine cannot reach, and why) plus the suite's few pins where that list is not enough on a
+CPU (``requirements.txt``: paddle itself, protobuf), then this package, installed the way a user installs it into
 FastDeploy's environment. Nothing of FastDeploy is copied into this repository.
 
 Where the source comes from (the first that is set):
@@ -168,14 +168,23 @@ def overlaid(environment: FastDeployEnvironment, overlay: Path) -> FastDeployEnv
     return FastDeployEnvironment(environment.python, target, environment.commit)
 
 
-def skipped_requirements() -> dict[str, str]:
-    """FastDeploy requirements this suite does not install, by canonical name: why, from SKIPPED."""
-    skipped = {}
+@dataclass(frozen=True)
+class Replacement:
+    """What the suite installs for a FastDeploy requirement pinned at a URL: a PyPI requirement, or nothing."""
+
+    instead: str  # a requirement from PyPI; "" installs nothing
+    why: str
+
+
+def url_replacements() -> dict[str, Replacement]:
+    """FastDeploy requirements pinned at a URL, by canonical name, as SKIPPED lists them."""
+    replacements = {}
     for line in SKIPPED.read_text().splitlines():
-        name, _, why = line.partition("#")
-        if name.strip():
-            skipped[canonicalize_name(name.strip())] = why.strip()
-    return skipped
+        listed, _, why = line.partition("#")
+        if listed.strip():
+            name, _, instead = listed.strip().partition(" ")
+            replacements[canonicalize_name(name)] = Replacement(instead.strip(), why.strip())
+    return replacements
 
 
 def fastdeploy_requirements(source: Path) -> list[Requirement]:
@@ -187,11 +196,30 @@ def fastdeploy_requirements(source: Path) -> list[Requirement]:
     return [Requirement(line) for line in lines if line]
 
 
+def installed_requirements(source: Path) -> tuple[list[Requirement], dict[str, Replacement]]:
+    """(what the environment installs of FastDeploy's list at ``source``, the URL requirements replaced): every
+    requirement from PyPI as listed; each one at a URL as SKIPPED says, and one SKIPPED does not name is an error."""
+    replacements = url_replacements()
+    installed, replaced = [], {}
+    for requirement in fastdeploy_requirements(source):
+        name = canonicalize_name(requirement.name)
+        if requirement.url is None:
+            installed.append(requirement)
+        elif name in replacements:
+            replaced[name] = replacements[name]
+            if replacements[name].instead:
+                installed.append(Requirement(replacements[name].instead))
+        else:
+            raise RuntimeError(
+                f"FastDeploy's requirements.txt pins {requirement} at a URL this machine cannot reach, and "
+                f"{SKIPPED.name} does not say what to install instead"
+            )
+    return installed, replaced
+
+
 def _venv(python: Path, source: Path) -> Path:
     """The environment: FastDeploy's requirements but the skipped ones, with the suite's pins, in one pip resolution."""
-    skipped = skipped_requirements()
-    wanted = [str(r) for r in fastdeploy_requirements(source) if canonicalize_name(r.name) not in skipped]
-    listed = "\n".join(wanted) + "\n"
+    listed = "\n".join(str(r) for r in installed_requirements(source)[0]) + "\n"
     key = hashlib.sha256(
         listed.encode() + REQUIREMENTS.read_bytes() + SKIPPED.read_bytes() + str(python.resolve()).encode()
     ).hexdigest()[:16]

@@ -56,7 +56,7 @@ KEPT_CASES = [
 
 @pytest.mark.parametrize(("keep", "kv_cache", "tp", "moe_layout"), KEPT_CASES)
 def test_a_group_kept_in_bf16_loads_as_fastdeploys_own_loading_fills_it(
-    run_case, kept_checkpoints, keep, kv_cache, tp, moe_layout
+    run_case, kept_checkpoints, moe_layouts, keep, kv_cache, tp, moe_layout
 ):
     spec, legacy = kept_checkpoints(keep, kv_cache)
     written = json.loads((legacy / "config.json").read_text())["quantization_config"]
@@ -68,7 +68,7 @@ def test_a_group_kept_in_bf16_loads_as_fastdeploys_own_loading_fills_it(
         if keep == "experts":  # FastDeploy's unquantized MoE method: no scales, so no down_proj_in_scale layout
             assert report["moe_layout"] is None and report["bf16_weights"]["experts"] > 0
         else:
-            assert report["moe_layout"] == {"develop": "list", "pr5855": "parameter"}[moe_layout]
+            assert report["moe_layout"] == moe_layouts[moe_layout]
             assert report["bf16_weights"]["dense"] > 0
         print(f"keep {keep} in BF16, kv={kv_cache} TP{tp} rank {rank} {moe_layout}: {report['parameters']} parameters "
               f"({report['bf16_weights']}) and {report['kernel_calls']} kernel calls identical")  # fmt: skip

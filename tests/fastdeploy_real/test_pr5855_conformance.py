@@ -107,14 +107,21 @@ def test_the_hook_on_pr5855s_own_files(run_overlay_case, checkpoints, tp, dp, ex
               f"parameters and {report['kernel_calls']} kernel calls identical; experts {report['moe_calls']}")  # fmt: skip
 
 
-def test_fastdeploys_own_ep_loading_drops_the_shared_moe_input_scale(run_overlay_case, checkpoints):  # noqa: F811
+def test_fastdeploys_own_ep_loading_of_the_shared_moe_input_scale(run_overlay_case, checkpoints, moe_layouts):  # noqa: F811
     """FastDeploy's v0 EP loading of the layout its measurement and PaddleCustomDevice's converter write (one shared
-    ``experts.up_gate_proj.activation_scale`` a MoE layer) fails on that key at 8c3513a4 with PR 5855's two files: its
-    ``load_ep_checkpoint`` keeps only indexed expert keys. Loud, never served; the hook reads the spec checkpoint."""
+    ``experts.up_gate_proj.activation_scale`` a MoE layer). At 8c3513a4 with PR 5855's two files it fails on that key:
+    its ``load_ep_checkpoint`` keeps only indexed expert keys (loud, never served; the hook reads the spec
+    checkpoint). From fbcccaa7, PR 5855 merged with its ``load_weight_utils.py``, FastDeploy reads it, and its own
+    loading is then an oracle for the hook on the very layout it writes."""
     spec, legacy = checkpoints(PRESET, True)
     report = run_overlay_case({"oracle": legacy, "hook": spec, "tp": 2, "rank": 0, "expert_parallel": True})
-    assert report.get("error", "").startswith("KeyError") and SHARED_INPUT in report["error"], report
-    print("FastDeploy's own EP loading of the shared-key layout:", report["error"])
+    if moe_layouts["develop"] == "parameter":  # the source's own PR 5855
+        assert_conforms(report)
+        assert_on_pr5855s_files(report, 2, 0, True)
+        print(f"FastDeploy's own EP loading of the shared-key layout agrees with the hook: {report['parameters']} parameters")
+    else:
+        assert report.get("error", "").startswith("KeyError") and SHARED_INPUT in report["error"], report
+        print("FastDeploy's own EP loading of the shared-key layout:", report["error"])
 
 
 @pytest.mark.parametrize(("fault", "tp", "dp"), [("experts-of-ep-rank-0", 2, 1), ("ep-rank-from-tp-rank", 1, 2)])

@@ -24,7 +24,7 @@ from helpers.shell_block import ShellCommand, fenced_blocks, read_block
 from hpu_fp8_loader.conversion.convert import convert
 from hpu_fp8_loader.fastdeploy import recipe
 from hpu_fp8_loader.fastdeploy.legacy import export_legacy
-from hpu_fp8_loader.fastdeploy.plugin import ANNOUNCEMENT_PREFIX
+from hpu_fp8_loader.fastdeploy.plugin import ANNOUNCEMENT_PREFIX, SEQUENCE_PARALLEL_MOE_REFUSAL
 from hpu_fp8_loader.hub.cards import render_card
 from hpu_fp8_loader.sources.synth import preset_config, synthesize, synthetic_measurements
 
@@ -147,6 +147,21 @@ def test_the_expert_parallel_line_reaches_fastdeploys_worker_config(run_recipe, 
     else:
         assert any(ANNOUNCEMENT_PREFIX in line and "ep rank 1 of 2" in line for line in report["stderr"].splitlines())
     print("EP 2 line:", report.get("load_error", "loaded"))
+
+
+def test_the_expert_parallel_line_without_its_sequence_parallel_flag_is_refused_by_the_hook(run_recipe, ernie):
+    """The EP line less ``--disable-sequence-parallel-moe``: FastDeploy's own parsing then turns sequence-parallel MoE
+    on (EP 2 at TP 2), which builds o_proj and, from 6d33d5e3, the shared experts unsplit; the hook refuses it in its
+    one line before filling anything, whatever the commit's MoE layer does after."""
+    layout = LAYOUTS["ep2"]
+    command = server_commands(readme_block())[layout.title]
+    spec, _ = ernie
+    arguments = [word for word in with_checkpoint(command, spec) if word != "--disable-sequence-parallel-moe"]
+    assert len(arguments) == len(with_checkpoint(command, spec)) - 1  # the recipe's EP line carries the flag
+    report = run_recipe({"arguments": arguments, "rank": 1, "moe_layout": "pr5855"}, command.environment)
+    assert report["worker"]["use_sequence_parallel_moe"] is True, report["worker"]
+    assert SEQUENCE_PARALLEL_MOE_REFUSAL in report.get("load_error", ""), report.get("load_error")
+    print("EP 2 line with sequence-parallel MoE:", report["load_error"])
 
 
 def test_a_misspelled_flag_is_refused_by_fastdeploys_parser(run_recipe, ernie):

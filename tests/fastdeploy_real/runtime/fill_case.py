@@ -19,7 +19,9 @@ Two oracles replace FastDeploy's own loading:
    emulation's (head_dim, heads per rank, top_k, ...); the rotary table is FastDeploy's own (``get_rope``, as its
    runner builds it) and must agree with the emulation's rotation angles to float32 rounding. Conversely every
    array the emulation reads for the module must reach that kernel or, for attention, the one FastDeploy calls
-   next (``fused_sdpa_proj``, listed here from FastDeploy's source: the stand-in stops at the first op).
+   next (``fused_sdpa_proj``, listed here from FastDeploy's source: the stand-in stops at the first op). Where
+   FastDeploy builds Qwen3-MoE's router gate in bf16 (from 53aaac69), the gate must equal the emulation's float32
+   router rounded to bf16, and how many values that rounding changed is reported (``routers_rounded_to_bf16``).
 
 Prints one JSON report on the last line of stdout.
 """
@@ -112,6 +114,20 @@ def emulation_feeds(checkpoint: str, tp: int, rank: int, hidden: int) -> tuple[o
     return emulator, feeds
 
 
+def model_named(feeds: dict[int, dict[str, np.ndarray]], model) -> dict[int, dict[str, np.ndarray]]:
+    """The emulation's reads under the names of the parameters FastDeploy built for them, by FastDeploy's own account:
+    every ``RMSNorm`` keeps the checkpoint key it loads (``weight_key``), so a norm held elsewhere (Qwen3's q/k norms
+    under ``qk_norm`` from 2533836d) is found by the key its loader reads, not by the hook's rule."""
+    from fastdeploy.model_executor.layers.normalization import RMSNorm
+
+    built = {
+        layer.weight_key: f"{name}.weight"
+        for name, layer in model.named_sublayers()
+        if isinstance(layer, RMSNorm) and layer.weight_key and layer.weight_key != f"{name}.weight"
+    }
+    return {layer: {built.get(name, name): array for name, array in reads.items()} for layer, reads in feeds.items()}
+
+
 def emulation_numbers(emulator, tp: int) -> dict[str, object]:
     """The numbers and flags the emulation's arithmetic uses where FastDeploy passes them to a kernel."""
     from hpu_fp8_loader.engine.fp8 import QK_NORM_EPS
@@ -167,17 +183,36 @@ def observe_creation() -> dict:
     return created
 
 
+ROUTER = ".mlp.gate.weight"
+ROUTERS_ROUNDED: dict[str, int] = {}  # a router FastDeploy built in bf16: how many of its float32 values that rounds
+ALIGNED = "down_proj_in_scale"  # from PR 5855 convert_model pads it after loading (process_scales_alignment_after_loading)
+
+
+def unpadded(name: str, value: np.ndarray) -> np.ndarray | None:
+    """``value`` of ``name`` as loaded, where FastDeploy's runner padded it to ``[E, 1, slot]`` (the loaded value in
+    slot 0, zeros after); None where it is padded otherwise."""
+    if not name.endswith(ALIGNED) or value.ndim != 3:
+        return value
+    return value[..., 0] if not value[..., 1:].any() else None
+
+
 def fill_problems(created: dict, model) -> list[str]:
-    """Parameters that FastDeploy created and the loaded model lacks, holds with another shape or dtype, or left as created."""
+    """Parameters that FastDeploy created and the loaded model lacks, holds with another shape or dtype, or left as
+    created. A parameter FastDeploy's runner padded after loading (PR 5855 and later) is found among the buffers,
+    padded, and checked unpadded."""
     loaded = dict(model.named_parameters())
-    problems = [f"{name}: FastDeploy created it, the loaded model lacks it" for name in sorted(set(created) - set(loaded))]
-    problems += [f"{name}: not created by FastDeploy" for name in sorted(set(loaded) - set(created))]
-    for name in sorted(set(created) & set(loaded)):
+    buffers = dict(model.named_buffers())
+    problems = [f"{name}: not created by FastDeploy" for name in sorted(set(loaded) - set(created))]
+    for name in sorted(created):
         shape, dtype, initial = created[name]
-        parameter = loaded[name]
-        if [list(parameter.shape), str(parameter.dtype)] != [shape, dtype]:
-            problems.append(f"{name}: created {shape} {dtype}, loaded {list(parameter.shape)} {parameter.dtype}")
-        elif np.array_equal(bits(parameter), initial):
+        tensor = loaded.get(name, buffers.get(name) if name.endswith(ALIGNED) else None)
+        if tensor is None:
+            problems.append(f"{name}: FastDeploy created it, the loaded model lacks it")
+            continue
+        value = unpadded(name, bits(tensor))
+        if value is None or [list(value.shape), str(tensor.dtype)] != [shape, dtype]:
+            problems.append(f"{name}: created {shape} {dtype}, loaded {list(tensor.shape)} {tensor.dtype}")
+        elif np.array_equal(value, initial):
             problems.append(f"{name}: left at its initial value")
     return problems
 
@@ -211,7 +246,14 @@ def _parameter_problem(where: str, parameter: str, value, feeds: dict, prefix: s
         return f"{where}: {parameter} belongs to another module"
     if parameter not in feeds:
         return f"{where}: {parameter} is never read by the emulation"
-    ours, theirs = feeds[parameter], float32_values(value)
+    ours, theirs = feeds[parameter], unpadded(parameter, float32_values(value))
+    if parameter.endswith(ROUTER) and value.dtype == paddle.bfloat16 and ours.dtype == np.float32:
+        # FastDeploy builds Qwen3-MoE's gate in bf16 from 53aaac69 (PR 6457) and casts the float32 router into it
+        rounded = ours.astype(ml_dtypes.bfloat16).astype(np.float32)
+        ROUTERS_ROUNDED[parameter] = int((rounded != ours).sum())
+        ours = rounded
+    if theirs is None:
+        return f"{where}: {parameter} is padded with values other than zeros"
     if list(ours.shape) != list(theirs.shape):
         return f"{where}: {parameter} is {list(theirs.shape)}, the emulation's {list(ours.shape)}"
     if not np.array_equal(ours, theirs):
@@ -262,6 +304,7 @@ def kernel_problems(runner, emulator, feeds: dict, numbers: dict) -> tuple[list[
     parameters it was handed, as names below the module, and the numbers compared)."""
     model = runner.model
     known: dict = {id(p): name for name, p in model.named_parameters()}
+    known.update({id(b): name for name, b in model.named_buffers() if name.endswith(ALIGNED)})
     known.update({id(v): name for name, v in per_expert_lists(model).items()})
     meta = one_sequence(runner, TOKENS, decode=False)
     x = paddle.to_tensor(np.random.default_rng(0).standard_normal((TOKENS, emulator.d.hidden_size)).astype(np.float32))
@@ -299,6 +342,7 @@ def run(case: dict) -> dict:
         inject(case["inject"])
     created = observe_creation()
     runner = loaded_runner(config)
+    feeds = model_named(feeds, runner.model)
     problems, reached = kernel_problems(runner, emulator, feeds, emulation_numbers(emulator, tp))
     lists = per_expert_lists(runner.model)
     return {
@@ -309,6 +353,7 @@ def run(case: dict) -> dict:
         "kernel_problems": problems,
         "kernel_calls": reached,
         "rope_difference": rope_difference(emulator, runner.share_inputs["rope_emb"]),
+        "routers_rounded_to_bf16": ROUTERS_ROUNDED,
     }
 
 

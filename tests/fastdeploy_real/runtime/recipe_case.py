@@ -56,13 +56,26 @@ def parse_server_arguments(arguments: list[str]):
 
 
 class _Tokenizer:
-    """Stands in for the engine's tokenizer: the worker command carries a few of its numbers, loading reads none."""
+    """Stands in for the engine's tokenizer: the worker command carries a few of its numbers (from e53f5184 also the
+    line break's id and the thinking-truncation prompt's ids, asked of its ``encode``/``tokenize``), loading reads
+    none of them."""
+
+    think_truncate_prompt = ""
 
     def __init__(self, size: int):
         self.vocab = {str(i): i for i in range(size)}
 
     def get_vocab(self) -> dict[str, int]:
         return self.vocab
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return []
+
+    def tokenize(self, text: str) -> list[str]:
+        return []
+
+    def convert_tokens_to_ids(self, tokens: list[str]) -> list[int]:
+        return []
 
 
 def worker_command(config) -> str:
@@ -71,9 +84,9 @@ def worker_command(config) -> str:
 
     processor = types.SimpleNamespace(tokenizer=_Tokenizer(config.model_config.vocab_size), eos_token_id_len=1, pad_token_id=0)
     engine = LLMEngine.__new__(LLMEngine)  # its methods, without starting queues, schedulers or a tokenizer
-    engine.cfg, engine.engine, engine.data_processor, engine.do_profile = (
-        config, types.SimpleNamespace(data_processor=processor), processor, 1
-    )  # fmt: skip
+    # release/2.5 also asks the inner engine for a multimodal model's per-item token budget: a text model has none
+    inner = types.SimpleNamespace(data_processor=processor, mm_max_tokens_per_item=None)
+    engine.cfg, engine.engine, engine.data_processor, engine.do_profile = config, inner, processor, 1
     captured: list[str] = []
     popen = subprocess.Popen
     subprocess.Popen = lambda command, **kwargs: captured.append(command)  # type: ignore[assignment,misc]
