@@ -3,7 +3,7 @@
 The real script needs an HPU (it pins ``intel_hpu:5`` at import) and cannot run here, so this
 reimplements it, defects included, as docs/fastdeploy.md section 9 ("The legacy layout") records it
 from PaddleCustomDevice's ``backends/intel_hpu/custom_ops/python/paddlenlp_ops/Model_convert.py`` at
-``20c9eae8`` and ``1dd4eef8``, to make the legacy checkpoints that ``import-legacy`` must read:
+``20c9eae8`` and ``1dd4eef8`` (moved to ``backends/intel_hpu/tools/`` by PaddleCustomDevice#2329, 2026-01-08), to make the legacy checkpoints that ``import-legacy`` must read:
 
 * every BF16 key containing ``_proj.weight`` becomes ``quant_weight`` (int8 bytes of e4m3fn, no
   transpose, no split) plus ``weight_scale`` (bf16, rounded to nearest *after* quantizing with the

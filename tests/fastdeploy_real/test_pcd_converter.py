@@ -14,7 +14,8 @@ our bf16-exact scale all hold exactly; the measurement amax are those the legacy
 difference left is then a difference of rules, not of rounding.
 
 Opt-in, because the script is PaddleCustomDevice's and never copied here: ``HPU_FP8_PCD_MODEL_CONVERT`` names a
-copy of ``backends/intel_hpu/custom_ops/python/paddlenlp_ops/Model_convert.py`` (checked with 20c9eae8, the version
+copy of ``backends/intel_hpu/custom_ops/python/paddlenlp_ops/Model_convert.py`` (``backends/intel_hpu/tools/`` from
+PaddleCustomDevice#2329, 2026-01-08; checked with 20c9eae8, the version
 that quantizes routed experts per channel, as FastDeploy's HPU MoE method expects). Without it the module is
 skipped and says so.
 """

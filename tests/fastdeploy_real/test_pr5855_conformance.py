@@ -1,7 +1,9 @@
 """Tensor and expert parallelism on PR 5855's own files (issue 27 item 5), not on the suite's re-creation of them.
 
-PR 5855 ("[Intel HPU] enable MoE EP for hpu") is in no git history this workplace can read; the public search index
-holds single files of PaddlePaddle/FastDeploy. ``pr5855_overlay.json`` names the two this module lays over FastDeploy
+PR 5855 ("[Intel HPU] enable MoE EP for hpu") merged as fbcccaa7 (2026-01-15): on a source from there (release/2.5,
+release/2.6, develop e53f5184) this module runs on that source itself, its own load_weight_utils.py included. On an
+older one (8c3513a4, CI's) it lays two of the PR's files over it; the public search index holds single files of
+PaddlePaddle/FastDeploy. ``pr5855_overlay.json`` names the two this module lays over FastDeploy
 8c3513a4, with their sources and sha256: ``fastdeploy/worker/hpu_model_runner.py`` at 029e4cf8 (``convert_model``
 calls ``process_scales_alignment_after_loading`` on every ``FusedMoE``, replacing the ``[E, 1]``
 ``down_proj_in_scale`` parameter by an ``[E, 1, 64]`` tensor after loading) and the HPU MoE backend as PR 5855 leaves

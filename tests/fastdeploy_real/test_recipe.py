@@ -130,10 +130,10 @@ def test_the_model_cards_recipe_serves_through_fastdeploys_own_code(run_recipe, 
 
 
 def test_the_expert_parallel_line_reaches_fastdeploys_worker_config(run_recipe, ernie):
-    """EP needs FastDeploy's PR 5855, which no readable git history holds: its loading is re-created
-    (runtime/pr5855_moe.py), and the line's flags must give the workers EP 2 without sequence-parallel MoE
-    (whose o_proj the hook does not split). At 8c3513a4 FastDeploy's own MoE layer then builds GPU EP buffers
-    (deep_ep) before anything is loaded: the model is loaded only on a FastDeploy that carries PR 5855."""
+    """EP needs FastDeploy's PR 5855 (from fbcccaa7; before it its loading is re-created, runtime/pr5855_moe.py), and
+    the line's flags must give the workers EP 2 without sequence-parallel MoE (whose o_proj, and from 6d33d5e3 shared
+    experts, FastDeploy builds unsplit). At 8c3513a4 FastDeploy's own MoE layer then builds GPU EP buffers (deep_ep)
+    before anything is loaded: the model is loaded only on a FastDeploy that carries PR 5855."""
     layout = LAYOUTS["ep2"]
     command = server_commands(readme_block())[layout.title]
     spec, _ = ernie
@@ -162,6 +162,31 @@ def test_the_expert_parallel_line_without_its_sequence_parallel_flag_is_refused_
     assert report["worker"]["use_sequence_parallel_moe"] is True, report["worker"]
     assert SEQUENCE_PARALLEL_MOE_REFUSAL in report.get("load_error", ""), report.get("load_error")
     print("EP 2 line with sequence-parallel MoE:", report["load_error"])
+
+
+def test_qwen3_moe_gets_a_float32_gate_with_moe_gate_fp32_where_fastdeploy_has_the_flag(run_recipe, fastdeploy_env, tmp_path):
+    """docs/fastdeploy.md section 14: from 53aaac69 (release/2.6) FastDeploy builds Qwen3-MoE's gate in bf16 unless
+    --moe-gate-fp32, and the hook fills either; before it (release/2.5) the gate is float32 and the flag unknown."""
+    config = preset_config("qwen3-moe-tiny")
+    synthesize(tmp_path / "bf16", config, seed=5)
+    convert(tmp_path / "bf16", tmp_path / "spec", [synthetic_measurements(config)])
+    command = server_commands(readme_block())[LAYOUTS["tp1"].title]
+    line = with_checkpoint(command, tmp_path / "spec")
+    block = fastdeploy_env["environment"].source / "fastdeploy/model_executor/models/qwen3moe.py"
+    plain = run_recipe({"arguments": line, "rank": 0}, command.environment)
+    flagged = run_recipe({"arguments": [*line, "--moe-gate-fp32"], "rank": 0}, command.environment)
+    if "moe_gate_fp32" in block.read_text():
+        assert plain["router_dtypes"] == ["paddle.bfloat16"] and flagged["router_dtypes"] == ["paddle.float32"], (plain, flagged)
+        assert "load_error" not in flagged, flagged.get("load_error")
+    else:
+        assert plain["router_dtypes"] == ["paddle.float32"], plain
+        assert flagged["unknown_options"] == ["--moe-gate-fp32"], flagged
+    print(
+        "Qwen3-MoE gate:",
+        plain["router_dtypes"],
+        "; with --moe-gate-fp32:",
+        flagged.get("router_dtypes") or flagged["unknown_options"],
+    )
 
 
 def test_a_misspelled_flag_is_refused_by_fastdeploys_parser(run_recipe, ernie):

@@ -2,7 +2,8 @@
 
     python pcd_model_convert.py MODEL_CONVERT.py BF16_DIR FP8_DIR MEASUREMENT_FILE
 
-The script is PaddleCustomDevice's (``backends/intel_hpu/custom_ops/python/paddlenlp_ops/Model_convert.py``), read
+The script is PaddleCustomDevice's (``backends/intel_hpu/custom_ops/python/paddlenlp_ops/Model_convert.py``; from
+PaddleCustomDevice#2329, 2026-01-08, ``backends/intel_hpu/tools/Model_convert.py``), read
 from where the caller put it, never copied here. Two patches, each where only an HPU would do:
 
 1. its import-time ``paddle.device.set_device("intel_hpu:5")`` selects the CPU instead (the device it asked for is

@@ -167,6 +167,7 @@ def run(case: dict) -> dict:
         return report
     hook = state(model)
     report["parameters"] = len(hook)
+    report["router_dtypes"] = sorted({str(p.dtype) for n, p in model.named_parameters() if n.endswith(".mlp.gate.weight")})
     if oracle_model is not None:
         from conformance import DEVICE_ROUNDED, compare_states
 
