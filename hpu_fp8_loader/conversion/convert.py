@@ -13,9 +13,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import multiprocessing
 import os
+import queue as queue_module
 import sys
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from hpu_fp8_loader import __version__
-from hpu_fp8_loader.arch import Layout, WeightTensor, describe
+from hpu_fp8_loader.arch import Layout, describe
 from hpu_fp8_loader.arch.contents import bf16_modules
 from hpu_fp8_loader.console import Progress
 from hpu_fp8_loader.conversion.activations import merge_measurements, resolve_act_amax
@@ -39,12 +39,12 @@ from hpu_fp8_loader.conversion.plan import (
     quantization_config_for,
     refuse_hpu_fp8_source,
 )
-from hpu_fp8_loader.conversion.worker import WorkerContext, convert_tensor, init_worker
+from hpu_fp8_loader.conversion.worker import ShardOutcome, WorkerContext, convert_shard, init_worker
 from hpu_fp8_loader.errors import WorkerDiedError
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, Checkpoint, copied_source_files
 from hpu_fp8_loader.io.manifest import file_digest
 from hpu_fp8_loader.io.writer import (
-    ShardFile,
+    PlannedTensor,
     check_apart,
     check_publishable,
     finish_output,
@@ -208,7 +208,7 @@ def convert(
     amax, origin, sources = merge_measurements(measurements, descriptor)
     act, filled = resolve_act_amax(modules, amax, options.dead_experts)
     qc = quantization_config_for(descriptor, options, act, origin, sources, filled)
-    shards = plan_shards(planned_tensors(descriptor, qc), options.max_shard_bytes)
+    shards = plan_shards(planned_tensors(descriptor, qc), options.max_shard_bytes, with_previous=_is_weight_scale)
     staging = prepare_output_dir(out, options.force, [src])
     fingerprint = conversion_fingerprint(checkpoint, shards, qc, act)
     done = reusable_shards(staging, fingerprint, shards)
@@ -231,22 +231,9 @@ def convert(
         )
     metadata = {"format": "pd", "producer": f"hpu-fp8-loader {__version__}"}
     context = WorkerContext(
-        os.getpid(), src, staging, layout, descriptor.prefix, options, tuple(shards), frozenset(done), metadata
-    )
-    files = {s.file_name: ShardFile(staging, s, metadata) for s in shards if s.file_name not in done}
-    for shard_file in files.values():
-        shard_file.create()
-    for module, value in act.items():  # the small act tensors, written here
-        for name, array in (
-            (
-                names.tensor(module, names.ACT_SCALE),
-                scales.act_scale_from_amax(value, options.fp8_max, options.scale_rounding.value),
-            ),
-            (names.tensor(module, names.ACT_AMAX), np.float32(value)),
-        ):
-            shard_of = next(s.file_name for s in shards if any(t.name == name for t in s.tensors))
-            if shard_of in files:
-                files[shard_of].write(name, np.asarray(array, np.float32).reshape(1))
+        os.getpid(), src, staging, layout, descriptor.prefix, options, tuple(shards), frozenset(done), metadata,
+        _act_tensors(act, options),
+    )  # fmt: skip
     requantized = _run_jobs(checkpoint, descriptor, context, shards, done, fingerprint, progress)
     check_publishable(out, options.force)  # before the journal goes: refused here, the same command still resumes
     for name in STAGING_ONLY:
@@ -277,91 +264,117 @@ def convert(
     )
 
 
+def _is_weight_scale(tensor: PlannedTensor) -> bool:
+    return tensor.name.endswith("." + names.WEIGHT_SCALE)
+
+
+def _act_tensors(act: dict[str, float], options: ConvertOptions) -> dict[str, np.ndarray]:
+    """Each act module's F32 [1] ``act_scale`` and ``act_amax``, by tensor name: written by the worker of their shard."""
+    tensors = {}
+    for module, value in act.items():
+        scale = scales.act_scale_from_amax(value, options.fp8_max, options.scale_rounding.value)
+        tensors[names.tensor(module, names.ACT_SCALE)] = np.asarray(scale, np.float32).reshape(1)
+        tensors[names.tensor(module, names.ACT_AMAX)] = np.asarray(value, np.float32).reshape(1)
+    return tensors
+
+
 def _run_jobs(
     source: Checkpoint, descriptor, context: WorkerContext, shards, done: dict, fingerprint: str, progress
 ) -> dict[str, float]:
-    """Convert every tensor (in worker processes when asked), hashing each shard as it completes."""
+    """Write every shard not reused (in worker processes when asked), each whole by one worker in file order: it is
+    hashed as it is written, and the journal records it as it finishes."""
     weights = descriptor.weights()
     owner = {t.name: s.file_name for s in shards for t in s.tensors}
-    pending_in_shard = {s.file_name: {t.name for t in s.tensors} for s in shards if s.file_name not in done}
-    for s in shards:  # act tensors are already written
-        if s.file_name in pending_in_shard:
-            pending_in_shard[s.file_name] -= {t.name for t in s.tensors if t.name.endswith((names.ACT_SCALE, names.ACT_AMAX))}
-    total_bytes = sum(source.tensors[p.name].nbytes for w in weights for p in w.source_parts(context.layout, context.prefix))
-    state = {"bytes": 0, "tensors": 0}
+    todo = [s for s in shards if s.file_name not in done]
+    held = {s.file_name: [w for w in weights if owner[w.name] == s.file_name] for s in todo}
+    part_bytes = {
+        w.name: sum(source.tensors[p.name].nbytes for p in w.source_parts(context.layout, context.prefix)) for w in weights
+    }
+    total_bytes = sum(part_bytes.values())
+    state = {"bytes": sum(part_bytes[w.name] for w in weights if owner[w.name] in done), "tensors": 0}
+    state["tensors"] = sum(owner[w.name] in done for w in weights)
     requantized: dict[str, float] = {}
 
-    def finished(weight: WeightTensor, outcome: tuple[int, float | None]) -> None:
-        bytes_in, error = outcome
-        if error is not None:
-            requantized[weight.name] = error
-        quantized = weight.quantized(context.options.keep_bf16)
-        outputs = [weight.name] + ([names.tensor(weight.module, names.WEIGHT_SCALE)] if quantized else [])
-        for name in outputs:
-            shard = owner[name]
-            if shard in pending_in_shard:
-                pending_in_shard[shard].discard(name)
-        for shard, remaining in list(pending_in_shard.items()):
-            if not remaining:
-                try:
-                    size, sha = file_digest(context.staging / shard)
-                except MemoryError as exc:
-                    raise out_of_memory(f"hashing the finished shard {shard}", exc) from None
-                done[shard] = {"size": size, "sha256": sha}
-                del pending_in_shard[shard]
-                log.debug("%s finished (%d bytes, sha256 %s)", shard, size, sha)
-                save_journal(context.staging, fingerprint, done)
+    def written(bytes_in: int) -> None:
         state["bytes"] += bytes_in
         state["tensors"] += 1
         if progress:
             progress(ConvertProgress(state["bytes"], total_bytes, state["tensors"], len(weights)))
 
+    def finished(outcome: ShardOutcome) -> None:
+        requantized.update(outcome.requantized)
+        if outcome.digest is not None:
+            size, sha = outcome.digest
+        else:  # written out of file order (a tensor too big to put together in memory): hashed from disk
+            try:
+                size, sha = file_digest(context.staging / outcome.file_name)
+            except MemoryError as exc:
+                raise out_of_memory(f"hashing the finished shard {outcome.file_name}", exc) from None
+            log.info("%s: written out of file order, hashed from disk", outcome.file_name)
+        done[outcome.file_name] = {"size": size, "sha256": sha}
+        log.debug("%s finished (%d bytes, sha256 %s)", outcome.file_name, size, sha)
+        save_journal(context.staging, fingerprint, done)
+
+    if progress and state["bytes"]:
+        progress(ConvertProgress(state["bytes"], total_bytes, state["tensors"], len(weights)))
     if context.options.workers == 1:
-        init_worker(context)
-        for w in weights:
-            finished(w, convert_tensor(w))
+        init_worker(context, written)
+        for shard in todo:
+            finished(convert_shard(shard.file_name, held[shard.file_name]))
     else:
         _start_forkserver_quietly()
         mp = multiprocessing.get_context("forkserver")
-        pool = ProcessPoolExecutor(context.options.workers, mp_context=mp, initializer=init_worker, initargs=(context,))
+        heard = mp.Queue()
+        pool = ProcessPoolExecutor(context.options.workers, mp_context=mp, initializer=init_worker, initargs=(context, heard))
         try:
-            queue = list(reversed(_largest_first(weights)))
-            running: dict[Future, WeightTensor] = {}
+            queue = list(reversed(sorted(todo, key=lambda s: -s.nbytes)))  # the largest shards first
+            running: dict[Future, str] = {}
             while queue or running:
-                while queue and len(running) < 2 * context.options.workers:
-                    w = queue.pop()
+                while queue and len(running) < context.options.workers:
+                    shard = queue.pop()
                     try:
-                        running[pool.submit(convert_tensor, w)] = w  # starts the workers, on the first ones
+                        running[pool.submit(convert_shard, shard.file_name, held[shard.file_name])] = shard.file_name
                     except BrokenProcessPool:  # a worker died before its result was collected
-                        raise _worker_died(next(iter(running.values()), w)) from None
+                        raise _worker_died(next(iter(running.values()), shard.file_name)) from None
                     except (EOFError, OSError) as exc:  # the forkserver, which starts workers, is gone
                         raise _workers_not_started(exc) from None
-                finished_now, _ = wait(running, return_when=FIRST_COMPLETED)
+                finished_now, _ = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
+                _drain(heard, written)
                 for future in finished_now:
-                    w = running.pop(future)
-                    finished(w, _worker_result(future, w))
+                    finished(_worker_result(future, running.pop(future)))
+            _drain(heard, written)
         except BaseException:
             _stop_workers(pool)
             raise
         pool.shutdown()
-    for shard, remaining in pending_in_shard.items():
-        if remaining:
-            raise RuntimeError(f"internal error: shard {shard} still misses {', '.join(sorted(remaining)[:3])}")
+    missing = [s.file_name for s in shards if s.file_name not in done]
+    if missing:
+        raise RuntimeError(f"internal error: shard(s) {', '.join(missing[:3])} not written")
     save_journal(context.staging, fingerprint, done)
     return requantized
 
 
-def _worker_result(future: Future, weight: WeightTensor) -> tuple[int, float | None]:
+def _drain(heard, written: Callable[[int], None]) -> None:
+    """Pass on what the workers reported of their progress so far (the bytes of each weight written)."""
+    while True:
+        try:
+            bytes_in = heard.get_nowait()
+        except queue_module.Empty:
+            return
+        written(bytes_in)
+
+
+def _worker_result(future: Future, shard: str) -> ShardOutcome:
     """A worker's outcome; its HpuFp8Error comes back with its message, a dead worker as one line."""
     try:
         return future.result()
     except BrokenProcessPool:
-        raise _worker_died(weight) from None
+        raise _worker_died(shard) from None
 
 
-def _worker_died(weight: WeightTensor) -> WorkerDiedError:
+def _worker_died(shard: str) -> WorkerDiedError:
     return WorkerDiedError(
-        f"a worker process died while converting {weight.name} (killed by a signal; out of memory?). "
+        f"a worker process died while converting the tensors of {shard} (killed by a signal; out of memory?). "
         "Nothing was published; run the same command again to resume, perhaps with fewer --workers"
     )
 
@@ -403,8 +416,3 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
         process.kill()
     with contextlib.suppress(RuntimeError):  # its thread never started (no memory for its stack): nothing to join
         pool.shutdown(wait=True, cancel_futures=True)  # returns at once with the workers gone; joins the pool's thread
-
-
-def _largest_first(weights: list[WeightTensor]) -> list[WeightTensor]:
-    """Big tensors first, so two workers do not end with one of them alone on a huge tensor."""
-    return sorted(weights, key=lambda w: -math.prod(w.shape))

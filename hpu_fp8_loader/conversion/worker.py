@@ -1,8 +1,12 @@
-"""The worker side of a conversion: one spec tensor read, quantized and written at its offset, in bounded memory.
+"""The worker side of a conversion: one output shard written whole, in file order, in bounded memory.
 
 A worker process (or the main one, with one worker) gets a :class:`WorkerContext` once, opens the
-source itself, and converts the tensors it is handed with :func:`convert_tensor`: small tensors read
-whole, large ones in row blocks, FP8 (compressed-tensors) linears requantized through code tables.
+source itself, and writes the shards it is handed with :func:`convert_shard`: every tensor of the shard in file
+order, each spec weight read, quantized and written by :func:`convert_tensor` (small tensors read whole, large ones
+in row blocks, FP8 (compressed-tensors) linears requantized through code tables), its scale right after it. Written
+in order by one process, a shard is hashed as it is written (``ShardFile.digest``): no byte of it is read back.
+A transposed source arrives as column segments of its spec tensor; they are put together in memory and written
+whole where the tensor fits the worker's share (else written where they go, and that shard is hashed from disk).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from hpu_fp8_loader.arch import Layout, SourcePart, WeightTensor
 from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
-from hpu_fp8_loader.io.safetensors_file import row_blocks
+from hpu_fp8_loader.io.safetensors_file import numpy_dtype, row_blocks
 from hpu_fp8_loader.io.writer import Shard, ShardFile
 from hpu_fp8_loader.memory import memory_budget, out_of_memory
 from hpu_fp8_loader.numerics import e4m3, scales
@@ -31,7 +35,16 @@ from hpu_fp8_loader.sources.block_fp8 import block_size, open_source
 from hpu_fp8_loader.sources.source_tensors import source_rows, source_scale
 from hpu_fp8_loader.spec import names
 
-__all__ = ["KEPT_TENSOR_BYTES", "WorkerContext", "convert_tensor", "init_worker", "kept_tensor_bytes", "reads_whole"]
+__all__ = [
+    "KEPT_TENSOR_BYTES",
+    "ShardOutcome",
+    "WorkerContext",
+    "convert_shard",
+    "convert_tensor",
+    "init_worker",
+    "kept_tensor_bytes",
+    "reads_whole",
+]
 
 KEPT_TENSOR_BYTES = 2 << 30  # the default most bytes of one tensor's row blocks a worker keeps (ConvertOptions)
 
@@ -49,6 +62,16 @@ class WorkerContext:
     shards: tuple[Shard, ...]
     skip_shards: frozenset[str]
     metadata: dict[str, str]
+    act_tensors: dict[str, np.ndarray]  # the act_scale and act_amax tensors, F32 [1], by name
+
+
+@dataclass(frozen=True)
+class ShardOutcome:
+    """What a finished shard reports: its digest when it was hashed as written, and each linear's requantization error."""
+
+    file_name: str
+    digest: tuple[int, str] | None  # (size, sha256 hex); None: written out of order, to be hashed from disk
+    requantized: dict[str, float]
 
 
 _worker: dict = {}
@@ -74,27 +97,60 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def init_worker(context: WorkerContext) -> None:
+def init_worker(context: WorkerContext, progress=None) -> None:
+    """Set a worker up: ``progress`` (a multiprocessing queue, or a callable in the main process) hears the source
+    bytes of each weight as it is written."""
     # Ctrl-C reaches the whole process group: the main process reports it once; workers just stop with it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_main_process, args=(context.main_pid,), daemon=True).start()
     _worker.clear()
     _worker["context"] = context
+    _worker["progress"] = progress
     try:
         _worker["source"] = open_source(context.src)
     except HpuFp8Error as exc:  # raised by the first task instead: an initializer's error breaks the whole pool
         _worker["failure"] = exc
         return
-    location = {}
-    files = {}
-    for shard in context.shards:
-        if shard.file_name in context.skip_shards:
-            continue
-        files[shard.file_name] = ShardFile(context.staging, shard, context.metadata)
-        for t in shard.tensors:
-            location[t.name] = files[shard.file_name]
-    _worker["location"] = location
     _worker["kept_bytes"] = kept_tensor_bytes(context.options)
+
+
+def convert_shard(file_name: str, weights: list[WeightTensor]) -> ShardOutcome:
+    """Write shard ``file_name`` whole, in file order: its act tensors from the context, each of ``weights`` (the spec
+    weights it holds) converted, each one's scale right after it. An allocation that fails is one OutOfMemoryError
+    naming the tensor or the shard."""
+    if "failure" in _worker:
+        raise _worker["failure"]
+    context: WorkerContext = _worker["context"]
+    shard = next(s for s in context.shards if s.file_name == file_name)
+    target = ShardFile(context.staging, shard, context.metadata)
+    target.create()
+    _worker["location"] = {t.name: target for t in shard.tensors}
+    by_name = {w.name: w for w in weights}
+    requantized = {}
+    try:
+        for planned in shard.tensors:
+            if planned.name in context.act_tensors:
+                target.write(planned.name, context.act_tensors[planned.name])
+            elif planned.name in by_name:
+                bytes_in, error = convert_tensor(by_name[planned.name])
+                if error is not None:
+                    requantized[planned.name] = error
+                _report(bytes_in)
+        return ShardOutcome(file_name, target.digest(), requantized)
+    except MemoryError as exc:
+        raise out_of_memory(f"writing the shard {file_name}", exc) from None
+    finally:
+        target.close()
+
+
+def _report(bytes_in: int) -> None:
+    progress = _worker.get("progress")
+    if progress is None:
+        return
+    if callable(progress):
+        progress(bytes_in)
+    else:
+        progress.put(bytes_in)
 
 
 def kept_tensor_bytes(options: ConvertOptions) -> int:
@@ -194,13 +250,10 @@ def _convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
     source: Checkpoint = _worker["source"]
     options = context.options
     parts = weight.source_parts(context.layout, context.prefix)
-    target = _worker["location"].get(weight.name)
     quantized = weight.quantized(options.keep_bf16)
-    scale_name = names.tensor(weight.module, names.WEIGHT_SCALE) if quantized else None
     bytes_in = sum(source.tensors[p.name].nbytes for p in parts)
-    if target is None and (scale_name is None or scale_name not in _worker["location"]):
-        return bytes_in, None  # everything it writes lives in shards reused from an interrupted run
     whole = reads_whole(parts, bytes_in, options.whole_tensor_bytes)
+    target = _in_order(weight, parts, _worker["location"][weight.name], whole)
     if quantized and _requantizes_by_tables(source, weight, parts):
         return bytes_in, _requantize_fp8(source, weight, parts, target, options, whole)
     errors = _ErrorSum() if quantized and any(source.tensors[p.name].dtype == "F8_E4M3" for p in parts) else None
@@ -216,8 +269,8 @@ def _convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
         return streamed if kept is None else _keeping(streamed, kept[k])
 
     amaxes = [_part_amax(p, blocks(k), weight.channel_wise) for k, p in enumerate(parts)]  # also refuses NaN/inf
-    scale = _write_weight_scale(weight, amaxes, options) if quantized else None
-    if target is not None and whole:
+    scale = _weight_scale(weight, amaxes, options) if quantized else None
+    if whole:
         # One contiguous copy serves the cast and the error report (quantize would copy a transposed view anyway).
         values = fuse_columns(arrays, [p.transpose for p in parts])
         encoded = np.ascontiguousarray(_encode(weight, values, scale, options))
@@ -225,19 +278,69 @@ def _convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
         if errors is not None:
             assert scale is not None  # errors are summed for linears only, and a linear has a scale
             errors.add(values, encoded, scale if weight.channel_wise else scale[0])
-    elif target is not None:
+    else:
         _write_streamed(weight, parts, _blocks_again(source, parts, options, kept), scale, target, options, errors)
-    return bytes_in, None if errors is None or target is None else errors.relative
+    target.close()
+    if scale is not None:
+        _write_weight_scale(weight, scale)
+    return bytes_in, None if errors is None else errors.relative
 
 
-def _write_weight_scale(weight: WeightTensor, amaxes: list, options: ConvertOptions) -> np.ndarray:
-    """The weight scale from the parts' amax (per channel or their max), written unless its shard was reused."""
-    scale_name = names.tensor(weight.module, names.WEIGHT_SCALE)
+class _Assembled:
+    """A spec tensor put together in memory from the column segments a transposed source gives, written whole (in
+    file order) by :meth:`close`."""
+
+    def __init__(self, target: ShardFile, name: str, shape: tuple[int, ...], dtype: np.dtype):
+        self.target, self.name = target, name
+        self.array = np.empty(shape if len(shape) == 2 else (1, shape[0]), dtype)
+
+    def write_columns(self, name: str, block: np.ndarray, first_row: int, first_column: int) -> None:
+        self.array[first_row : first_row + block.shape[0], first_column : first_column + block.shape[1]] = block
+
+    def write(self, name: str, array: np.ndarray, first_row: int = 0) -> None:
+        self.array[first_row : first_row + len(array)] = array
+
+    def close(self) -> None:
+        self.target.write(self.name, self.array.reshape(self.target.planned(self.name).shape))
+
+
+class _Direct:
+    """A spec tensor written where each piece goes (in order, or a shard then hashed from disk)."""
+
+    def __init__(self, target: ShardFile):
+        self.target = target
+
+    def write_columns(self, name: str, block: np.ndarray, first_row: int, first_column: int) -> None:
+        self.target.write_columns(name, block, first_row, first_column)
+
+    def write(self, name: str, array: np.ndarray, first_row: int = 0) -> None:
+        self.target.write(name, array, first_row)
+
+    def close(self) -> None:
+        pass
+
+
+def _in_order(weight: WeightTensor, parts, target: ShardFile, whole: bool) -> _Assembled | _Direct:
+    """Where a spec tensor's pieces go so that its shard is written in file order: straight to the shard when they
+    arrive in order (a tensor read whole, row blocks, a fused bias's parts one after another), else (a transposed
+    source streamed in row blocks gives column segments) put together in memory, when it fits the worker's share."""
+    planned = target.planned(weight.name)
+    segmented = not whole and any(p.transpose for p in parts)
+    if segmented and planned.nbytes <= _worker["kept_bytes"]:
+        return _Assembled(target, weight.name, planned.shape, numpy_dtype(planned.dtype))
+    return _Direct(target)
+
+
+def _weight_scale(weight: WeightTensor, amaxes: list, options: ConvertOptions) -> np.ndarray:
+    """The weight scale from the parts' amax (per channel or their max)."""
     amax = np.concatenate([np.atleast_1d(a) for a in amaxes]) if weight.channel_wise else max(float(np.max(a)) for a in amaxes)
-    scale = scales.weight_scale_from_amax(amax, options.fp8_max, options.scale_rounding.value).reshape(-1)
-    if scale_name in _worker["location"]:
-        _worker["location"][scale_name].write(scale_name, scale.astype(np.float32))
-    return scale
+    return scales.weight_scale_from_amax(amax, options.fp8_max, options.scale_rounding.value).reshape(-1)
+
+
+def _write_weight_scale(weight: WeightTensor, scale: np.ndarray) -> None:
+    """The scale, after its weight: the next tensor of the same shard (``plan_shards`` keeps them together)."""
+    scale_name = names.tensor(weight.module, names.WEIGHT_SCALE)
+    _worker["location"][scale_name].write(scale_name, scale.astype(np.float32))
 
 
 def _requantizes_by_tables(source: Checkpoint, weight: WeightTensor, parts) -> bool:
@@ -253,7 +356,7 @@ def _requantizes_by_tables(source: Checkpoint, weight: WeightTensor, parts) -> b
 
 def _requantize_fp8(source: Checkpoint, weight: WeightTensor, parts, target, options: ConvertOptions, whole: bool):
     """An FP8 (compressed-tensors) linear: amax from each row's largest code, codes mapped through tables;
-    returns the relative RMSE the requantization added (None when the tensor's shard was reused)."""
+    returns the relative RMSE the requantization added."""
     files = [source.files[source.tensors[p.name].file] for p in parts]
     kept = [f.read_rows(p.name, 0, p.shape[0]) for f, p in zip(files, parts, strict=True)] if whole else []
     source_scales = [source_scale(source, p.name) for p in parts]
@@ -276,9 +379,7 @@ def _requantize_fp8(source: Checkpoint, weight: WeightTensor, parts, target, opt
             yield block
 
     amaxes = [np.concatenate([row_amax(c, s, p.name, start, p.shape) for start, c, s in blocks(k)]) for k, p in enumerate(parts)]
-    scale = _write_weight_scale(weight, amaxes, options)
-    if target is None:
-        return None
+    scale = _weight_scale(weight, amaxes, options)
     errors, requantized, offset = _ErrorSum(), [], 0
     for k, p in enumerate(parts):
         part_scale = scale[offset : offset + p.shape[0]] if weight.channel_wise else scale
@@ -292,6 +393,8 @@ def _requantize_fp8(source: Checkpoint, weight: WeightTensor, parts, target, opt
         offset += p.shape[0]
     if whole:
         target.write(weight.name, fuse_columns(requantized, [True] * len(parts)))
+    target.close()
+    _write_weight_scale(weight, scale)
     return errors.relative
 
 
@@ -319,7 +422,7 @@ def _blocks_again(source: Checkpoint, parts, options: ConvertOptions, kept: list
     return part_blocks
 
 
-def _write_streamed(weight, parts, part_blocks, scale, target: ShardFile, options, errors: _ErrorSum | None = None) -> None:
+def _write_streamed(weight, parts, part_blocks, scale, target, options, errors: _ErrorSum | None = None) -> None:
     """Row blocks of each part (``part_blocks(k)``: ``(first row, rows)`` of part k); a transposed part lands as
     column segments of the spec tensor."""
     offset = 0

@@ -3,7 +3,8 @@
 A safetensors header needs only names, dtypes and shapes, which are known before any weight is read.
 So every shard is created at its final size with its header in place, and tensors (or blocks of
 rows, or column segments of a transposed tensor) are written with ``pwrite`` at their offsets, in
-any order and from any worker process. Output goes into ``OUT.partial`` and is renamed only when
+any order. A shard written in file order by one process is hashed as it is written (:meth:`ShardFile.digest`),
+so its sha256 needs no second read of it; one written otherwise is hashed from disk when finished. Output goes into ``OUT.partial`` and is renamed only when
 the index and the manifest are written: a directory without ``hpu_fp8_manifest.json`` was never
 finished, and a ``.partial`` directory is never mistaken for output.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -87,15 +89,20 @@ class Shard:
         return sum(t.nbytes for t in self.tensors)
 
 
-def plan_shards(tensors: Iterable[PlannedTensor], max_shard_bytes: int) -> list[Shard]:
+def plan_shards(
+    tensors: Iterable[PlannedTensor], max_shard_bytes: int, with_previous: Callable[[PlannedTensor], bool] | None = None
+) -> list[Shard]:
     """Group tensors, in order, into shards of at most ``max_shard_bytes`` (a bigger tensor gets its own).
 
-    File names carry the exact shard count, unlike the legacy converter's estimate.
+    A tensor ``with_previous`` names stays in the shard of the one before it, a few bytes over the bound if need be
+    (a weight's scale with its weight: one process then writes both, in order). File names carry the exact shard
+    count, unlike the legacy converter's estimate.
     """
     groups: list[list[PlannedTensor]] = [[]]
     size = 0
     for t in tensors:
-        if groups[-1] and size + t.nbytes > max_shard_bytes:
+        kept_together = with_previous is not None and with_previous(t)
+        if groups[-1] and size + t.nbytes > max_shard_bytes and not kept_together:
             groups.append([])
             size = 0
         groups[-1].append(t)
@@ -145,6 +152,9 @@ class ShardFile:
             offset += t.nbytes
         self.size = offset
         self._fd: int | None = None
+        self._sha = hashlib.sha256()
+        self._hashed = 0  # the file's bytes hashed so far, all of them in order: its first _hashed bytes
+        self._in_order = True
 
     def create(self) -> None:
         """(Re)create the file: header written, data region allocated (sparse until written). A link at its
@@ -155,17 +165,31 @@ class ShardFile:
                 f.truncate(self.size)
         except OSError as exc:
             raise _write_failed(self.path, exc, "creating the shard") from exc
+        self._sha, self._hashed, self._in_order = hashlib.sha256(self._header), len(self._header), True
+
+    def digest(self) -> tuple[int, str] | None:
+        """(size, sha256 hex) of the shard, from what this object wrote, when it wrote every byte of it in file order
+        since :meth:`create`; None otherwise (other processes wrote parts of it, or blocks came out of order)."""
+        return (self.size, self._sha.hexdigest()) if self._in_order and self._hashed == self.size else None
 
     def _pwrite(self, data: np.ndarray, offset: int) -> None:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW)
         view = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data  # .data: the bytes as a memoryview
+        if self._in_order and offset == self._hashed:
+            self._sha.update(view)
+            self._hashed += len(view)
+        else:
+            self._in_order = False
         try:
             while len(view):
                 n = os.pwrite(self._fd, view, offset)
                 view, offset = view[n:], offset + n
         except OSError as exc:
             raise _write_failed(self.path, exc, f"writing {data.nbytes} bytes at offset {offset}") from exc
+
+    def planned(self, name: str) -> PlannedTensor:
+        return self._planned[name]
 
     def _check(self, name: str, array: np.ndarray) -> PlannedTensor:
         planned = self._planned[name]
@@ -548,4 +572,5 @@ class CheckpointWriter:
     def finish(self, config: dict, copy_from: Path | None = None) -> Path:
         for f in self._files:
             f.close()
-        return finish_output(self.staging, self.out, self.shards, config, copy_from, force=self.force)
+        digests = {f.shard.file_name: digest for f in self._files if (digest := f.digest()) is not None}
+        return finish_output(self.staging, self.out, self.shards, config, copy_from, digests, force=self.force)

@@ -414,7 +414,7 @@ def test_a_worker_killed_mid_convert_is_one_line_naming_the_tensor(tmp_path, slo
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in stderr, stderr
     assert (
-        lines[0].startswith("hpu-fp8: error: a worker process died while converting ")
+        lines[0].startswith("hpu-fp8: error: a worker process died while converting the tensors of ")
         and "run the same command again" in lines[0]
     )
     assert not out.exists()

@@ -103,7 +103,7 @@ def _kill_at_first_sight(work: Path, victim: str) -> subprocess.CompletedProcess
     ("victim", "message"),
     [
         ("forkserver", "the worker processes could not be started: multiprocessing's forkserver, which starts them, died"),
-        ("worker", "a worker process died while converting "),
+        ("worker", "a worker process died while converting the tensors of "),
     ],
 )
 def test_a_helper_killed_while_workers_start_is_one_line_and_the_same_command_resumes(work, victim, message):
