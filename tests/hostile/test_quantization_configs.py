@@ -104,5 +104,7 @@ def test_an_ignore_entry_fastdeploy_would_match_beyond_the_spec_is_refused(entry
     config["quantization_config"]["ignore"] = [entry]
     (model / "config.json").write_text(json.dumps(config))
     result = run_cli("validate", model)
-    assert result.exit_code == 1 and f"[config.ignore] quantization_config.ignore: {entry!r} is not a linear module" in result.output
+    assert (
+        result.exit_code == 1 and f"[config.ignore] quantization_config.ignore: {entry!r} is not a linear module" in result.output
+    )
     assert "82057cb7" in result.output
