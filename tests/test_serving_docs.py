@@ -44,6 +44,13 @@ def test_the_readmes_generated_regions_are_what_the_package_renders():
     assert script.render(fastdeploy_doc, script.fastdeploy_doc_regions()) == fastdeploy_doc
 
 
+def test_ci_runs_the_conformance_suite_on_the_ci_build():
+    from hpu_fp8_loader.fastdeploy import support
+
+    assert f"ci_build={support.CI_BUILD.commit.commit}\n" in (ROOT / ".ci" / "run").read_text()
+    assert support.CI_BUILD is support.RECOMMENDED_BUILD
+
+
 def test_the_supported_versions_users_read_are_those_doctor_compares_with():
     from hpu_fp8_loader.fastdeploy import support
 
