@@ -25,7 +25,8 @@ class Status(Enum):
 
 
 LEGEND = (
-    "**checked**: a case of the conformance suite runs FastDeploy's own code on a CPU, and the model the hook loads "
+    "**checked**: a case of the conformance suite runs FastDeploy's own code on a CPU (CI: release/2.5; opt-in: "
+    "develop 8c3513a4 and e53f5184, release/2.6), and the model the hook loads "
     "equals FastDeploy's own loading to the bit, but for a self-attention linear's `act_scale_inv`, which CPU "
     "paddle's bf16 kernel rounds twice and the hook once (one bf16 ulp, each named; hpu-fp8-loader's docs/fastdeploy.md "
     "section 12); **conforms**: FastDeploy has no loading of its own to compare with; "
@@ -60,10 +61,13 @@ class Cell:
 
 _EP_BEFORE_5855 = "FastDeploy's HPU MoE raises on expert parallelism before PR 5855"
 _PR5855_FILES = (
-    "on PR 5855's own MoE backend and model runner laid over FastDeploy 8c3513a4, an opt-in case (the files are "
-    "FastDeploy's and not shipped; hpu-fp8-loader's docs/fastdeploy.md section 13)"
+    "on PR 5855 as merged (fbcccaa7: release/2.5, CI's build, release/2.6 and develop e53f5184), and on its MoE backend "
+    "and model runner laid over FastDeploy 8c3513a4 in an opt-in case (hpu-fp8-loader's docs/fastdeploy.md section 13)"
 )
-_EP_5855 = "against FastDeploy's own EP loading, which reads the MoE input scale only under each expert's key"
+_EP_5855 = (
+    "against FastDeploy's own EP loading, which from fbcccaa7 reads the shared MoE input scale its measurement writes "
+    "(over 8c3513a4, only under each expert's key)"
+)
 PR5855_SUITE = "test_pr5855_conformance.py"
 PR5855_FILES = "test_the_hook_on_pr5855s_own_files"
 _QWEN2_TP2 = "against FastDeploy's pre-sharded loading: its v0 loader does not split FP8 Qwen2"
@@ -74,6 +78,10 @@ _QWEN2 = (
 
 
 _QWEN3_TP2 = "against FastDeploy's pre-sharded loading: its v0 loader gives each rank the whole FP8 Qwen3 weights"
+_QWEN3_NORMS = (
+    "from 2533836d (both releases) FastDeploy's own loading hands its HPU attention no q/k norm; the hook hands the "
+    "norms, the very parameters FastDeploy's own loading fills (hpu-fp8-loader's docs/fastdeploy.md section 14)"
+)
 QWEN3_SUITE = "test_qwen3_conformance.py"
 QWEN3_FILL = "test_every_parameter_fastdeploy_creates_is_filled_and_every_kernel_argument_is_the_emulations"
 
@@ -90,9 +98,9 @@ def _qwen3_cells(kv: str) -> list[Cell]:
         ("PR 5855", "TP 2"): fp8,
     }
     cells = [
-        Cell(*qwen3, "qwen3-tiny", "any", "TP 1", kv, Status.CHECKED, (), own_loading, QWEN3_SUITE),
-        Cell(*qwen3, "qwen3-tiny", "any", "TP 2", kv, Status.CHECKED if fp8 else Status.UNCHECKED, (_QWEN3_TP2,),
-             presharded, QWEN3_SUITE),
+        Cell(*qwen3, "qwen3-tiny", "any", "TP 1", kv, Status.CHECKED, (_QWEN3_NORMS,), own_loading, QWEN3_SUITE),
+        Cell(*qwen3, "qwen3-tiny", "any", "TP 2", kv, Status.CHECKED if fp8 else Status.UNCHECKED,
+             (_QWEN3_NORMS, _QWEN3_TP2), presharded, QWEN3_SUITE),
     ]  # fmt: skip
     for (layout, parallel), runs in conforms.items():
         status = Status.CONFORMS if runs else Status.UNCHECKED
