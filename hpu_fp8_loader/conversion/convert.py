@@ -291,8 +291,8 @@ def _run_jobs(
         w.name: sum(source.tensors[p.name].nbytes for p in w.source_parts(context.layout, context.prefix)) for w in weights
     }
     total_bytes = sum(part_bytes.values())
-    state = {"bytes": sum(part_bytes[w.name] for w in weights if owner[w.name] in done), "tensors": 0}
-    state["tensors"] = sum(owner[w.name] in done for w in weights)
+    reused = [w.name for w in weights if owner[w.name] in done]
+    state = {"bytes": sum(part_bytes[name] for name in reused), "tensors": len(reused)}
     requantized: dict[str, float] = {}
 
     def written(bytes_in: int) -> None:
@@ -325,9 +325,9 @@ def _run_jobs(
         _start_forkserver_quietly()
         mp = multiprocessing.get_context("forkserver")
         heard = mp.Queue()
-        pool = ProcessPoolExecutor(context.options.workers, mp_context=mp, initializer=init_worker, initargs=(context, heard))
+        pool = ProcessPoolExecutor(context.options.workers, mp_context=mp, initializer=init_worker, initargs=(context, heard.put))
         try:
-            queue = list(reversed(sorted(todo, key=lambda s: -s.nbytes)))  # the largest shards first
+            queue = sorted(todo, key=lambda s: s.nbytes)  # popped from the end: the largest shards first
             running: dict[Future, str] = {}
             while queue or running:
                 while queue and len(running) < context.options.workers:

@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,9 +98,9 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def init_worker(context: WorkerContext, progress=None) -> None:
-    """Set a worker up: ``progress`` (a multiprocessing queue, or a callable in the main process) hears the source
-    bytes of each weight as it is written."""
+def init_worker(context: WorkerContext, progress: Callable[[int], object] | None = None) -> None:
+    """Set a worker up: ``progress`` (a multiprocessing queue's ``put``, or a callable of the main process) hears the
+    source bytes of each weight as it is written."""
     # Ctrl-C reaches the whole process group: the main process reports it once; workers just stop with it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_main_process, args=(context.main_pid,), daemon=True).start()
@@ -135,22 +136,13 @@ def convert_shard(file_name: str, weights: list[WeightTensor]) -> ShardOutcome:
                 bytes_in, error = convert_tensor(by_name[planned.name])
                 if error is not None:
                     requantized[planned.name] = error
-                _report(bytes_in)
+                if _worker["progress"] is not None:
+                    _worker["progress"](bytes_in)
         return ShardOutcome(file_name, target.digest(), requantized)
     except MemoryError as exc:
         raise out_of_memory(f"writing the shard {file_name}", exc) from None
     finally:
         target.close()
-
-
-def _report(bytes_in: int) -> None:
-    progress = _worker.get("progress")
-    if progress is None:
-        return
-    if callable(progress):
-        progress(bytes_in)
-    else:
-        progress.put(bytes_in)
 
 
 def kept_tensor_bytes(options: ConvertOptions) -> int:

@@ -4,9 +4,9 @@ A safetensors header needs only names, dtypes and shapes, which are known before
 So every shard is created at its final size with its header in place, and tensors (or blocks of
 rows, or column segments of a transposed tensor) are written with ``pwrite`` at their offsets, in
 any order. A shard written in file order by one process is hashed as it is written (:meth:`ShardFile.digest`),
-so its sha256 needs no second read of it; one written otherwise is hashed from disk when finished. Output goes into ``OUT.partial`` and is renamed only when
-the index and the manifest are written: a directory without ``hpu_fp8_manifest.json`` was never
-finished, and a ``.partial`` directory is never mistaken for output.
+so its sha256 needs no second read of it; one written otherwise is hashed from disk when finished. Output goes
+into ``OUT.partial`` and is renamed only when the index and the manifest are written: a directory without
+``hpu_fp8_manifest.json`` was never finished, and a ``.partial`` directory is never mistaken for output.
 
 Only what this tool made is ever emptied or replaced. ``OUT.partial`` appears with a marker already inside
 (``.hpu_fp8_staging.json``, naming OUT), and a directory there without it is a user's and refused, ``--force`` or
