@@ -31,7 +31,7 @@ from hpu_fp8_loader.cli.group import (
     warn_each,
 )
 from hpu_fp8_loader.console import Progress, emit_json, human_bytes, human_rate
-from hpu_fp8_loader.spec.choices import Bf16Group, DeadExpertPolicy, KvCacheScheme, ScaleRounding, Target
+from hpu_fp8_loader.spec.choices import Bf16Group, DeadExpertPolicy, KvCacheScheme, Rebalance, ScaleRounding, Target
 
 if TYPE_CHECKING:
     from hpu_fp8_loader.spec.measurements import Measurements
@@ -64,6 +64,15 @@ if TYPE_CHECKING:
     help="pow2 rounds every scale up to a power of two.",
 )
 @dead_experts_option()
+@click.option(
+    "--rebalance",
+    type=EnumChoice(Rebalance),
+    default="off",
+    show_default=True,
+    help="With --calibrate: exact power-of-two channel folds before quantizing, where a point's amax / median |x| "
+    "exceeds what E4M3 at ±240 holds (flagged) or everywhere (all); the model computes the same, FP8 sees smaller "
+    "outliers (docs/guide.md, 'FP8 range').",
+)
 @click.option("--workers", type=COUNT, default=DEFAULT_WORKERS, show_default=True, help="Worker processes.")
 @shard_size_option()
 @revision_option("SRC")
@@ -83,6 +92,7 @@ def convert(
     kv_cache: KvCacheScheme,
     scale_rounding: ScaleRounding,
     dead_experts: DeadExpertPolicy,
+    rebalance: Rebalance,
     workers: int,
     max_shard_size: str,
     revision: str | None,
@@ -136,6 +146,7 @@ def convert(
             workers,
             dead_experts,
             keep_bf16=frozenset(keep_bf16),
+            rebalance=rebalance,
         )
         source = resolve_checkpoint(src, revision)
         with (
@@ -148,6 +159,8 @@ def convert(
                 result, calibrated = quantized.conversion, quantized.calibration
             else:
                 result, calibrated = run_convert(source, out, _measurement_sets(measurement_paths), options, show), None
+    if calibrated is not None:
+        warn_each(calibrated.warnings)
     if as_json:
         emit_json(
             {
@@ -156,7 +169,9 @@ def convert(
                 "target": target,
                 "kv_cache": kv_cache,
                 "keep_bf16": sorted(options.keep_bf16),
-                "calibration": None if calibrated is None else {"tokens": calibrated.tokens, "seconds": calibrated.seconds},
+                "calibration": None
+                if calibrated is None
+                else {"tokens": calibrated.tokens, "seconds": calibrated.seconds, "warnings": calibrated.warnings},
             }
         )
         return
@@ -270,7 +285,9 @@ def import_command(
             compressed_tensors_scheme(source)  # a scheme that does not import is refused before the calibration runs
         if run_calibration:
             with Progress("calibrate", quiet=quiet, bar=not as_json, unit="step") as progress:
-                extra.append(CalibrationOptions(**calibration).run(source, progress=layer_steps(progress)).measurements)
+                calibrated = CalibrationOptions(**calibration).run(source, progress=layer_steps(progress))
+            warn_each(calibrated.warnings)
+            extra.append(calibrated.measurements)
         run_import = import_compressed_tensors if block is None else import_block_fp8
         with Progress("import", quiet=quiet, bar=not as_json) as progress:
             result = run_import(source, out, options, extra, convert_steps(progress))

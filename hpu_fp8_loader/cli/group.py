@@ -49,6 +49,7 @@ _STARTS_AFRESH = "nothing was published; the same command starts again from the 
 INTERRUPTED = {
     "demo": "--out holds a partial run, which the next demo replaces",
     "synth": _STARTS_AFRESH,
+    "stress": _STARTS_AFRESH,
     "calibrate": "no file was written; a calibration does not resume, so the same command starts from the beginning",
     "convert": _RESUMES,
     "import": _RESUMES,
@@ -358,7 +359,7 @@ def revision_option(argument: str, flag: str = "--revision") -> Callable[[FC], F
 
 
 PIPELINE_ORDER = [
-    "demo", "synth", "calibrate", "convert", "import", "import-legacy", "retarget", "validate", "inspect", "eval",
+    "demo", "synth", "stress", "calibrate", "convert", "import", "import-legacy", "retarget", "validate", "inspect", "eval",
     "plan", "map", "export-legacy", "export-compressed-tensors", "doctor", "push", "pull", "schema",
 ]  # fmt: skip
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -180,6 +181,7 @@ def calibrate(
             "convert with --dead-experts sibling-max (--json or -v lists every one)."
         )
         log.info("experts no token was routed to: %s", dead_expert_summary(result.dead_experts, experts, whole=True))
+    warn_each(result.warnings)
     if as_json:
         emit_json(
             {
@@ -190,6 +192,7 @@ def calibrate(
                 "tokenizer": result.tokenizer,
                 "seconds": result.seconds,
                 "dead_experts": [{"layer": layer, "expert": e} for layer, e in result.dead_experts],
+                "warnings": result.warnings,
                 "report": report_dir,
             }
         )
@@ -218,6 +221,12 @@ def calibrate(
 @tp_option(help="Emulate this tensor parallelism (bf16 partial sums reduced as FastDeploy would).")
 @click.option("--weights-only", "only_weights", is_flag=True, help="Ablation row: FP8 weights, float32 activations.")
 @click.option("--no-kv-fp8", "only_no_kv", is_flag=True, help="Ablation row: FP8 linears, BF16 attention and KV cache.")
+@click.option(
+    "--per-token",
+    is_flag=True,
+    help="Ceiling row: every FP8 linear's input cast with its own token's scale (attention as served), which "
+    "FastDeploy's HPU format cannot serve: how much better any static scale could do.",
+)
 @click.option(
     "--decode-attention",
     is_flag=True,
@@ -248,6 +257,7 @@ def eval_command(
     tp: int,
     only_weights: bool,
     only_no_kv: bool,
+    per_token: bool,
     decode_attention: bool,
     report_dir: Path | None,
     force: bool,
@@ -262,7 +272,9 @@ def eval_command(
     downloaded, or found in the local cache offline. Prints top-1 agreement, mean KL(bf16 || fp8), relative logit RMSE
     and both perplexities; top-1 and KL with a 95% bootstrap interval [low, high] (windows resampled 1,000 times with a
     fixed seed: the tokens of one window are correlated, so windows, not tokens, are the units). Without
-    --weights-only / --no-kv-fp8 every row is shown; with them, the FP8 row and the rows asked for.
+    --weights-only / --no-kv-fp8 every row is shown; with them, the FP8 row and the rows asked for; --per-token adds
+    its ceiling row to either. A quantization point whose amax / median |x| on the held-out text exceeds what E4M3
+    at ±240 holds is warned of, by name.
     Tokens come from BF16_SOURCE's own tokenizer, as for calibrate.
 
     Layer-major: every window goes through layer L of the BF16 model and of every row before layer
@@ -295,7 +307,7 @@ def eval_command(
     from hpu_fp8_loader.quality.evaluate import chosen_variants, evaluate
     from hpu_fp8_loader.sources.resolve import SOURCE_PATTERNS, SPEC_PATTERNS, local_or_hub
 
-    variants = chosen_variants(only_weights, only_no_kv)
+    variants = chosen_variants(only_weights, only_no_kv, per_token)
     with user_errors():
         source = local_or_hub(bf16_source, source_revision, SOURCE_PATTERNS)
         checkpoint = local_or_hub(fp8_checkpoint, revision, SPEC_PATTERNS)
@@ -325,6 +337,74 @@ def eval_command(
     else:
         print_eval(report)
     warn_each(report.warnings)
+
+
+def _fold_targets(ctx: click.Context, param: click.Parameter, pairs: tuple[str, ...]) -> dict:
+    """``--at FOLD=RATIO`` pairs as {Fold: ratio}, each refused in one line naming what is wrong."""
+    from hpu_fp8_loader.conversion.folds import Fold
+
+    targets = {}
+    for pair in pairs:
+        fold, sep, ratio = pair.partition("=")
+        if not sep or fold not in {f.value for f in Fold}:
+            raise click.BadParameter(f"{pair!r} is not FOLD=RATIO with FOLD one of {', '.join(f.value for f in Fold)}")
+        try:
+            targets[Fold(fold)] = float(ratio)
+        except ValueError:
+            raise click.BadParameter(f"{pair!r}: {ratio!r} is not a number") from None
+    return targets
+
+
+@main.command(short_help="Make a stress model: outliers as wide as real LLMs', the function unchanged.")
+@click.argument("src")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option(
+    "--at",
+    "targets",
+    multiple=True,
+    required=True,
+    metavar="FOLD=RATIO",
+    callback=_fold_targets,
+    help="Grow one channel of every site of FOLD (qkv, mlp-input, down, o-proj) until its point's amax / median |x| "
+    "is RATIO (to the nearest power of two). Repeatable.",
+)
+@calibration_options(BUILTIN_CALIBRATION_TEXT)
+@force_option()
+@json_option()
+def stress(src: str, out: Path, targets: dict, calibration: dict, force: bool, as_json: bool) -> None:
+    """Write a copy of the BF16 model SRC whose chosen quantization points hold outliers, computing exactly what SRC
+    computes.
+
+    One channel of each site's point (the one already largest on the calibration text) is multiplied by a power
+    of two and the next linear's rows divided by it: exact channel folds (docs/guide.md, "FP8 range"), so the BF16
+    model's logits do not change by a bit, and static FP8 meets the range RATIO asks for. The outliers are
+    channel-wise by construction; sink-token outliers (a few tokens, every channel) cannot be made this way.
+    OUT records each grown site in hpu_fp8_stress.json.
+
+    \b
+    Examples:
+      # The tiny Qwen2 with its down_proj inputs at amax / median 1e6, where static FP8 fails
+      hpu-fp8 stress qwen2-bytes qwen2-stress --at down=1e6
+
+    \b
+      # The tiny ERNIE MoE's qkv and o_proj inputs at 1e5, measured on 8 windows
+      hpu-fp8 stress ernie-moe-bytes ernie-stress --at qkv=1e5 --at o-proj=1e5 --samples 8
+    """
+    from hpu_fp8_loader.quality.calibrate import CalibrationOptions
+    from hpu_fp8_loader.quality.stress import stress_model
+    from hpu_fp8_loader.sources.resolve import SOURCE_PATTERNS, local_or_hub
+
+    with user_errors():
+        source = local_or_hub(src, None, SOURCE_PATTERNS)
+        result = stress_model(source, out, targets, CalibrationOptions(**calibration), force)
+    if as_json:
+        emit_json({"out": result.out, "sites": [dataclasses.asdict(site) for site in result.sites]})
+        return
+    click.echo(f"{out}: {len(result.sites)} site(s) grown, the function unchanged")
+    for site in result.sites:
+        click.echo(
+            f"  {site.point}: channel {site.channel} x 2^{site.growth}, amax / median {site.ratio_before:.3g} -> {site.ratio_after:.3g}"
+        )
 
 
 def start_report(report_dir: Path | None, force: bool, sources: list[Path]):

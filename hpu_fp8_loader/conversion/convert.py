@@ -27,10 +27,11 @@ from pathlib import Path
 import numpy as np
 
 from hpu_fp8_loader import __version__
-from hpu_fp8_loader.arch import Layout, describe
+from hpu_fp8_loader.arch import Layout, ModelDescriptor, describe
 from hpu_fp8_loader.arch.contents import bf16_modules
 from hpu_fp8_loader.console import Progress
 from hpu_fp8_loader.conversion.activations import merge_measurements, resolve_act_amax
+from hpu_fp8_loader.conversion.folds import ChosenFolds, Scaling, weight_scalings
 from hpu_fp8_loader.conversion.journal import STAGING_ONLY, conversion_fingerprint, reusable_shards, save_journal
 from hpu_fp8_loader.conversion.plan import (
     ConvertOptions,
@@ -40,7 +41,7 @@ from hpu_fp8_loader.conversion.plan import (
     refuse_hpu_fp8_source,
 )
 from hpu_fp8_loader.conversion.worker import ShardOutcome, WorkerContext, convert_shard, init_worker
-from hpu_fp8_loader.errors import WorkerDiedError
+from hpu_fp8_loader.errors import ConfigError, MeasurementError, WorkerDiedError
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, Checkpoint, copied_source_files
 from hpu_fp8_loader.io.manifest import file_digest
 from hpu_fp8_loader.io.writer import (
@@ -56,6 +57,7 @@ from hpu_fp8_loader.numerics import scales
 from hpu_fp8_loader.sources.block_fp8 import open_source
 from hpu_fp8_loader.sources.source_tensors import check_source, detect_layout
 from hpu_fp8_loader.spec import names
+from hpu_fp8_loader.spec.choices import Rebalance
 from hpu_fp8_loader.spec.config import ExpertRef, KvCacheScheme
 from hpu_fp8_loader.spec.measurements import Measurements, measurement_files
 
@@ -133,6 +135,7 @@ def convert(
     options: ConvertOptions | None = None,
     progress: Callable[[ConvertProgress], None] | None = None,
     used_elsewhere: Collection[str] = (),
+    folds: ChosenFolds | None = None,
 ) -> ConvertResult:
     """Convert ``src`` into an hpu-fp8 v1 checkpoint at ``out``, on a CPU, in bounded memory.
 
@@ -155,6 +158,9 @@ def convert(
         progress: called after each tensor with a ``ConvertProgress`` (bytes and tensors done, and their totals).
         used_elsewhere: source tensors a caller read itself (``import``'s input scales), so that they are
             not refused as tensors the model does not account for.
+        folds: the exact channel folds to apply before quantizing (``options.rebalance``), as
+            :func:`~hpu_fp8_loader.quantize` chooses them from its calibration; ``measurements`` must then hold the
+            amax of the folded model (:meth:`~hpu_fp8_loader.conversion.folds.ChosenFolds.rebalanced`).
 
     Returns:
         A :class:`~hpu_fp8_loader.ConvertResult`; ``result.out`` is the published checkpoint.
@@ -168,7 +174,8 @@ def convert(
         SafetensorsFormatError: a source shard is truncated or corrupt.
         CheckpointIndexError: the source's index is malformed or disagrees with the shards.
         MeasurementError: no measurements; measurements of another model; an amax out of range; modules without a
-            positive amax; dead experts while ``options.dead_experts`` is ``error``.
+            positive amax; dead experts while ``options.dead_experts`` is ``error``; ``options.rebalance`` without
+            ``folds`` (measurement files hold no per-channel statistics: calibrate instead).
         NonFiniteError: a weight to quantize holds NaN or inf.
         UnsafePathError: ``out`` is, lies inside or contains ``src``; an index entry or a file to copy points
             outside ``src``; ``out.partial`` is not this tool's (a link, a file, a user's directory).
@@ -203,11 +210,12 @@ def convert(
             descriptor.model_type,
         )
     copied_source_files(src)
+    scalings = _fold_scalings(checkpoint, descriptor, options, folds)
     attention_fp8 = options.kv_cache is KvCacheScheme.FP8
     modules = descriptor.act_modules(attention_fp8, frozenset(bf16_modules(descriptor, options.keep_bf16)))
     amax, origin, sources = merge_measurements(measurements, descriptor)
     act, filled = resolve_act_amax(modules, amax, options.dead_experts)
-    qc = quantization_config_for(descriptor, options, act, origin, sources, filled)
+    qc = quantization_config_for(descriptor, options, act, origin, sources, filled, folds.record() if folds else None)
     shards = plan_shards(planned_tensors(descriptor, qc), options.max_shard_bytes, with_previous=_is_weight_scale)
     staging = prepare_output_dir(out, options.force, [src])
     fingerprint = conversion_fingerprint(checkpoint, shards, qc, act)
@@ -232,7 +240,7 @@ def convert(
     metadata = {"format": "pd", "producer": f"hpu-fp8-loader {__version__}"}
     context = WorkerContext(
         os.getpid(), src, staging, layout, descriptor.prefix, options, tuple(shards), frozenset(done), metadata,
-        _act_tensors(act, options),
+        _act_tensors(act, options), scalings,
     )  # fmt: skip
     requantized = _run_jobs(checkpoint, descriptor, context, shards, done, fingerprint, progress)
     check_publishable(out, options.force)  # before the journal goes: refused here, the same command still resumes
@@ -262,6 +270,26 @@ def convert(
         filled_experts=filled,
         requantization_errors=dict(sorted(requantized.items(), key=lambda item: -item[1])),
     )
+
+
+def _fold_scalings(
+    checkpoint: Checkpoint, descriptor: ModelDescriptor, options: ConvertOptions, folds: ChosenFolds | None
+) -> dict[str, Scaling]:
+    """Each weight's scaling under ``folds``; refused where they cannot apply: asked for without folds (no
+    per-channel statistics), or on FP8 source weights (a fold would requantize them twice)."""
+    if options.rebalance is not Rebalance.OFF and folds is None:
+        raise MeasurementError(
+            f"--rebalance {options.rebalance.value} chooses its folds from a calibration's per-channel amax, which "
+            "measurement files do not hold: convert with --calibrate instead"
+        )
+    scalings = weight_scalings(descriptor, folds.exponents) if folds else {}
+    fp8 = next((name for name, info in checkpoint.tensors.items() if info.dtype == "F8_E4M3"), None)
+    if scalings and fp8 is not None:
+        raise ConfigError(
+            f"{checkpoint.root}: {fp8} is FP8; channel folds rebalance BF16 weights before their one quantization "
+            "(convert without --rebalance)"
+        )
+    return scalings
 
 
 def _is_weight_scale(tensor: PlannedTensor) -> bool:

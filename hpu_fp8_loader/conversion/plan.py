@@ -15,7 +15,7 @@ from hpu_fp8_loader.errors import ConfigError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.io.safetensors_file import BLOCK_ELEMENTS
 from hpu_fp8_loader.io.writer import PlannedTensor
-from hpu_fp8_loader.spec.choices import unservable_bf16_choice
+from hpu_fp8_loader.spec.choices import Rebalance, unservable_bf16_choice
 from hpu_fp8_loader.spec.config import (
     FP8_MAX_BY_TARGET,
     Bf16Group,
@@ -28,6 +28,7 @@ from hpu_fp8_loader.spec.config import (
     MoePolicy,
     Producer,
     QuantizationConfig,
+    Rebalancing,
     ScaleRounding,
     Target,
     is_hpu_fp8,
@@ -68,6 +69,10 @@ class ConvertOptions:
             that is less (every linear of ERNIE-4.5-300B-A47B, and its embedding, fit 2 GiB).
         keep_bf16: the groups of linears kept in BF16, as FastDeploy can serve them: ``"dense"`` (attention, dense
             MLPs and shared experts) and ``"experts"`` (every routed expert); empty by default.
+        rebalance: ``off`` (the default), ``flagged`` or ``all``: exact power-of-two channel folds before quantizing
+            (:mod:`~hpu_fp8_loader.quality.rebalance`), where a point's range fails or everywhere; chosen from a
+            calibration's per-channel amax, so only :func:`~hpu_fp8_loader.quantize` (``convert --calibrate``) applies
+            it.
         fp8_max: the FP8 range of ``target`` (read-only): 240.0 or 448.0.
 
     Raises:
@@ -95,6 +100,7 @@ class ConvertOptions:
     whole_tensor_bytes: int = 64 << 20
     kept_tensor_bytes: int | None = None  # streamed tensors up to this size are read once (None: from memory)
     keep_bf16: frozenset[Bf16Group] = frozenset()
+    rebalance: Rebalance = Rebalance.OFF
 
     def __post_init__(self) -> None:
         # Accept the plain strings the CLI and Python callers pass ("gaudi2", "fp8", "pow2").
@@ -102,6 +108,7 @@ class ConvertOptions:
         object.__setattr__(self, "kv_cache", KvCacheScheme(self.kv_cache))
         object.__setattr__(self, "scale_rounding", ScaleRounding(self.scale_rounding))
         object.__setattr__(self, "dead_experts", DeadExpertPolicy(self.dead_experts))
+        object.__setattr__(self, "rebalance", Rebalance(self.rebalance))
         if isinstance(self.keep_bf16, str):
             raise ConfigError(f"keep_bf16 takes a collection of groups, not the string {self.keep_bf16!r}")
         unservable = [c for c in self.keep_bf16 if c not in set(Bf16Group)]
@@ -137,8 +144,10 @@ def quantization_config_for(
     origin: dict[str, str],
     sources: list[CalibrationSource],
     filled: list[ExpertRef],
+    rebalancing: Rebalancing | None = None,
 ) -> QuantizationConfig:
-    """The quantization_config of a checkpoint made with ``options`` from these activation sources.
+    """The quantization_config of a checkpoint made with ``options`` from these activation sources (and, when any
+    fold moved a channel, the ``rebalancing`` record).
 
     Raises:
         ConfigError: ``options.keep_bf16`` is not servable for this model (experts of a model without them, or
@@ -161,6 +170,7 @@ def quantization_config_for(
         calibration=Calibration(
             sources=sources, default_source=default, overrides={m: origin[m] for m in act if origin.get(m, default) != default}
         ),
+        rebalancing=rebalancing,
         producer=Producer(name="hpu-fp8-loader", version=__version__),
     )
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from hpu_fp8_loader.arch import Layout, SourcePart, WeightTensor
+from hpu_fp8_loader.conversion.folds import Scaling
 from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
@@ -64,6 +65,7 @@ class WorkerContext:
     skip_shards: frozenset[str]
     metadata: dict[str, str]
     act_tensors: dict[str, np.ndarray]  # the act_scale and act_amax tensors, F32 [1], by name
+    scalings: dict[str, Scaling]  # spec weight name -> its exact channel folds (conversion/folds.py), applied as read
 
 
 @dataclass(frozen=True)
@@ -173,9 +175,9 @@ def _part_amax(part, blocks, channel_wise: bool) -> np.ndarray | float:
     return channels if channels is not None else tensor_wise
 
 
-def _streamed_blocks(source: Checkpoint, part, budget: int):
+def _streamed_blocks(read: Callable[[int, int, int], np.ndarray], k: int, part, budget: int):
     for start, stop in row_blocks(part.shape[0], math.prod(part.shape[1:]), budget):
-        yield start, source_rows(source, part.name, start, stop)
+        yield start, read(k, start, stop)
 
 
 def _keeping(blocks, kept: list):
@@ -185,10 +187,11 @@ def _keeping(blocks, kept: list):
         yield block
 
 
-def _held_bytes(source: Checkpoint, parts) -> int:
-    """What keeping every row block of ``parts`` costs: their bytes as read (FP8 ones dequantized to float32)."""
+def _held_bytes(source: Checkpoint, parts, scaled: bool = False) -> int:
+    """What keeping every row block of ``parts`` costs: their bytes as read (FP8 ones dequantized to float32, and
+    every one as float32 when ``scaled`` by channel folds)."""
     infos = [source.tensors[p.name] for p in parts]
-    return sum(info.nbytes * (4 if info.dtype == "F8_E4M3" else 1) for info in infos)
+    return sum(4 * math.prod(info.shape) if scaled or info.dtype == "F8_E4M3" else info.nbytes for info in infos)
 
 
 class _ErrorSum:
@@ -249,15 +252,17 @@ def _convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
     if quantized and _requantizes_by_tables(source, weight, parts):
         return bytes_in, _requantize_fp8(source, weight, parts, target, options, whole)
     errors = _ErrorSum() if quantized and any(source.tensors[p.name].dtype == "F8_E4M3" for p in parts) else None
+    read = _reader(source, weight, parts, context.scalings.get(weight.name))
     # Small tensors are read whole; large ones in row blocks, kept from the amax pass for the quantization when they
     # fit the worker's share of memory (the source read once), else read again for it.
-    arrays = [source_rows(source, p.name, 0, p.shape[0]) for p in parts] if whole else []
-    kept: list[list] | None = [[] for _ in parts] if not whole and _held_bytes(source, parts) <= _worker["kept_bytes"] else None
+    arrays = [read(k, 0, p.shape[0]) for k, p in enumerate(parts)] if whole else []
+    held = _held_bytes(source, parts, weight.name in context.scalings)
+    kept: list[list] | None = [[] for _ in parts] if not whole and held <= _worker["kept_bytes"] else None
 
     def blocks(k: int):
         if whole:
             return [(0, arrays[k])]
-        streamed = _streamed_blocks(source, parts[k], options.block_elements)
+        streamed = _streamed_blocks(read, k, parts[k], options.block_elements)
         return streamed if kept is None else _keeping(streamed, kept[k])
 
     amaxes = [_part_amax(p, blocks(k), weight.channel_wise) for k, p in enumerate(parts)]  # also refuses NaN/inf
@@ -271,11 +276,25 @@ def _convert_tensor(weight: WeightTensor) -> tuple[int, float | None]:
             assert scale is not None  # errors are summed for linears only, and a linear has a scale
             errors.add(values, encoded, scale if weight.channel_wise else scale[0])
     else:
-        _write_streamed(weight, parts, _blocks_again(source, parts, options, kept), scale, target, options, errors)
+        _write_streamed(weight, parts, _blocks_again(read, parts, options, kept), scale, target, options, errors)
     target.close()
     if scale is not None:
         _write_weight_scale(weight, scale)
     return bytes_in, None if errors is None else errors.relative
+
+
+def _reader(source: Checkpoint, weight: WeightTensor, parts, scaling: Scaling | None) -> Callable[[int, int, int], np.ndarray]:
+    """``read(k, start, stop)``: rows ``start:stop`` of source part ``k``, as stored, or scaled by the weight's
+    channel folds (float32, exact) when it has any."""
+    offsets = np.cumsum([0] + [p.shape[0] if p.transpose else p.shape[-1] for p in parts])
+
+    def read(k: int, start: int, stop: int) -> np.ndarray:
+        rows = source_rows(source, parts[k].name, start, stop)
+        if scaling is None:
+            return rows
+        return scaling.apply(rows, weight.name, start, int(offsets[k]), parts[k].transpose)
+
+    return read
 
 
 class _Assembled:
@@ -398,13 +417,13 @@ def _encode(weight: WeightTensor, values: np.ndarray, scale: np.ndarray | None, 
     return values.astype(dtype, copy=False)
 
 
-def _blocks_again(source: Checkpoint, parts, options: ConvertOptions, kept: list[list] | None):
+def _blocks_again(read: Callable[[int, int, int], np.ndarray], parts, options: ConvertOptions, kept: list[list] | None):
     """Each part's row blocks for the quantization: the amax pass's, handed over (and let go) one by one when kept,
     else read again."""
 
     def part_blocks(k: int):
         if kept is None:
-            yield from _streamed_blocks(source, parts[k], options.block_elements)
+            yield from _streamed_blocks(read, k, parts[k], options.block_elements)
             return
         blocks, kept[k] = kept[k], []
         blocks.reverse()

@@ -90,11 +90,21 @@ def quantize_by_multiplier(x: np.ndarray, multiplier, point: str) -> np.ndarray:
     return e4m3.cast_to_fp8(bf16(x * bf16(multiplier)), FASTDEPLOY_FP8_MAX, f"activation {point}").astype(np.float32)
 
 
+def per_token_multiplier(x: np.ndarray) -> np.ndarray:
+    """``fp8_max / max |x|`` of each token (the last axis) in bf16, ``[..., 1]``; 1 for a token of zeros: the multiplier
+    of dynamic per-token activation scaling, which FastDeploy's HPU format does not serve (eval's ceiling row)."""
+    peak = np.max(np.abs(x), axis=-1, keepdims=True).astype(np.float32)
+    return bf16(np.where(peak > 0, np.float32(FASTDEPLOY_FP8_MAX) / np.where(peak > 0, peak, 1), np.float32(1)))
+
+
 @dataclass(frozen=True)
 class EmulationOptions:
     weights_only: bool = False  # FP8 weights, float32 activations everywhere (an ablation)
     fp8_attention: bool = True  # False: attention and KV cache in bf16 (an ablation, or the `none` scheme)
     decode_attention: bool = False  # the decode form of the attention probabilities
+    # every FP8 linear's input cast with its own token's scale instead of the checkpoint's static one: not what the
+    # HPU serves, a ceiling for any static scale (attention and the KV cache keep the checkpoint's scales)
+    per_token: bool = False
 
 
 EMBEDDING = "embedding"  # the emulation's part of layer None that looks tokens up (the head is weights.HEAD)
@@ -184,8 +194,12 @@ class Fp8Emulator:
         weight_scale = p[names.tensor(module, WEIGHT_SCALE_PARAMETER)][0]
         if self.options.weights_only:
             return x @ (weight * weight_scale)
-        multiplier = p[names.tensor(module, ACT_SCALE_PARAMETER)][0]
-        descale = p[names.tensor(module, descale_name)][0] if descale_name else np.float32(1) / multiplier
+        if self.options.per_token:
+            multiplier = per_token_multiplier(x)
+            descale = np.float32(1) / multiplier
+        else:
+            multiplier = p[names.tensor(module, ACT_SCALE_PARAMETER)][0]
+            descale = p[names.tensor(module, descale_name)][0] if descale_name else np.float32(1) / multiplier
         return bf16((quantize_by_multiplier(x, multiplier, module) @ weight) * descale * weight_scale)
 
     def _attention(self, p: dict, layer: int, x: np.ndarray) -> np.ndarray:
@@ -265,7 +279,10 @@ class Fp8Emulator:
             return
         up, down, up_scale, down_scale, in_scale, down_in = parameters
         up, down, up_scale, down_scale, down_in = up[0], down[0], up_scale[0], down_scale[0], down_in[0, 0]
-        x_descale = np.float32(1) if self.options.weights_only else np.float32(1) / in_scale[0]
+        if self.options.weights_only:
+            x_descale = np.float32(1)
+        else:
+            x_descale = np.float32(1) / (per_token_multiplier(flat[rows]) if self.options.per_token else in_scale[0])
         gate_up = (qx[rows] @ up) * x_descale * up_scale
         half = gate_up.shape[-1] // 2
         if self.options.weights_only:
@@ -275,7 +292,12 @@ class Fp8Emulator:
         gate_up = bf16(gate_up)
         hidden = bf16(silu(gate_up[:, :half]) * gate_up[:, half:])
         point = names.expert(prefix, layer, expert, names.DOWN)
-        y = bf16((quantize_by_multiplier(hidden, np.float32(1) / down_in, point) @ down) * down_in * down_scale)
+        if self.options.per_token:
+            multiplier = per_token_multiplier(hidden)
+            down_in = np.float32(1) / multiplier
+        else:
+            multiplier = np.float32(1) / down_in
+        y = bf16((quantize_by_multiplier(hidden, multiplier, point) @ down) * down_in * down_scale)
         out[rows] = bf16(out[rows] + bf16(gates[rows, slot][:, None] * y))
 
     # ------------------------------------------------------------------ forward
@@ -393,7 +415,8 @@ class Fp8Emulator:
                     x = flat(normed, part)
                     if e == 0 and in_scale in ranks[0] and not self.options.weights_only:  # once per chunk and layer
                         point = names.shared_expert_input(d.prefix, index)
-                        flat(cast, part)[:] = quantize_by_multiplier(x, ranks[0][in_scale][0], point)
+                        multiplier = per_token_multiplier(x) if self.options.per_token else ranks[0][in_scale][0]
+                        flat(cast, part)[:] = quantize_by_multiplier(x, multiplier, point)
                     qx = x if self.options.weights_only else flat(cast, part)
                     chosen, gates = routing[part.start]
                     for p, store in zip(ranks, sums, strict=True):

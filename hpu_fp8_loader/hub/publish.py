@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -64,6 +65,8 @@ __all__ = [
     "push",
     "remote_problems",
 ]
+
+log = logging.getLogger(__name__)
 
 CARD = "README.md"
 STAGED = "checkpoint"
@@ -354,6 +357,8 @@ def _stage(
                 src, checkpoint, None, options.convert, convert_steps(bytes_), layer_steps(steps), reports["calibrate"]
             )
             measurements = [quantized.measurements]
+            for warning in quantized.calibration.warnings if quantized.calibration else ():
+                log.warning(warning)
             if quantized.calibration is None:  # an interrupted push's calibration, reused: no report of its forwards
                 del reports["calibrate"]
         else:  # convert keeps the measurement files in the checkpoint, which uploads them
@@ -379,6 +384,8 @@ def _stage(
         with Progress("eval", quiet=quiet, unit="step") as steps:  # eval's default text, as `hpu-fp8 eval`
             evaluation = evaluate(src, checkpoint, report=reports["eval"], progress=layer_steps(steps))
         say(f"evaluated: FP8 top-1 agreement {100 * evaluation.rows[0].top1_agreement:.2f}%")
+        for warning in evaluation.warnings:  # before anything is uploaded: the user can still stop here
+            log.warning(warning)
     plots = _add_report_plots(checkpoint, reports)
     return evaluation, note, names, plots
 

@@ -23,12 +23,13 @@ import numpy as np
 
 from hpu_fp8_loader import __version__
 from hpu_fp8_loader.engine.layer_major import LayerProgress, run_layer_major
-from hpu_fp8_loader.engine.model import EngineConfig, ReferenceModel
+from hpu_fp8_loader.engine.model import EngineConfig, Observer, ReferenceModel
 from hpu_fp8_loader.engine.weights import open_weights
 from hpu_fp8_loader.errors import MeasurementError, NonFiniteError
 from hpu_fp8_loader.io.file_output import check_output_file, write_text_atomically
 from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, dataset_tokens, token_windows
-from hpu_fp8_loader.quality.observers import AmaxObserver
+from hpu_fp8_loader.quality.observers import AmaxObserver, ChannelAmaxObserver, RangeObserver, TeeObserver
+from hpu_fp8_loader.quality.ranges import PointRange, point_ranges, range_warning
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import AmaxSourceKind
 from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements, ModelIdentity
@@ -64,6 +65,11 @@ class CalibrationResult:
         dead_experts: ``(layer, expert)`` of every routed expert no calibration token reached, sorted; convert
             refuses them unless its ``dead_experts`` option is ``sibling-max`` (or calibrate again with
             ``all_experts``).
+        ranges: every point's amax against the median and 99th percentile of its |x| on the calibration text, the
+            widest first (:mod:`~hpu_fp8_loader.quality.ranges`).
+        warnings: such as points whose amax / median exceeds what E4M3 at ±240 holds, named.
+        channel_amax: each of the ``channel_points`` asked for, its max |x| per channel (what a channel fold's
+            exponents are chosen from: :mod:`~hpu_fp8_loader.conversion.folds`); empty when none was asked for.
 
     Example:
         >>> from hpu_fp8_loader import TINY_MODELS, calibrate
@@ -77,6 +83,9 @@ class CalibrationResult:
     tokens: int
     seconds: float
     dead_experts: list[tuple[int, int]] = field(default_factory=list)  # (layer, expert) without a routed token
+    ranges: list[PointRange] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    channel_amax: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -122,10 +131,13 @@ class CalibrationOptions:
         progress: Callable[[LayerProgress], object] | None = None,
         scratch_dir: str | Path | None = None,
         report: Report | None = None,
+        channel_points: frozenset[str] = frozenset(),
     ) -> CalibrationResult:
         """:func:`calibrate` ``model`` with these options (the other arguments as :func:`calibrate` takes them)."""
         fields = dataclasses.asdict(self)
-        return calibrate(model, progress=progress, scratch_dir=scratch_dir, report=report, **fields)
+        return calibrate(
+            model, progress=progress, scratch_dir=scratch_dir, report=report, channel_points=channel_points, **fields
+        )
 
 
 def one_source_of_statistics(measurements: bool, calibration: bool, required: bool = True) -> None:
@@ -157,6 +169,7 @@ def calibrate(
     dataset_revision: str | None = None,
     report: Report | None = None,
     threads: int | None = None,
+    channel_points: frozenset[str] = frozenset(),
 ) -> CalibrationResult:
     """Run the reference engine over ``samples`` windows of ``dataset`` and record every act amax.
 
@@ -206,6 +219,8 @@ def calibrate(
             to each (default: every core this process may use, :func:`~hpu_fp8_loader.engine.layer_major.usable_cores`);
             the amax, expert counts and report are those of one thread to the bit with BLAS on as many threads
             (BLAS's own thread count may change a last bit; with BLAS held to one thread, every number agrees).
+        channel_points: activation points (spec module names) whose max |x| per channel to record as well, into the
+            result's ``channel_amax``.
 
     Returns:
         A :class:`~hpu_fp8_loader.CalibrationResult`; its ``measurements`` go to :func:`~hpu_fp8_loader.convert`.
@@ -251,7 +266,11 @@ def calibrate(
     observer = AmaxObserver(d.prefix, all_experts)
     config = EngineConfig.from_config(weights.checkpoint.config, d, str(weights.checkpoint.root / "config.json"))
     log.info("%s: %d tokens of text (%s tokens) for %d window(s) of %d", model, ids.size, tokenizer_name, samples, seq_len)
-    forward_observer = observer if report is None else report.calibration_observer(model, d, observer)
+    ranges, channels = RangeObserver(d.prefix), ChannelAmaxObserver(d.prefix, channel_points)
+    if report is None:
+        forward_observer: Observer = TeeObserver(observer, ranges, channels)
+    else:
+        forward_observer = TeeObserver(report.calibration_observer(model, d, observer, ranges), channels)
     windows = token_windows(ids, samples, seq_len, batch_size, dataset)
     try:
         with np.errstate(over="ignore", invalid="ignore"):  # the observer refuses what overflowed, by name
@@ -292,7 +311,20 @@ def calibrate(
             expert = names.expert_of(key)
             assert expert is not None  # the observer keys expert_tokens by names.expert_tokens_key
             dead.append(expert)
-    return CalibrationResult(measurements, tokenizer_name, tokens, time.perf_counter() - started, sorted(dead))
+    spread = point_ranges(ranges.histograms, observer.amax)
+    warning = range_warning(spread, "the calibration text")
+    if report is not None:
+        report.ranges = [r.to_dict() for r in spread]
+    return CalibrationResult(
+        measurements,
+        tokenizer_name,
+        tokens,
+        time.perf_counter() - started,
+        sorted(dead),
+        spread,
+        [warning] if warning else [],
+        channels.amax,
+    )
 
 
 def check_outputs(model: str | Path, dataset: str | Path, outputs: Iterable[str | Path], force: bool) -> None:

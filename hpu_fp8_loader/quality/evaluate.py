@@ -8,6 +8,7 @@ weights, float32 activations) and ``no-kv-fp8`` (FP8 linears, BF16 attention and
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -19,35 +20,44 @@ from hpu_fp8_loader.arch import ModelDescriptor
 from hpu_fp8_loader.checks.validate import open_validated
 from hpu_fp8_loader.engine.fp8 import EmulationOptions, Fp8Emulator
 from hpu_fp8_loader.engine.layer_major import LayerModel, LayerProgress, run_layer_major
-from hpu_fp8_loader.engine.model import ReferenceModel
+from hpu_fp8_loader.engine.model import Observer, ReferenceModel
 from hpu_fp8_loader.engine.weights import open_weights
 from hpu_fp8_loader.errors import HpuFp8Error, NonFiniteError
 from hpu_fp8_loader.numerics.bootstrap import bootstrap_ratio_interval
 from hpu_fp8_loader.quality import DEFAULT_EVAL_SAMPLES, DEFAULT_EVAL_SEQ_LEN
 from hpu_fp8_loader.quality.datasets import BUILTIN, check_seq_len, dataset_tokens, token_windows
+from hpu_fp8_loader.quality.observers import CheckpointFp8, RangeObserver
+from hpu_fp8_loader.quality.ranges import point_ranges, range_warning
+from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX
 
 if TYPE_CHECKING:
     from hpu_fp8_loader.quality.report import Report
 
-__all__ = ["VARIANTS", "EvalRow", "EvaluationResult", "check_same_model", "chosen_variants", "evaluate"]
+__all__ = ["DEFAULT_VARIANTS", "VARIANTS", "EvalRow", "EvaluationResult", "check_same_model", "chosen_variants", "evaluate"]
 
 VARIANTS = {
     "fp8": EmulationOptions(),
     "weights-only": EmulationOptions(weights_only=True),
     "no-kv-fp8": EmulationOptions(fp8_attention=False),
+    "per-token": EmulationOptions(per_token=True),
 }
+# The rows eval computes unless told otherwise; "per-token" (a ceiling FastDeploy cannot serve) only when asked for.
+DEFAULT_VARIANTS = ("fp8", "weights-only", "no-kv-fp8")
 
 
-def chosen_variants(weights_only: bool = False, no_kv_fp8: bool = False) -> tuple[str, ...]:
-    """The rows to compute: every variant when no ablation is asked for, else the FP8 row and those asked for.
+def chosen_variants(weights_only: bool = False, no_kv_fp8: bool = False, per_token: bool = False) -> tuple[str, ...]:
+    """The rows to compute: the default rows when no ablation is asked for (plus ``per-token`` when asked for), else
+    the FP8 row and those asked for.
 
     Example:
         >>> chosen_variants(weights_only=True)
         ('fp8', 'weights-only')
+        >>> chosen_variants(per_token=True)
+        ('fp8', 'weights-only', 'no-kv-fp8', 'per-token')
     """
-    if not (weights_only or no_kv_fp8):
-        return tuple(VARIANTS)
-    return ("fp8", *(["weights-only"] if weights_only else []), *(["no-kv-fp8"] if no_kv_fp8 else []))
+    asked = {"weights-only": weights_only, "no-kv-fp8": no_kv_fp8}
+    rows = DEFAULT_VARIANTS if not any(asked.values()) else ("fp8", *(name for name, on in asked.items() if on))
+    return (*rows, *(["per-token"] if per_token else []))
 
 
 @dataclass
@@ -57,7 +67,9 @@ class EvalRow:
     ``perplexity_increase`` (read-only) is ``perplexity_fp8 / perplexity_bf16 - 1``. ``top1_agreement_interval``
     and ``mean_kl_interval`` are 95% bootstrap percentile intervals (low, high) over windows
     (:func:`~hpu_fp8_loader.numerics.bootstrap.bootstrap_ratio_interval`); ``None`` from a single window or for a
-    row made by hand. Few windows give rough intervals: the default 16 is the least to read them by.
+    row made by hand. ``window_kl`` is the KL summed over each window's tokens, in window order: what a paired
+    comparison of two checkpoints on the same windows resamples
+    (:func:`~hpu_fp8_loader.numerics.bootstrap.bootstrap_gap_closed`). Few windows give rough intervals: the default 16 is the least to read them by.
     """
 
     variant: str
@@ -68,6 +80,7 @@ class EvalRow:
     perplexity_fp8: float
     top1_agreement_interval: tuple[float, float] | None = None
     mean_kl_interval: tuple[float, float] | None = None
+    window_kl: list[float] = field(default_factory=list)
 
     @property
     def perplexity_increase(self) -> float:
@@ -88,7 +101,9 @@ class EvaluationResult:
             ``perplexity_increase`` (``perplexity_fp8 / perplexity_bf16 - 1``), and 95% bootstrap intervals
             ``top1_agreement_interval`` and ``mean_kl_interval`` (low, high): windows resampled 1,000 times with a
             fixed seed, since the tokens of one window are correlated.
-        warnings: such as FP8 attention costing far more than FP8 linears (convert again with ``kv_cache="none"``).
+        warnings: such as a quantization point whose amax / median |x| on the held-out text exceeds what E4M3 at ±240
+            holds (:mod:`~hpu_fp8_loader.quality.ranges`), or FP8 attention costing far more than FP8 linears (convert
+            again with ``kv_cache="none"``).
         tokenizer: which tokenizer made the tokens (the BF16 source's own, such as ``"tokenizer.json"``, or
             ``"bytes"``), as :class:`~hpu_fp8_loader.CalibrationResult` names it.
         windows: the windows of ``tokens`` (the units the bootstrap intervals resample).
@@ -167,6 +182,7 @@ class _Accumulator:
             float(np.exp(self.nll_ref / self.count)),
             float(np.exp(self.nll_fp8 / self.count)),
             *self._intervals(),
+            [float(kl) for kl in np.concatenate(self.window_kl)],
         )
 
     def _intervals(self) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
@@ -185,7 +201,7 @@ def evaluate(
     samples: int = DEFAULT_EVAL_SAMPLES,
     seq_len: int = DEFAULT_EVAL_SEQ_LEN,
     tp: int = 1,
-    variants: tuple[str, ...] = tuple(VARIANTS),
+    variants: tuple[str, ...] = DEFAULT_VARIANTS,
     decode_attention: bool = False,
     *,
     tokenizer: str = "auto",
@@ -229,7 +245,9 @@ def evaluate(
             bf16 partial sums.
         variants: the rows to compute: ``"fp8"`` (the checkpoint as FastDeploy runs it), ``"weights-only"`` (FP8
             weights, float32 activations), ``"no-kv-fp8"`` (FP8 linears, BF16 attention and KV cache; skipped when
-            the checkpoint already keeps attention in BF16).
+            the checkpoint already keeps attention in BF16), ``"per-token"`` (every FP8 linear's input cast with its
+            own token's scale, attention as served: a ceiling for static scales that FastDeploy's HPU format cannot
+            serve; not among the default rows).
         decode_attention: quantize the unnormalised exp scores as FastDeploy's decode path does (prefill form
             otherwise).
         tokenizer: ``"auto"`` (the BF16 source's own tokenizer; refused when it has none, unless a byte-level
@@ -299,12 +317,16 @@ def evaluate(
     )
     windows = token_windows(ids, samples, seq_len, dataset=dataset)
     emulator = Fp8Emulator(fp8_checkpoint, tp)  # the parameters, mapped a part at a time, shared by every row
-    observer = None if report is None else report.evaluation_observer(bf16_source, reference.descriptor, fp8.checkpoint)
+    ranges = RangeObserver(reference.descriptor.prefix)
+    if report is None:
+        observer: Observer = ranges
+    else:
+        observer = report.evaluation_observer(bf16_source, reference.descriptor, fp8.checkpoint, ranges)
     models: dict[str, LayerModel] = {str(bf16_source): ReferenceModel(reference, observer=observer)}
     rows: dict[str, str] = {}  # model label -> its row
     for name in variants:
         options = VARIANTS[name]
-        variant = emulator.with_options(EmulationOptions(options.weights_only, options.fp8_attention, decode_attention))
+        variant = emulator.with_options(dataclasses.replace(options, decode_attention=decode_attention))
         if name == "no-kv-fp8" and not variant.fp8_attention and variant.qc.kv_cache_scheme.value == "none":
             continue  # the checkpoint already keeps attention in BF16: the full row is this ablation
         label = f"{fp8_checkpoint} ({name} row)"
@@ -325,11 +347,16 @@ def evaluate(
     tokens = windows.size
     table = [accumulators[name].row(name) for name in accumulators]
     result = EvaluationResult(tokens, tp, str(dataset), table, tokenizer=tokenizer_name, windows=len(windows))
-    warning = attention_warning(result.rows)
-    if warning:
-        result.warnings.append(warning)
+    served = CheckpointFp8(fp8.checkpoint)
+    spread = point_ranges(
+        ranges.histograms, {point: scale * GAUDI2_FP8_MAX for point in ranges.histograms if (scale := served.act_scale(point))}
+    )
+    for warning in (range_warning(spread, "held-out text, at the checkpoint's scales"), attention_warning(result.rows)):
+        if warning:
+            result.warnings.append(warning)
     if report is not None:
         report.evaluation = result.to_dict()
+        report.ranges = [r.to_dict() for r in spread]
     return result
 
 

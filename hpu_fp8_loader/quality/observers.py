@@ -18,17 +18,20 @@ from hpu_fp8_loader.engine.model import Observer
 from hpu_fp8_loader.errors import NonFiniteError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.numerics import e4m3, scales
+from hpu_fp8_loader.numerics.magnitudes import MagnitudeHistogram
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX
 
 __all__ = [
     "ROWS_PER_CALL",
     "AmaxObserver",
+    "ChannelAmaxObserver",
     "CheckpointFp8",
     "ConverterFp8",
     "Fp8Side",
     "LinearError",
     "LinearErrorObserver",
+    "RangeObserver",
     "TeeObserver",
 ]
 
@@ -55,6 +58,43 @@ class AmaxObserver(Observer):
         self.record(names.expert(self.prefix, layer, expert, "down_proj"), intermediate)
         key = names.expert_tokens_key(self.prefix, layer, expert)
         self.expert_tokens[key] = self.expert_tokens.get(key, 0) + routed_tokens
+
+
+class RangeObserver(Observer):
+    """How each point's magnitudes are spread (:mod:`~hpu_fp8_loader.quality.ranges` reads them against an amax):
+    every value of every input counted, an expert's intermediate over the tokens it computes, as the amax is."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.histograms: dict[str, MagnitudeHistogram] = {}
+
+    def record(self, module: str, values: np.ndarray) -> None:
+        if values.size:
+            self.histograms.setdefault(module, MagnitudeHistogram()).add(values)
+
+    def record_expert(self, layer: int, expert: int, intermediate: np.ndarray, routed_tokens: int) -> None:
+        self.record(names.expert(self.prefix, layer, expert, names.DOWN), intermediate)
+
+
+class ChannelAmaxObserver(Observer):
+    """Each chosen point's max |x| per channel (its last axis; the KV cache's heads and head dims as one axis), over
+    every token it sees: what a channel fold's exponents are chosen from (:mod:`~hpu_fp8_loader.conversion.folds`)."""
+
+    def __init__(self, prefix: str, points: frozenset[str]):
+        self.prefix = prefix
+        self.points = points
+        self.amax: dict[str, np.ndarray] = {}
+
+    def record(self, module: str, values: np.ndarray) -> None:
+        if module not in self.points or not values.size:
+            return
+        width = values.shape[-1] if names.attention_point_of(module) is None else values.shape[-2] * values.shape[-1]
+        peak = np.max(np.abs(values.reshape(-1, width)), axis=0)
+        previous = self.amax.get(module)
+        self.amax[module] = peak if previous is None else np.maximum(previous, peak)
+
+    def record_expert(self, layer: int, expert: int, intermediate: np.ndarray, routed_tokens: int) -> None:
+        self.record(names.expert(self.prefix, layer, expert, names.DOWN), intermediate)
 
 
 # Rows of each input (a batch, a layer-major chunk, an expert's routed tokens) the error is measured on: enough

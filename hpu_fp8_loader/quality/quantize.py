@@ -18,20 +18,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 from pydantic import ValidationError
 
 from hpu_fp8_loader.arch import describe
 from hpu_fp8_loader.arch.contents import check_keep_bf16
 from hpu_fp8_loader.conversion.convert import ConvertProgress, ConvertResult, convert
+from hpu_fp8_loader.conversion.folds import ChosenFolds, FoldSite, fold_points, fold_sites
 from hpu_fp8_loader.conversion.journal import CALIBRATION
 from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.engine.layer_major import LayerProgress
+from hpu_fp8_loader.engine.weights import open_weights
 from hpu_fp8_loader.io.checkpoint import CONFIG_FILE, Checkpoint, read_config
 from hpu_fp8_loader.io.fingerprint import file_fingerprint
 from hpu_fp8_loader.io.jsonfile import parse_json
 from hpu_fp8_loader.io.own_files import read_own, write_new
 from hpu_fp8_loader.io.writer import check_apart, prepare_output_dir
 from hpu_fp8_loader.quality.calibrate import CalibrationOptions, CalibrationResult
+from hpu_fp8_loader.quality.rebalance import choose_rebalancing
+from hpu_fp8_loader.spec.choices import Rebalance
 from hpu_fp8_loader.spec.measurements import Measurements
 
 if TYPE_CHECKING:
@@ -52,7 +57,9 @@ class QuantizeResult:
         conversion: the :class:`~hpu_fp8_loader.ConvertResult`; ``conversion.out`` is the published checkpoint.
         calibration: the :class:`~hpu_fp8_loader.CalibrationResult`, or None when the measurements an interrupted
             run of the same calibration left in ``OUT.partial`` were reused.
-        measurements: the activation statistics the checkpoint was made from (also its ``hpu_fp8_measurements.json``).
+        measurements: the activation statistics the checkpoint was made from (also its ``hpu_fp8_measurements.json``):
+            with ``rebalance``, the amax of the folded model.
+        folds: the channel folds ``options.rebalance`` chose (none when it is ``off``).
 
     Example:
         >>> from hpu_fp8_loader import TINY_MODELS, CalibrationOptions, quantize
@@ -64,6 +71,7 @@ class QuantizeResult:
     conversion: ConvertResult
     calibration: CalibrationResult | None
     measurements: Measurements
+    folds: ChosenFolds
 
 
 def quantize(
@@ -121,33 +129,45 @@ def quantize(
     src, out = Path(src), Path(out)
     check_apart(out, [src])
     # what can be refused from config.json and OUT is, before minutes of calibration
-    check_keep_bf16(describe(read_config(src), str(src / CONFIG_FILE)), options.keep_bf16)
+    descriptor = describe(read_config(src), str(src / CONFIG_FILE))
+    check_keep_bf16(descriptor, options.keep_bf16)
     staging = prepare_output_dir(out, options.force, [src])
-    key = _calibration_key(src, calibration)
-    measurements = _cached(staging / CALIBRATION, key)
+    key = _calibration_key(src, calibration, options.rebalance)
+    cached = _cached(staging / CALIBRATION, key, fold_sites(descriptor))
     result = None
-    if measurements is None:
-        result = calibration.run(src, progress=calibration_progress, scratch_dir=staging, report=report)
-        measurements = result.measurements
-        _keep(staging / CALIBRATION, key, measurements)
+    if cached is None:
+        points = fold_points(descriptor) if options.rebalance is not Rebalance.OFF else frozenset()
+        result = calibration.run(src, progress=calibration_progress, scratch_dir=staging, report=report, channel_points=points)
+        folds = choose_rebalancing(open_weights(src, cache_bytes=0), result.channel_amax, result.ranges, options.rebalance)
+        measurements = (
+            folds.rebalanced(result.measurements, result.channel_amax, descriptor) if folds.exponents else result.measurements
+        )
+        _keep(staging / CALIBRATION, key, measurements, folds)
     else:
         log.info("%s: the calibration an interrupted run left in %s is reused", src, staging)
-    return QuantizeResult(convert(src, out, [measurements], options, progress), result, measurements)
+        measurements, folds = cached
+    if options.rebalance is not Rebalance.OFF:
+        log.info("%s: --rebalance %s moves channels at %d fold site(s)", src, options.rebalance.value, len(folds.exponents))
+    conversion = convert(
+        src, out, [measurements], options, progress, folds=folds if options.rebalance is not Rebalance.OFF else None
+    )
+    return QuantizeResult(conversion, result, measurements, folds)
 
 
-def _calibration_key(src: Path, calibration: CalibrationOptions) -> dict:
-    """What the measurements depend on: the source files' content (as a conversion's resume sees it) and the options
-    (not ``threads``: another number can move an amax only by BLAS's own rounding, and the kept measurements are
-    reused whole, never mixed with new ones)."""
+def _calibration_key(src: Path, calibration: CalibrationOptions, rebalance: Rebalance) -> dict:
+    """What the measurements and folds depend on: the source files' content (as a conversion's resume sees it), the
+    options (not ``threads``: another number can move an amax only by BLAS's own rounding, and the kept measurements
+    are reused whole, never mixed with new ones) and the rebalancing mode."""
     files = sorted((p.name, file_fingerprint(p)) for p in Checkpoint.open(src).files)
     options = dataclasses.asdict(calibration)
     del options["threads"]
-    return {"source": files, "options": options}
+    return {"source": files, "options": options, "rebalance": rebalance.value}
 
 
-def _cached(path: Path, key: dict) -> Measurements | None:
-    """The measurements kept under ``key``; None when there are none, or of another source or other options, or when
-    ``path`` is not a regular file of ours (a link or FIFO planted in OUT.partial is never read: io/own_files.py)."""
+def _cached(path: Path, key: dict, sites: list[FoldSite]) -> tuple[Measurements, ChosenFolds] | None:
+    """The measurements and folds kept under ``key``; None when there are none, or of another source or other options,
+    or when ``path`` is not a regular file of ours (a link or FIFO planted in OUT.partial is never read:
+    io/own_files.py)."""
     data = read_own(path, _CALIBRATION_BYTES)
     if data is None:
         return None
@@ -155,12 +175,22 @@ def _cached(path: Path, key: dict) -> Measurements | None:
         kept = parse_json(data)
         if not isinstance(kept, dict) or kept.get("key") != json.loads(json.dumps(key)):
             return None
-        return Measurements.model_validate(kept["measurements"])
+        by_name = {site.name: site for site in sites}
+        exponents = {by_name[name]: np.asarray(e, np.int32) for name, e in kept["folds"]["exponents"].items()}
+        if any(e.shape != (site.channels,) for site, e in exponents.items()):
+            return None
+        folds = ChosenFolds(Rebalance(kept["folds"]["mode"]), float(kept["folds"]["migration"]), exponents)
+        return Measurements.model_validate(kept["measurements"]), folds
     except (ValueError, KeyError, TypeError, ValidationError):
         return None  # damaged: calibrate again
 
 
-def _keep(path: Path, key: dict, measurements: Measurements) -> None:
+def _keep(path: Path, key: dict, measurements: Measurements, folds: ChosenFolds) -> None:
     """Written whole or not at all (a new file renamed over the name, never through a planted link): a run killed
     while writing leaves no half file to trust."""
-    write_new(path, json.dumps({"key": key, "measurements": measurements.model_dump(mode="json")}).encode())
+    kept_folds = {
+        "mode": folds.mode.value,
+        "migration": folds.migration,
+        "exponents": {site.name: e.tolist() for site, e in folds.exponents.items()},
+    }
+    write_new(path, json.dumps({"key": key, "measurements": measurements.model_dump(mode="json"), "folds": kept_folds}).encode())

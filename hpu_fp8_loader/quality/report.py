@@ -47,8 +47,10 @@ from hpu_fp8_loader.quality.observers import (
     ConverterFp8,
     Fp8Side,
     LinearErrorObserver,
+    RangeObserver,
     TeeObserver,
 )
+from hpu_fp8_loader.quality.ranges import NORMAL_SPAN
 from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.choices import Bf16Group
 from hpu_fp8_loader.spec.fp8 import GAUDI2_FP8_MAX
@@ -71,6 +73,13 @@ def _point_type(module: str) -> str:
     rest = module.split(".layers.", 1)[1].split(".", 1)[1]
     expert = names.expert_of(module)
     return rest.replace(f"experts.{expert[1]}.", "experts.*.") if expert else rest
+
+
+def _layer(point: str) -> int:
+    """The layer of an activation point (every point a range is read at is one of names.MODULE_PATTERN)."""
+    match = names.MODULE_PATTERN.match(point)
+    assert match is not None
+    return int(match.group("layer"))
 
 
 class Report:
@@ -96,31 +105,43 @@ class Report:
         self.checkpoint: str | None = None  # eval: the FP8 checkpoint compared with the model
         self.checkpoint_amax: dict[str, float] = {}
         self.evaluation: dict | None = None  # set by evaluate: its EvaluationResult.to_dict()
+        self.ranges: list[dict] = []  # set by calibrate and evaluate: every point's PointRange.to_dict()
 
     def _start(
-        self, kind: str, model: str | Path, descriptor: ModelDescriptor, fp8: Fp8Side, amax_observer: AmaxObserver
+        self,
+        kind: str,
+        model: str | Path,
+        descriptor: ModelDescriptor,
+        fp8: Fp8Side,
+        amax_observer: AmaxObserver,
+        ranges: RangeObserver,
     ) -> Observer:
         if self.kind is not None:
             raise RuntimeError("a Report collects one calibration or one evaluation; make another for the next run")
         self.kind, self.model, self.descriptor = kind, str(model), descriptor
         self.errors = LinearErrorObserver(descriptor, fp8)
         self.amax, self.expert_tokens = amax_observer.amax, amax_observer.expert_tokens
-        return TeeObserver(amax_observer, self.errors)
+        return TeeObserver(amax_observer, ranges, self.errors)
 
-    def calibration_observer(self, model: str | Path, descriptor: ModelDescriptor, amax_observer: AmaxObserver) -> Observer:
-        """What calibrate runs instead of its amax observer: that observer, then the error observer reading its amax."""
-        return self._start("calibrate", model, descriptor, ConverterFp8(amax_observer.amax), amax_observer)
+    def calibration_observer(
+        self, model: str | Path, descriptor: ModelDescriptor, amax_observer: AmaxObserver, ranges: RangeObserver
+    ) -> Observer:
+        """What calibrate runs instead of its amax and range observers: those, then the error observer reading the
+        amax."""
+        return self._start("calibrate", model, descriptor, ConverterFp8(amax_observer.amax), amax_observer, ranges)
 
-    def evaluation_observer(self, model: str | Path, descriptor: ModelDescriptor, checkpoint: Checkpoint) -> Observer:
-        """What eval's reference forward runs: held-out amax and expert load, and each linear's error against the
-        checkpoint's FP8 weights and scales."""
+    def evaluation_observer(
+        self, model: str | Path, descriptor: ModelDescriptor, checkpoint: Checkpoint, ranges: RangeObserver
+    ) -> Observer:
+        """What eval's reference forward runs instead of its range observer: held-out amax and expert load, the
+        magnitudes, and each linear's error against the checkpoint's FP8 weights and scales."""
         self.checkpoint = str(checkpoint.root)
         self.checkpoint_amax = {
             name.removesuffix("." + names.ACT_AMAX): float(np.asarray(checkpoint.get(name), np.float32).reshape(-1)[0])
             for name in checkpoint.tensors
             if name.endswith("." + names.ACT_AMAX)
         }
-        return self._start("eval", model, descriptor, CheckpointFp8(checkpoint), AmaxObserver(descriptor.prefix))
+        return self._start("eval", model, descriptor, CheckpointFp8(checkpoint), AmaxObserver(descriptor.prefix), ranges)
 
     # ------------------------------------------------------------------ the data
 
@@ -245,6 +266,8 @@ class Report:
             "experts": self._experts(),
             "keep_bf16": self._keep_bf16(),
             "evaluation": self._evaluation(),
+            "ranges": [{**row, "point": _point_type(row["module"]), "layer": _layer(row["module"])} for row in self.ranges],
+            "normal_span": NORMAL_SPAN,
         }
 
     def write(self, directory: str | Path, force: bool = False, sources: Iterable[str | Path] = ()) -> Path:

@@ -21,8 +21,10 @@ PLOTS = {
     "expert_tokens": "expert_tokens.png",
     "attention": "attention.png",
     "held_out_amax": "held_out_amax.png",
+    "act_range": "act_range.png",
 }
 _WORST_SHOWN = 30  # bars in the linear-error chart and rows in the page's table
+_WIDEST_SHOWN = 10  # rows in the page's table of ranges
 _ATTENTION_POINTS = ("self_attn.q", "self_attn.cache_k", "self_attn.cache_v", "self_attn.s")
 # One look per line of a plot: tab20's 20 colours, each with its own marker (a point-type plot has up to ~15 lines,
 # more than the default cycle's ten colours), and a second linestyle past twenty.
@@ -80,20 +82,25 @@ def _look(plt, index: int) -> dict:
     return {"color": colour, "marker": _MARKERS[index % len(_MARKERS)], "linestyle": _LINESTYLES[index // _COLOURS % 2]}
 
 
-def _per_layer_lines(plt, lines: dict[str, dict[int, float]], title: str, ylabel: str, path: Path) -> None:
-    """One line per label over the layers (log y), the legend beside the axes, whole layer numbers on x."""
+def _per_layer_lines(
+    plt, lines: dict[str, dict[int, float]], title: str, ylabel: str, path: Path, limit: tuple[float, str] | None = None
+) -> None:
+    """One line per label over the layers (log y), the legend beside the axes, whole layer numbers on x; ``limit``: a
+    dashed horizontal line at its value, labelled."""
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for index, (label, per_layer) in enumerate(lines.items()):
         layers = sorted(per_layer)
         ax.plot(layers, [per_layer[x] for x in layers], markersize=4, label=label, **_look(plt, index))
+    if limit is not None:
+        ax.axhline(limit[0], color="black", linestyle=":", linewidth=1, label=limit[1])
     ax.set_yscale("log")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("layer")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
-    if lines:
+    if lines or limit:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=90, bbox_inches="tight")  # the legend outside the axes is kept in the file
@@ -194,6 +201,20 @@ def _held_out_amax(plt, data: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _act_range(plt, data: dict, path: Path) -> None:
+    """Each point type's widest amax / median |x| per layer (routed experts: the widest expert), against the ratio
+    at which the median leaves E4M3's normal range."""
+    lines: dict[str, dict[int, float]] = {}
+    for row in data["ranges"]:
+        per_layer = lines.setdefault(row["point"], {})
+        ratio = row["ratio"] if row["ratio"] is not None else float("inf")
+        per_layer[row["layer"]] = max(per_layer.get(row["layer"], 0.0), ratio)
+    text = "held-out text, the checkpoint's scales" if data.get("checkpoint") else "calibration text"
+    limit = (data["normal_span"], f"{data['normal_span']:,.0f}: median below E4M3's smallest normal")
+    title = f"Range per layer and point: amax / median |x| ({text})\n{_subject(data)}"
+    _per_layer_lines(plt, dict(sorted(lines.items())), title, "amax / median |x| (log)", path, limit)
+
+
 def render(data: dict, directory: Path) -> dict[str, str]:
     """Write the PNGs ``data`` has material for and index.html into ``directory``; returns plot name -> file."""
     plt = _pyplot()
@@ -212,6 +233,9 @@ def render(data: dict, directory: Path) -> dict[str, str]:
     if data.get("amax_points"):
         _held_out_amax(plt, data, directory / PLOTS["held_out_amax"])
         made["held_out_amax"] = PLOTS["held_out_amax"]
+    if data["ranges"]:
+        _act_range(plt, data, directory / PLOTS["act_range"])
+        made["act_range"] = PLOTS["act_range"]
     (directory / HTML_FILE).write_text(_page(data, made), encoding="utf-8")
     return made
 
@@ -224,6 +248,8 @@ CAPTIONS = {
     "attention": "Query, K cache, V cache and probability amax per layer (the FP8 attention and KV cache scales).",
     "held_out_amax": "Each point's largest held-out activation against the amax its FP8 scale was made from (the "
     "checkpoint's act_amax): a point above the diagonal saw larger values on held-out text than in calibration.",
+    "act_range": "Per layer and point type, the amax the scale is made from over the median |x|: above the dotted line "
+    "the median value is no E4M3 normal at the per-tensor scale, and static FP8 loses the bulk of the tensor.",
 }
 
 
@@ -238,6 +264,11 @@ def _page(data: dict, plots: dict[str, str]) -> str:
         f"<tr><td>{i}</td><td>{e(r['module'])}</td><td>{r['relative_error']:.4g}</td>"
         f"<td>{_number(r['channel_spread'], '.3g')}</td><td>{_number(r['act_amax'], '.4g')}</td></tr>"
         for i, r in enumerate(measured, 1)
+    )
+    ranges = "".join(
+        f"<tr><td>{e(r['module'])}</td><td>{r['amax']:.4g}</td><td>{r['median']:.4g}</td>"
+        f"<td>{'inf' if r['ratio'] is None else format(r['ratio'], '.4g')}</td><td>{'beyond' if r['beyond'] else ''}</td></tr>"
+        for r in data["ranges"][:_WIDEST_SHOWN]
     )
     evaluation = ""
     if data["evaluation"]:
@@ -261,5 +292,8 @@ def _page(data: dict, plots: dict[str, str]) -> str:
         f"<p>{e(data['model_type'])}, {data['num_layers']} layers; FP8 ±{data['fp8_max']:g}; FP8 side: {e(data['fp8_source'])}; "
         f'up to {data["rows_per_call"]} rows per input measured. The numbers are in <a href="report.json">report.json</a>.</p>\n'
         f"{evaluation}<h2>Linears that lose most</h2><table><tr><th>#</th><th>linear</th><th>relative error</th>"
-        f"<th>weight spread</th><th>act amax</th></tr>{rows}</table>\n{figures}\n</body></html>\n"
+        f"<th>weight spread</th><th>act amax</th></tr>{rows}</table>\n"
+        f"<h2>Widest ranges</h2><p>amax / median |x| above {data['normal_span']:,.0f} is beyond what E4M3 at ±240 holds."
+        f"</p><table><tr><th>point</th><th>amax</th><th>median |x|</th><th>ratio</th><th></th></tr>{ranges}</table>\n"
+        f"{figures}\n</body></html>\n"
     )

@@ -27,7 +27,7 @@ from hpu_fp8_loader.spec import names
 from hpu_fp8_loader.spec.config import AmaxSourceKind
 from hpu_fp8_loader.spec.measurements import MeasurementProvenance, Measurements, ModelIdentity
 
-__all__ = ["PRESETS", "preset_config", "synthesize", "synthetic_measurements", "weight_values"]
+__all__ = ["PRESETS", "preset_config", "source_arrays", "synthesize", "synthetic_measurements", "weight_values"]
 
 _ERNIE_MOE_TINY = {
     "model_type": "ernie4_5_moe",
@@ -165,10 +165,9 @@ def weight_values(weight: WeightTensor, seed: int) -> np.ndarray:
     return values
 
 
-def _source_arrays(weight: WeightTensor, layout: Layout, prefix: str, seed: int):
-    """(name, array) of the source tensors for one weight, in the source dtype."""
-    values = weight_values(weight, seed)
-    dtype = np.float32 if weight.source_dtype == "F32" else ml_dtypes.bfloat16
+def source_arrays(weight: WeightTensor, values: np.ndarray, layout: Layout, prefix: str, dtype: np.dtype | type):
+    """(name, array) of the source tensors of ``layout`` that hold one weight's spec-layout ``values`` (split into
+    its fused parts and transposed as the layout stores them), in ``dtype``: what a reader fuses back."""
     parts = weight.source_parts(layout, prefix)
     offset = 0
     for part in parts:
@@ -268,7 +267,8 @@ def synthesize(
     ]
     writer = CheckpointWriter(out, planned, max_shard_bytes, force, {"format": "pt" if layout is Layout.TORCH else "pd"})
     for weight in weights:
-        for name, array in _source_arrays(weight, layout, descriptor.prefix, seed):
+        dtype = np.float32 if weight.source_dtype == "F32" else ml_dtypes.bfloat16
+        for name, array in source_arrays(weight, weight_values(weight, seed), layout, descriptor.prefix, dtype):
             writer.write(name, array)
             if progress:
                 progress(array.nbytes)

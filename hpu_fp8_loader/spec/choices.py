@@ -14,6 +14,7 @@ __all__ = [
     "Bf16Group",
     "DeadExpertPolicy",
     "KvCacheScheme",
+    "Rebalance",
     "ScaleRounding",
     "Target",
     "unservable_bf16_choice",
@@ -40,6 +41,22 @@ class Target(str, Enum):
 
     GAUDI2 = "gaudi2"
     GAUDI3 = "gaudi3"
+
+
+class Rebalance(str, Enum):
+    """Where convert rebalances a point's channels before quantizing (docs/guide.md, "FP8 range"): exact
+    power-of-two folds of the activation's large channels into the next linear's rows (the model computes the
+    same), chosen from a calibration's per-channel amax (:mod:`~hpu_fp8_loader.quality.rebalance`).
+
+    Attributes:
+        OFF: ``"off"``, no folds (the default until a benefit is shown on held-out text).
+        FLAGGED: ``"flagged"``, only at fold sites whose point's amax / median |x| exceeds what E4M3 at ±240 holds.
+        ALL: ``"all"``, at every fold site (for measuring what the folds do where no range fails).
+    """
+
+    OFF = "off"
+    FLAGGED = "flagged"
+    ALL = "all"
 
 
 class KvCacheScheme(str, Enum):

@@ -32,6 +32,7 @@ __all__ = [
     "KvCacheScheme",
     "Provenance",
     "QuantizationConfig",
+    "Rebalancing",
     "ScaleRounding",
     "Target",
     "fastdeploy_config_problems",
@@ -181,6 +182,29 @@ class Producer(_Strict):
     version: str
 
 
+class Rebalancing(_Strict):
+    """How convert rebalanced the model before quantizing (docs/spec.md section 2, ``rebalancing``): exact
+    power-of-two channel folds from an activation into the next linear's rows. The stored weights and amax already
+    carry them, so a loader reads nothing here: it records what was done.
+
+    Attributes:
+        method: always ``"pow2-channel-folds"``.
+        mode: ``flagged`` (only where a point's range failed) or ``all``.
+        migration: SmoothQuant's alpha the exponents were chosen with, in (0, 1).
+        sites: the fold sites moved, by the consumer input each names (``...qkv_proj``, ``...post_attention_layernorm``,
+            a ``...down_proj``, ``...o_proj``), in model order.
+        largest_exponent: the largest power of two any channel was moved by (its exponent's magnitude).
+        exponents_sha256: sha256 of every site's name and int32 exponents, in order (identifies the folds).
+    """
+
+    method: Literal["pow2-channel-folds"] = "pow2-channel-folds"
+    mode: Literal["flagged", "all"]
+    migration: float = Field(gt=0, lt=1)
+    sites: list[str] = Field(min_length=1)
+    largest_exponent: int = Field(ge=1)
+    exponents_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
 class QuantizationConfig(_Strict):
     """The ``quantization_config`` object: FastDeploy's mix_quant keys first, then the spec's own.
 
@@ -201,6 +225,7 @@ class QuantizationConfig(_Strict):
         kept_bf16: those groups (read-only), from the two FastDeploy types.
         moe: the MoE policy (shared-expert input, dead experts filled from siblings); present exactly for MoE models.
         calibration: where each act_amax came from: the sources, the default one and per-module overrides.
+        rebalancing: the exact channel folds applied before quantizing, when ``convert --rebalance`` moved any.
         producer: the name and version of the tool that wrote the checkpoint.
         servable_by_fastdeploy: whether FastDeploy's HPU path can serve it today (fp8_max 240).
 
@@ -233,6 +258,7 @@ class QuantizationConfig(_Strict):
     ignore: list[str] = Field(default_factory=list, description="linear modules kept in BF16")
     moe: MoePolicy | None = None
     calibration: Calibration
+    rebalancing: Rebalancing | None = None
     producer: Producer
 
     @field_validator("fp8_max")

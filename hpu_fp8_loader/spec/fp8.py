@@ -12,6 +12,7 @@ import numpy as np
 __all__ = [
     "ACT_AMAX_RANGE",
     "E4M3FN_MAX",
+    "E4M3_SMALLEST_NORMAL",
     "GAUDI2_FP8_MAX",
     "GAUDI3_FP8_MAX",
     "SCALE_RANGE",
@@ -25,6 +26,11 @@ GAUDI2_FP8_MAX = 240.0
 """Gaudi2 saturates e4m3 at ±240 (its e4m3 has IEEE-style infinities); FastDeploy's HPU path assumes it."""
 GAUDI3_FP8_MAX = E4M3FN_MAX
 """Gaudi3 runs the OCP float8_e4m3fn range."""
+
+E4M3_SMALLEST_NORMAL = 2.0**-6
+"""The smallest normal e4m3 magnitude (both ranges): below it a value keeps fewer than E4M3's 3 mantissa bits, and
+below half of 2^-9 it is zero. With the amax at ±fp8_max, a value ``fp8_max / 2^-6`` times (15,360 at 240) smaller
+than the amax is where a per-tensor scale stops serving it with E4M3's relative precision."""
 
 # The smallest positive normal float32 (bf16-exact and a power of two): the floor of every scale, so
 # that an amax of a few denormals never gives a scale that underflows to zero.
