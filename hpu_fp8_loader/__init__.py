@@ -26,6 +26,8 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "hpu_fp8_loader.sources.tiny_models": ("TINY_MODELS",),
     "hpu_fp8_loader.sources.synth": ("preset_config", "synthesize"),
+    "hpu_fp8_loader.conversion.folds": ("Fold",),
+    "hpu_fp8_loader.quality.stress": ("StressResult", "stress_model"),
     "hpu_fp8_loader.sources.measurements": ("load_measurement_sets", "load_measurements", "read_measurements", "write_measurements"),
     "hpu_fp8_loader.spec.measurements": ("Measurements",),
     "hpu_fp8_loader.spec.config": ("Bf16Group", "KvCacheScheme", "QuantizationConfig", "Target"),
@@ -88,6 +90,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; the same names __getatt
     from hpu_fp8_loader.conversion.convert import ConvertResult as ConvertResult
     from hpu_fp8_loader.conversion.convert import convert as convert
     from hpu_fp8_loader.conversion.ct_export import CompressedTensorsExportResult as CompressedTensorsExportResult
+    from hpu_fp8_loader.conversion.folds import Fold as Fold
     from hpu_fp8_loader.conversion.ct_export import export_compressed_tensors as export_compressed_tensors
     from hpu_fp8_loader.conversion.legacy_import import LegacyImportResult as LegacyImportResult
     from hpu_fp8_loader.conversion.legacy_import import import_legacy as import_legacy
@@ -132,6 +135,8 @@ if TYPE_CHECKING:  # what type checkers and editors see; the same names __getatt
     from hpu_fp8_loader.quality.quantize import QuantizeResult as QuantizeResult
     from hpu_fp8_loader.quality.quantize import quantize as quantize
     from hpu_fp8_loader.quality.report import Report as Report
+    from hpu_fp8_loader.quality.stress import StressResult as StressResult
+    from hpu_fp8_loader.quality.stress import stress_model as stress_model
     from hpu_fp8_loader.sources.measurements import load_measurement_sets as load_measurement_sets
     from hpu_fp8_loader.sources.measurements import load_measurements as load_measurements
     from hpu_fp8_loader.sources.measurements import read_measurements as read_measurements

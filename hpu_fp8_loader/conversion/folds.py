@@ -52,6 +52,20 @@ __all__ = [
 
 
 class Fold(enum.Enum):
+    """The four kinds of fold site of a decoder layer (what ``hpu-fp8 stress --at`` and the rebalancing name).
+
+    Attributes:
+        QKV: ``"qkv"``, ``input_layernorm`` -> ``qkv_proj``'s rows.
+        MLP_INPUT: ``"mlp-input"``, ``post_attention_layernorm`` -> every linear it feeds (and the MoE router).
+        DOWN: ``"down"``, the ``up`` half of ``up_gate_proj`` -> ``down_proj``'s rows.
+        O_PROJ: ``"o-proj"``, the ``v`` columns of ``qkv_proj`` -> ``o_proj``'s rows.
+
+    Example:
+        >>> from hpu_fp8_loader import TINY_MODELS, Fold, stress_model
+        >>> stress_model(TINY_MODELS["qwen2-bytes"], "qwen2-stress", {Fold("down"): 1e6}).out
+        PosixPath('qwen2-stress')
+    """
+
     QKV = "qkv"
     MLP_INPUT = "mlp-input"
     DOWN = "down"
