@@ -14,9 +14,12 @@ import pytest
 from doubles.hub import HubTestDouble
 from huggingface_hub import ModelCard, ModelCardData
 
+from hpu_fp8_loader.conversion.folds import Fold
 from hpu_fp8_loader.hub.cards import render_card
 from hpu_fp8_loader.hub.publish import git_blob_id
+from hpu_fp8_loader.quality.calibrate import CalibrationOptions
 from hpu_fp8_loader.quality.evaluate import evaluate
+from hpu_fp8_loader.quality.stress import stress_model
 from hpu_fp8_loader.sources.measurements import read_measurements, write_measurements
 from hpu_fp8_loader.sources.synth import synthetic_measurements
 from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
@@ -277,6 +280,18 @@ def test_dry_run_touches_nothing_remote(tmp_path):
     listed = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  ")]
     assert sorted(listed) == sorted(p.name for p in staged.iterdir()) and "hpu_fp8_manifest.json" in listed
     assert result.stdout.splitlines()[-1] == f"staged in {staged} (kept)"
+
+
+def test_push_warns_of_a_range_e4m3_cannot_hold_before_anything_is_uploaded(tmp_path):
+    stressed = stress_model(QWEN, tmp_path / "stressed", {Fold.DOWN: 1e6}, CalibrationOptions(samples=8, seq_len=128))
+    args = push_args(tmp_path, "--dry-run")
+    args[1] = str(tmp_path / "stressed")
+    result = run(args, None, tmp_path)
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "span more than E4M3 at ±240" in line]
+    assert len(warnings) == 2  # the calibration's, and the evaluation's on the held-out text
+    assert all(line.startswith("hpu-fp8: warning: ") and stressed.sites[0].point in line for line in warnings)
+    assert "held-out text, at the checkpoint's scales" in warnings[1]
 
 
 def test_a_dry_run_without_a_work_dir_says_its_staging_is_gone_and_names_no_path(tmp_path):
