@@ -90,8 +90,8 @@ if TYPE_CHECKING:  # what type checkers and editors see; the same names __getatt
     from hpu_fp8_loader.conversion.convert import ConvertResult as ConvertResult
     from hpu_fp8_loader.conversion.convert import convert as convert
     from hpu_fp8_loader.conversion.ct_export import CompressedTensorsExportResult as CompressedTensorsExportResult
-    from hpu_fp8_loader.conversion.folds import Fold as Fold
     from hpu_fp8_loader.conversion.ct_export import export_compressed_tensors as export_compressed_tensors
+    from hpu_fp8_loader.conversion.folds import Fold as Fold
     from hpu_fp8_loader.conversion.legacy_import import LegacyImportResult as LegacyImportResult
     from hpu_fp8_loader.conversion.legacy_import import import_legacy as import_legacy
     from hpu_fp8_loader.conversion.plan import ConvertOptions as ConvertOptions

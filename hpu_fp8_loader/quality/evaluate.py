@@ -67,9 +67,9 @@ class EvalRow:
     ``perplexity_increase`` (read-only) is ``perplexity_fp8 / perplexity_bf16 - 1``. ``top1_agreement_interval``
     and ``mean_kl_interval`` are 95% bootstrap percentile intervals (low, high) over windows
     (:func:`~hpu_fp8_loader.numerics.bootstrap.bootstrap_ratio_interval`); ``None`` from a single window or for a
-    row made by hand. ``window_kl`` is the KL summed over each window's tokens, in window order: what a paired
-    comparison of two checkpoints on the same windows resamples
-    (:func:`~hpu_fp8_loader.numerics.bootstrap.bootstrap_gap_closed`). Few windows give rough intervals: the default 16 is the least to read them by.
+    row made by hand. Few windows give rough intervals: the default 16 is the least to read them by. ``window_kl``
+    is the KL summed over each window's tokens, in window order: what a paired comparison of two checkpoints on the
+    same windows resamples (:func:`~hpu_fp8_loader.numerics.bootstrap.bootstrap_gap_closed`).
     """
 
     variant: str

@@ -35,7 +35,7 @@ from hpu_fp8_loader.io.jsonfile import parse_json
 from hpu_fp8_loader.io.own_files import read_own, write_new
 from hpu_fp8_loader.io.writer import check_apart, prepare_output_dir
 from hpu_fp8_loader.quality.calibrate import CalibrationOptions, CalibrationResult
-from hpu_fp8_loader.quality.rebalance import choose_rebalancing
+from hpu_fp8_loader.quality.rebalance import MIGRATION, choose_rebalancing
 from hpu_fp8_loader.spec.choices import Rebalance
 from hpu_fp8_loader.spec.measurements import Measurements
 
@@ -135,22 +135,22 @@ def quantize(
     key = _calibration_key(src, calibration, options.rebalance)
     cached = _cached(staging / CALIBRATION, key, fold_sites(descriptor))
     result = None
+    rebalancing = options.rebalance is not Rebalance.OFF
     if cached is None:
-        points = fold_points(descriptor) if options.rebalance is not Rebalance.OFF else frozenset()
+        points = fold_points(descriptor) if rebalancing else frozenset()
         result = calibration.run(src, progress=calibration_progress, scratch_dir=staging, report=report, channel_points=points)
-        folds = choose_rebalancing(open_weights(src, cache_bytes=0), result.channel_amax, result.ranges, options.rebalance)
-        measurements = (
-            folds.rebalanced(result.measurements, result.channel_amax, descriptor) if folds.exponents else result.measurements
-        )
+        measurements, folds = result.measurements, ChosenFolds(options.rebalance, MIGRATION, {})
+        if rebalancing:
+            folds = choose_rebalancing(open_weights(src, cache_bytes=0), result.channel_amax, result.ranges, options.rebalance)
+            if folds.exponents:
+                measurements = folds.rebalanced(measurements, result.channel_amax, descriptor)
         _keep(staging / CALIBRATION, key, measurements, folds)
     else:
         log.info("%s: the calibration an interrupted run left in %s is reused", src, staging)
         measurements, folds = cached
-    if options.rebalance is not Rebalance.OFF:
+    if rebalancing:
         log.info("%s: --rebalance %s moves channels at %d fold site(s)", src, options.rebalance.value, len(folds.exponents))
-    conversion = convert(
-        src, out, [measurements], options, progress, folds=folds if options.rebalance is not Rebalance.OFF else None
-    )
+    conversion = convert(src, out, [measurements], options, progress, folds=folds if rebalancing else None)
     return QuantizeResult(conversion, result, measurements, folds)
 
 

@@ -59,7 +59,8 @@ def choose_rebalancing(
     mode: Rebalance,
     migration: float = MIGRATION,
 ) -> ChosenFolds:
-    """The folds for ``mode``: at each chosen site, ``e_c = round(log2(a_c^migration / w_c^(1 - migration)))``.
+    """The folds for ``mode`` (``flagged`` or ``all``): at each chosen site,
+    ``e_c = round(log2(a_c^migration / w_c^(1 - migration)))``.
 
     ``flagged`` chooses the sites one of whose points' ``ranges`` (the calibration's) exceeds what E4M3 at ±240
     holds; ``all`` every site. A channel whose activation or weight max is zero keeps exponent 0; so does every
@@ -68,9 +69,9 @@ def choose_rebalancing(
     """
     d = weights.descriptor
     beyond = {r.module for r in ranges if r.beyond}
-    chosen: dict[FoldSite, np.ndarray] = {}
     if mode is Rebalance.OFF:
-        return ChosenFolds(mode, migration, chosen)
+        raise ValueError("choose_rebalancing: mode off chooses no folds")
+    chosen: dict[FoldSite, np.ndarray] = {}
     for site in fold_sites(d):
         if mode is Rebalance.FLAGGED and not beyond.intersection(site.points):
             continue
