@@ -144,6 +144,24 @@ def test_rebalancing_is_converting_the_exactly_folded_model(rebalanced, tmp_path
     assert validate(fp8).valid
 
 
+@pytest.mark.parametrize("model", ["ernie-moe-bytes", "qwen3-moe-bytes", "qwen3-bytes"])
+def test_rebalancing_every_site_of_a_moe_or_qk_norm_model_is_converting_its_folded_model(model, tmp_path):
+    """--rebalance all moves every kind of site, the MoE ones included (the router compensated, every routed and
+    shared expert's rows, each expert's down_proj input): the checkpoint is still that of the folded model, bit for
+    bit, routing and all."""
+    options = ConvertOptions(rebalance="all", dead_experts="sibling-max")
+    result = quantize(TINY_MODELS[model], tmp_path / "fp8", CALIBRATION, options)
+    assert {site.fold for site in result.folds.exponents} == set(Fold)
+    folded = write_folded(open_weights(TINY_MODELS[model]), tmp_path / "folded", result.folds.exponents)
+    np.testing.assert_array_equal(forward(open_weights(folded), IDS), forward(open_weights(TINY_MODELS[model]), IDS))
+    measured = calibrate(folded, samples=CALIBRATION.samples, seq_len=CALIBRATION.seq_len).measurements
+    assert measured.amax == result.measurements.amax  # the folded model's amax, derived without running it
+    convert(folded, tmp_path / "plain", [measured], ConvertOptions(dead_experts="sibling-max"))
+    ours, theirs = Checkpoint.open(tmp_path / "fp8"), Checkpoint.open(tmp_path / "plain")
+    for name in ours.tensors:
+        np.testing.assert_array_equal(np.asarray(ours.get(name)), np.asarray(theirs.get(name)), err_msg=name)
+
+
 def test_rebalancing_a_torch_source_streamed_in_row_blocks_gives_the_same_bytes(rebalanced, tmp_path):
     source, fp8, _ = rebalanced
     options = ConvertOptions(rebalance="flagged", whole_tensor_bytes=0, block_elements=256, kept_tensor_bytes=0)
