@@ -29,6 +29,7 @@ from hpu_fp8_loader.quality.calibrate import CalibrationOptions, calibrate
 from hpu_fp8_loader.quality.datasets import builtin_text
 from hpu_fp8_loader.quality.evaluate import evaluate
 from hpu_fp8_loader.quality.quantize import quantize
+from hpu_fp8_loader.quality.report import Report
 from hpu_fp8_loader.quality.stress import STRESS_FILE, stress_model, write_folded
 from hpu_fp8_loader.sources.tiny_models import TINY_MODELS
 from hpu_fp8_loader.spec import names
@@ -90,9 +91,13 @@ def test_a_stress_model_reaches_the_ratios_it_dials(stressed, model):
 def test_eval_warns_naming_a_stressed_point_and_not_the_source(stressed, tmp_path):
     out, result = stressed("qwen2-bytes", {Fold.DOWN: 1e5})
     quantize(out, tmp_path / "fp8", CALIBRATION)
-    stressed_eval = evaluate(out, tmp_path / "fp8", samples=4, variants=("fp8",))
+    report = Report()
+    stressed_eval = evaluate(out, tmp_path / "fp8", samples=4, variants=("fp8",), report=report)
     (warning,) = [w for w in stressed_eval.warnings if "E4M3 at ±240" in w]
     assert result.sites[0].point in warning
+    widest = report.ranges[0]  # eval reads the range at the amax the checkpoint is served with: act_scale x 240
+    served = float(np.asarray(Checkpoint.open(tmp_path / "fp8").get(names.tensor(widest["module"], names.ACT_SCALE)))[0])
+    assert widest["module"] in {site.point for site in result.sites} and widest["amax"] == served * 240 and widest["beyond"]
     quantize(TINY_MODELS["qwen2-bytes"], tmp_path / "plain", CALIBRATION)
     plain = evaluate(TINY_MODELS["qwen2-bytes"], tmp_path / "plain", samples=4, variants=("fp8",))
     assert not [w for w in plain.warnings if "E4M3 at ±240" in w]
