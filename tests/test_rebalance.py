@@ -22,7 +22,7 @@ from hpu_fp8_loader.conversion.plan import ConvertOptions
 from hpu_fp8_loader.engine.fp8 import per_token_multiplier
 from hpu_fp8_loader.engine.model import forward
 from hpu_fp8_loader.engine.weights import open_weights
-from hpu_fp8_loader.errors import ConfigError, MeasurementError
+from hpu_fp8_loader.errors import ConfigError, MeasurementError, OutputExistsError
 from hpu_fp8_loader.io.checkpoint import Checkpoint
 from hpu_fp8_loader.numerics.bootstrap import bootstrap_gap_closed
 from hpu_fp8_loader.quality.calibrate import CalibrationOptions, calibrate
@@ -101,6 +101,19 @@ def test_eval_warns_naming_a_stressed_point_and_not_the_source(stressed, tmp_pat
     quantize(TINY_MODELS["qwen2-bytes"], tmp_path / "plain", CALIBRATION)
     plain = evaluate(TINY_MODELS["qwen2-bytes"], tmp_path / "plain", samples=4, variants=("fp8",))
     assert not [w for w in plain.warnings if "E4M3 at ±240" in w]
+
+
+def test_a_stress_output_that_exists_is_refused_before_the_calibration_runs(tmp_path, monkeypatch):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+
+    def never(*args, **kwargs):
+        raise AssertionError("calibrated before the output was checked")
+
+    monkeypatch.setattr(CalibrationOptions, "run", never)
+    with pytest.raises(OutputExistsError, match="taken: already exists; pass"):
+        stress_model(TINY_MODELS["qwen2-bytes"], tmp_path / "taken", {Fold.DOWN: 1e6})
+    assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
 
 
 def test_a_fold_that_leaves_float32s_range_is_refused_naming_the_tensor():

@@ -83,6 +83,35 @@ def _check_exact(checkpoint: Checkpoint) -> None:
             )
 
 
+def _writer(weights: EngineWeights, out: str | Path, force: bool) -> CheckpointWriter:
+    """The copy's writer, every source tensor planned as it is stored: ``OUT`` checked and ``OUT.partial`` locked."""
+    checkpoint = weights.checkpoint
+    _check_exact(checkpoint)
+    planned = [PlannedTensor(name, info.dtype, info.shape) for name, info in checkpoint.tensors.items()]
+    metadata = {"format": "pt" if weights.layout is Layout.TORCH else "pd"}
+    return CheckpointWriter(out, planned, 5 * 10**9, force, metadata, [checkpoint.root])
+
+
+def _write(
+    weights: EngineWeights, writer: CheckpointWriter, exponents: Mapping[FoldSite, np.ndarray], files: Mapping[str, bytes]
+) -> Path:
+    d, checkpoint, layout = weights.descriptor, weights.checkpoint, weights.layout
+    scalings = weight_scalings(d, exponents)
+    described = {p.name for w in d.weights() for p in w.source_parts(layout, d.prefix)}
+    for w in d.weights():
+        values = weights.get(w)
+        if w.name in scalings:
+            values = scalings[w.name].apply(values, w.name)
+        dtype = numpy_dtype(checkpoint.tensors[w.source_parts(layout, d.prefix)[0].name].dtype)
+        for name, array in source_arrays(w, values, layout, d.prefix, dtype):
+            writer.write(name, array)
+    for name in sorted(checkpoint.tensors.keys() - described):  # what the engine does not read, carried unchanged
+        writer.write(name, np.asarray(checkpoint.get(name)))
+    for name, data in files.items():
+        write_new(writer.staging / name, data)
+    return writer.finish(checkpoint.config, copy_from=checkpoint.root)
+
+
 def write_folded(
     weights: EngineWeights,
     out: str | Path,
@@ -97,26 +126,9 @@ def write_folded(
     Raises:
         ConfigError: a source tensor is stored in a format a power of two does not scale exactly (FP16, FP8), or a
             fold would leave float32's normal range.
+        OutputExistsError: ``out`` exists and ``force`` is false (or it is not a checkpoint this tool wrote).
     """
-    d, checkpoint, layout = weights.descriptor, weights.checkpoint, weights.layout
-    _check_exact(checkpoint)
-    scalings = weight_scalings(d, exponents)
-    described = {p.name for w in d.weights() for p in w.source_parts(layout, d.prefix)}
-    planned = [PlannedTensor(name, info.dtype, info.shape) for name, info in checkpoint.tensors.items()]
-    metadata = {"format": "pt" if layout is Layout.TORCH else "pd"}
-    writer = CheckpointWriter(out, planned, 5 * 10**9, force, metadata, [checkpoint.root])
-    for w in d.weights():
-        values = weights.get(w)
-        if w.name in scalings:
-            values = scalings[w.name].apply(values, w.name)
-        dtype = numpy_dtype(checkpoint.tensors[w.source_parts(layout, d.prefix)[0].name].dtype)
-        for name, array in source_arrays(w, values, layout, d.prefix, dtype):
-            writer.write(name, array)
-    for name in sorted(checkpoint.tensors.keys() - described):  # what the engine does not read, carried unchanged
-        writer.write(name, np.asarray(checkpoint.get(name)))
-    for name, data in (files or {}).items():
-        write_new(writer.staging / name, data)
-    return writer.finish(checkpoint.config, copy_from=checkpoint.root)
+    return _write(weights, _writer(weights, out, force), exponents, files or {})
 
 
 def stress_model(
@@ -147,6 +159,7 @@ def stress_model(
     Raises:
         ConfigError: ``source`` is an hpu-fp8 checkpoint, stores a weight in a format a power of two does not scale
             exactly (FP16, FP8), a target is below 1, or a fold would leave float32's normal range.
+        OutputExistsError: ``out`` exists and ``force`` is false (before the calibration runs).
         HpuFp8Error: everything :func:`~hpu_fp8_loader.calibrate` raises.
 
     Example:
@@ -163,7 +176,7 @@ def stress_model(
     if weights.is_spec:
         raise ConfigError(f"{source}: an hpu-fp8 checkpoint; a stress model is made from the BF16 source")
     d = weights.descriptor
-    _check_exact(weights.checkpoint)  # before minutes of calibration
+    writer = _writer(weights, out, force)  # the dtypes and OUT refused before minutes of calibration
     sites = [s for s in fold_sites(d) if s.fold in targets]
     measured = calibration.run(source, channel_points=frozenset(p for s in sites for p in s.points))
     medians = {r.module: r.median for r in measured.ranges}
@@ -191,5 +204,5 @@ def stress_model(
         "calibration": {"dataset": str(calibration.dataset), "samples": calibration.samples, "seq_len": calibration.seq_len},
         "sites": [asdict(s) for s in grown],
     }
-    write_folded(weights, out, exponents, {STRESS_FILE: (json.dumps(record, indent=2) + "\n").encode()}, force)
+    _write(weights, writer, exponents, {STRESS_FILE: (json.dumps(record, indent=2) + "\n").encode()})
     return StressResult(Path(out), grown)
