@@ -96,8 +96,9 @@ def test_calibrate_reads_every_point_but_the_probability_point_and_the_median_of
     expected = {m for m in result.measurements.amax if names.attention_point_of(m) != "s"}
     assert {r.module for r in result.ranges} == expected
     for r in result.ranges:
+        # half a bin, and 5% for reading the median from HISTOGRAM_ROWS evenly spaced rows of each batch
         exact = float(np.quantile(np.concatenate(values[r.module]), 0.5, method="inverted_cdf"))
-        assert exact / HALF_BIN <= r.median <= exact * HALF_BIN, r.module
+        assert exact / (HALF_BIN * 1.05) <= r.median <= exact * HALF_BIN * 1.05, r.module
         assert r.amax == result.measurements.amax[r.module]
     assert result.warnings == []  # the shipped models stay far inside: 1e2-1e3 at down_proj
     assert max(r.ratio for r in result.ranges) < 1e3

@@ -4,7 +4,7 @@ bits, and the quantiles read from it.
 An FP8 range problem is a question about the bulk of a tensor's values, not its max: E4M3's error is relative
 while a value stays a normal number, so a per-tensor scale set by the amax serves every value within E4M3's
 normal range of it and loses the rest to subnormals or zero. Judging that needs a typical magnitude (the
-median of |x|) over every value calibration or eval sees. Keeping the values is out of the question (a 300B
+median of |x|) over the values calibration or eval sees. Keeping them is out of the question (a 300B
 calibration sees terabytes). A value's bin is the top 11 bits of its float32 magnitude (8 exponent bits, 3
 mantissa bits: an eighth of an octave, linear within it): read straight from the bits, with no logarithm (four
 times faster than ``log2``, bench/engine.py), a fixed 2,048 counts per point, summed exactly over batches and
