@@ -292,6 +292,12 @@ def test_push_warns_of_a_range_e4m3_cannot_hold_before_anything_is_uploaded(tmp_
     assert len(warnings) == 2  # the calibration's, and the evaluation's on the held-out text
     assert all(line.startswith("hpu-fp8: warning: ") and stressed.sites[0].point in line for line in warnings)
     assert "held-out text, at the checkpoint's scales" in warnings[1]
+    folded = run([*args, "--rebalance", "flagged"], None, tmp_path)  # the same push, its outliers folded away
+    assert folded.returncode == 0, folded.stderr
+    warned = [line for line in folded.stderr.splitlines() if "span more than E4M3 at ±240" in line]
+    assert len(warned) == 1 and "the calibration text" in warned[0]  # held-out text at the folded scales: none
+    config = json.loads((tmp_path / "work" / "checkpoint" / "config.json").read_text())
+    assert config["quantization_config"]["rebalancing"]["sites"] == [site.point for site in stressed.sites]
 
 
 def test_a_dry_run_without_a_work_dir_says_its_staging_is_gone_and_names_no_path(tmp_path):

@@ -24,6 +24,7 @@ from hpu_fp8_loader.cli.group import (
     measurements_option,
     parse_size,
     quiet_option,
+    rebalance_option,
     revision_option,
     shard_size_option,
     target_option,
@@ -64,15 +65,7 @@ if TYPE_CHECKING:
     help="pow2 rounds every scale up to a power of two.",
 )
 @dead_experts_option()
-@click.option(
-    "--rebalance",
-    type=EnumChoice(Rebalance),
-    default="off",
-    show_default=True,
-    help="With --calibrate: exact power-of-two channel folds before quantizing, where a point's amax / median |x| "
-    "exceeds what E4M3 at ±240 holds (flagged) or everywhere (all); the model computes the same, FP8 sees smaller "
-    "outliers (docs/guide.md, 'FP8 range').",
-)
+@rebalance_option()
 @click.option("--workers", type=COUNT, default=DEFAULT_WORKERS, show_default=True, help="Worker processes.")
 @shard_size_option()
 @revision_option("SRC")

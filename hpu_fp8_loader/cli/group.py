@@ -26,7 +26,7 @@ from hpu_fp8_loader.errors import HpuFp8Error, command_line
 from hpu_fp8_loader.io.jsonfile import JsonFormatError, parse_json
 from hpu_fp8_loader.memory import out_of_memory
 from hpu_fp8_loader.quality.tokenizer import BYTE_VOCAB_LIMIT, TOKENIZER_CHOICES
-from hpu_fp8_loader.spec.choices import Bf16Group, DeadExpertPolicy, KvCacheScheme, Target, unservable_bf16_choice
+from hpu_fp8_loader.spec.choices import Bf16Group, DeadExpertPolicy, KvCacheScheme, Rebalance, Target, unservable_bf16_choice
 
 if TYPE_CHECKING:
     pass
@@ -200,6 +200,13 @@ measurements_option = _shared_option(
 )
 tp_option = _shared_option("--tp", type=COUNT, default=1, show_default=True, help="Tensor-parallel size.")
 ep_option = _shared_option("--ep", type=COUNT, default=1, show_default=True, help="Expert-parallel size (MoE).")
+rebalance_option = _enum_option(
+    "--rebalance",
+    Rebalance,
+    "With --calibrate: exact power-of-two channel folds before quantizing, where a point's amax / median |x| "
+    "exceeds what E4M3 at ±240 holds (flagged) or everywhere (all); the model computes the same, FP8 sees smaller "
+    "outliers (docs/guide.md, 'FP8 range').",
+)
 dead_experts_option = _enum_option(
     "--dead-experts",
     DeadExpertPolicy,

@@ -12,12 +12,13 @@ from hpu_fp8_loader.cli.group import (
     kv_cache_option,
     main,
     measurements_option,
+    rebalance_option,
     say,
     target_option,
     user_errors,
 )
 from hpu_fp8_loader.console import emit_json
-from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, Target
+from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, Rebalance, Target
 
 
 @main.command(short_help="Convert, validate, evaluate and publish to the Hub.")
@@ -32,6 +33,7 @@ from hpu_fp8_loader.spec.choices import DeadExpertPolicy, KvCacheScheme, Target
 @target_option()
 @kv_cache_option()
 @dead_experts_option()
+@rebalance_option()
 @click.option("--eval", "force_eval", is_flag=True, help="Evaluate even above 3 B parameters (slow on CPU).")
 @click.option("--skip-eval", is_flag=True, help="Never evaluate; the card says no evaluation was run.")
 @click.option("--private", is_flag=True, help="Create the repository private.")
@@ -60,6 +62,7 @@ def push(
     target: Target,
     kv_cache: KvCacheScheme,
     dead_experts: DeadExpertPolicy,
+    rebalance: Rebalance,
     force_eval: bool,
     skip_eval: bool,
     private: bool,
@@ -115,7 +118,7 @@ def push(
         work_dir=work_dir,
         dry_run=dry_run,
         evaluation="skip" if skip_eval else ("always" if force_eval else "auto"),
-        convert=ConvertOptions(target=target, kv_cache=kv_cache, dead_experts=dead_experts, workers=1),
+        convert=ConvertOptions(target=target, kv_cache=kv_cache, dead_experts=dead_experts, workers=1, rebalance=rebalance),
         show_progress=True,  # -q and --log-level error silence it, as for every command
     )
     with user_errors():
