@@ -133,7 +133,7 @@ def test_the_page_shows_existing_pngs(moe_report):
     page = (root / "measured" / "index.html").read_text()
     images = re.findall(r'<img src="([^"]+)"', page)
     plots = json.loads((root / "measured" / REPORT_FILE).read_text())["plots"]
-    assert sorted(images) == sorted(plots.values()) and len(images) == 5
+    assert sorted(images) == sorted(plots.values()) and len(images) == 6
     for image in images:
         assert (root / "measured" / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "ernie.layers" in page and not list(root.glob(".*"))  # no staging directory left behind

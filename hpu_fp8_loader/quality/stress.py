@@ -45,8 +45,8 @@ class StressedSite:
     """One site a stress model grew: which channel, by what power of two, and the ratio before and after.
 
     ``ratio_before`` is the point's amax / median |x| on the calibration text; ``ratio_after`` what it becomes,
-    the grown channel's max times ``2^growth`` over the same median (one channel of many barely moves the median:
-    a calibration of the stress model reads it again).
+    the grown channel's max times ``2^growth`` over the same median. Growing one channel moves the median a little
+    (by 11% in a tiny expert of 32 channels): a calibration of the stress model reads the ratio it has.
     """
 
     fold: str
