@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import transformers
 from click.testing import CliRunner
+from safetensors.torch import load_file, save_file
 
 from hpu_fp8_loader.checks.validate import validate
 from hpu_fp8_loader.cli.main import main
@@ -213,6 +216,26 @@ def test_rebalancing_from_measurement_files_is_refused(tmp_path):
     with pytest.raises(MeasurementError, match="--rebalance flagged chooses its folds from a calibration's per-channel"):
         convert(TINY_MODELS["qwen2-bytes"], tmp_path / "x", [measurements], ConvertOptions(rebalance="flagged"))
     assert not (tmp_path / "x").exists() and not (tmp_path / "x.partial").exists()
+
+
+def test_rebalancing_an_fp8_source_is_refused_before_anything_is_written(tmp_path):
+    source = Path(__file__).with_name("fixtures") / "qwen2-bytes-fp8-static"  # compressed-tensors: F8_E4M3 weights
+    with pytest.raises(ConfigError, match=r"\.weight is FP8; channel folds rebalance BF16 weights before their one quantization"):
+        quantize(source, tmp_path / "x", CALIBRATION, ConvertOptions(rebalance="all"))
+    assert not (tmp_path / "x").exists() and not (tmp_path / "x.partial").exists()  # refused before calibrating
+
+
+def test_a_stress_model_of_an_fp16_or_hpu_fp8_source_is_refused(tmp_path):
+    fp16 = tmp_path / "fp16"
+    shutil.copytree(TINY_MODELS["qwen2-bytes"], fp16)
+    tensors = load_file(fp16 / "model.safetensors")
+    save_file({name: value.to(torch.float16) for name, value in tensors.items()}, fp16 / "model.safetensors")
+    with pytest.raises(ConfigError, match=r"is F16; a power of two scales only BF16 or F32 values exactly$"):
+        stress_model(fp16, tmp_path / "out", {Fold.DOWN: 1e6})
+    quantize(TINY_MODELS["qwen2-bytes"], tmp_path / "fp8", CALIBRATION)
+    with pytest.raises(ConfigError, match="an hpu-fp8 checkpoint; a stress model is made from the BF16 source"):
+        stress_model(tmp_path / "fp8", tmp_path / "out", {Fold.DOWN: 1e6})
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_interrupted_rebalanced_quantize_reuses_its_folds(rebalanced, tmp_path, monkeypatch):

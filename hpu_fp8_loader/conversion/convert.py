@@ -61,7 +61,7 @@ from hpu_fp8_loader.spec.choices import Rebalance
 from hpu_fp8_loader.spec.config import ExpertRef, KvCacheScheme
 from hpu_fp8_loader.spec.measurements import Measurements, measurement_files
 
-__all__ = ["ConvertProgress", "ConvertResult", "convert"]
+__all__ = ["ConvertProgress", "ConvertResult", "convert", "refuse_fp8_folds"]
 
 log = logging.getLogger(__name__)
 
@@ -283,13 +283,20 @@ def _fold_scalings(
             "measurement files do not hold: convert with --calibrate instead"
         )
     scalings = weight_scalings(descriptor, folds.exponents) if folds else {}
+    if scalings:
+        refuse_fp8_folds(checkpoint)
+    return scalings
+
+
+def refuse_fp8_folds(checkpoint: Checkpoint) -> None:
+    """Channel folds rebalance BF16 weights before their one quantization: an FP8 source weight (compressed-tensors,
+    block-wise) would be requantized twice, so a source holding one is refused, naming it."""
     fp8 = next((name for name, info in checkpoint.tensors.items() if info.dtype == "F8_E4M3"), None)
-    if scalings and fp8 is not None:
+    if fp8 is not None:
         raise ConfigError(
             f"{checkpoint.root}: {fp8} is FP8; channel folds rebalance BF16 weights before their one quantization "
             "(convert without --rebalance)"
         )
-    return scalings
 
 
 def _is_weight_scale(tensor: PlannedTensor) -> bool:

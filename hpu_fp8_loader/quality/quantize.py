@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from hpu_fp8_loader.arch import describe
 from hpu_fp8_loader.arch.contents import check_keep_bf16
-from hpu_fp8_loader.conversion.convert import ConvertProgress, ConvertResult, convert
+from hpu_fp8_loader.conversion.convert import ConvertProgress, ConvertResult, convert, refuse_fp8_folds
 from hpu_fp8_loader.conversion.folds import ChosenFolds, FoldSite, fold_points, fold_sites
 from hpu_fp8_loader.conversion.journal import CALIBRATION
 from hpu_fp8_loader.conversion.plan import ConvertOptions
@@ -36,6 +36,7 @@ from hpu_fp8_loader.io.own_files import read_own, write_new
 from hpu_fp8_loader.io.writer import check_apart, prepare_output_dir
 from hpu_fp8_loader.quality.calibrate import CalibrationOptions, CalibrationResult
 from hpu_fp8_loader.quality.rebalance import MIGRATION, choose_rebalancing
+from hpu_fp8_loader.sources.block_fp8 import open_source
 from hpu_fp8_loader.spec.choices import Rebalance
 from hpu_fp8_loader.spec.measurements import Measurements
 
@@ -131,6 +132,8 @@ def quantize(
     # what can be refused from config.json and OUT is, before minutes of calibration
     descriptor = describe(read_config(src), str(src / CONFIG_FILE))
     check_keep_bf16(descriptor, options.keep_bf16)
+    if options.rebalance is not Rebalance.OFF:
+        refuse_fp8_folds(open_source(src))
     staging = prepare_output_dir(out, options.force, [src])
     key = _calibration_key(src, calibration, options.rebalance)
     cached = _cached(staging / CALIBRATION, key, fold_sites(descriptor))
