@@ -45,6 +45,7 @@ __all__ = [
     "fold_points",
     "fold_sites",
     "mlp_input_consumers",
+    "per_kv_channel_max",
     "point_exponents",
     "site_channel_amax",
     "weight_scalings",
@@ -167,10 +168,20 @@ def fold_points(d: ModelDescriptor) -> frozenset[str]:
 def point_exponents(site: FoldSite, point: str, e: np.ndarray, d: ModelDescriptor) -> np.ndarray:
     """The exponent of each channel of ``point`` under the site's exponents: ``o_proj``'s input repeats each KV
     channel's for every query head of its group; every other point is the site's own channels."""
-    if site.fold is Fold.O_PROJ and point == site.points[0]:
-        group = d.num_heads // d.num_kv_heads
-        return np.repeat(e.reshape(d.num_kv_heads, 1, d.head_dim), group, axis=1).reshape(-1)
-    return e
+    return e[_kv_channel_of_query(d)] if site.fold is Fold.O_PROJ and point == site.points[0] else e
+
+
+def _kv_channel_of_query(d: ModelDescriptor) -> np.ndarray:
+    """For each channel of o_proj's input (query head ``h``, dim ``i``), the KV channel it reads: ``(h // group, i)``."""
+    heads = np.arange(d.num_heads)
+    group = d.num_heads // d.num_kv_heads
+    return ((heads[:, None] // group) * d.head_dim + np.arange(d.head_dim)[None, :]).reshape(-1)
+
+
+def per_kv_channel_max(values: np.ndarray, d: ModelDescriptor) -> np.ndarray:
+    """Values of o_proj's input channels (or rows) reduced, by max, to the KV channel each reads: the query heads of a
+    group share their KV head (:func:`_kv_channel_of_query`'s mapping)."""
+    return values.reshape(d.num_kv_heads, d.num_heads // d.num_kv_heads, d.head_dim).max(axis=1).reshape(-1)
 
 
 def site_channel_amax(site: FoldSite, channel_amax: Mapping[str, np.ndarray], d: ModelDescriptor) -> np.ndarray | None:
@@ -181,9 +192,7 @@ def site_channel_amax(site: FoldSite, channel_amax: Mapping[str, np.ndarray], d:
     peaks = []
     for point in site.points:
         values = channel_amax[point]
-        if site.fold is Fold.O_PROJ and point == site.points[0]:
-            values = values.reshape(d.num_kv_heads, d.num_heads // d.num_kv_heads, d.head_dim).max(axis=1).reshape(-1)
-        peaks.append(values)
+        peaks.append(per_kv_channel_max(values, d) if site.fold is Fold.O_PROJ and point == site.points[0] else values)
     return np.max(peaks, axis=0)
 
 
@@ -268,11 +277,7 @@ def weight_scalings(d: ModelDescriptor, exponents: Mapping[FoldSite, np.ndarray]
             scale(weight(m.qkv), "cols", v, -e)
             if d.qkv_bias:
                 scale(names.tensor(m.qkv, names.BIAS), "cols", v, -e)
-            group, hd = d.num_heads // d.num_kv_heads, d.head_dim
-            heads = np.arange(d.num_heads)
-            rows = (heads[:, None] * hd + np.arange(hd)[None, :]).reshape(-1)
-            kv_channel = ((heads[:, None] // group) * hd + np.arange(hd)[None, :]).reshape(-1)
-            scale(weight(m.o_proj), "rows", rows, e[kv_channel])
+            scale(weight(m.o_proj), "rows", slice(None), point_exponents(site, m.o_proj, e, d))
     return scalings
 
 

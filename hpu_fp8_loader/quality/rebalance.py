@@ -17,7 +17,16 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from hpu_fp8_loader.conversion.folds import ChosenFolds, Fold, FoldSite, fold_sites, mlp_input_consumers, site_channel_amax
+from hpu_fp8_loader.arch import WeightTensor
+from hpu_fp8_loader.conversion.folds import (
+    ChosenFolds,
+    Fold,
+    FoldSite,
+    fold_sites,
+    mlp_input_consumers,
+    per_kv_channel_max,
+    site_channel_amax,
+)
 from hpu_fp8_loader.engine.weights import EngineWeights
 from hpu_fp8_loader.quality.ranges import PointRange
 from hpu_fp8_loader.spec import names
@@ -41,15 +50,11 @@ def _consumer_rows(site: FoldSite, weights: EngineWeights) -> list[str]:
     return [names.tensor(site.name, names.WEIGHT)]
 
 
-def _weight_amax(site: FoldSite, weights: EngineWeights) -> np.ndarray:
+def _weight_amax(site: FoldSite, weights: EngineWeights, by_name: Mapping[str, WeightTensor]) -> np.ndarray:
     """Each fold channel's max |W| over the rows it meets (``o-proj``: over every query head's rows of its KV
-    channel), read from the source."""
-    d = weights.descriptor
-    by_name = {w.name: w for w in d.weights()}
+    channel), read from the source; ``by_name``: the model's weights by spec name."""
     rows = np.max([np.max(np.abs(weights.get(by_name[name])), axis=1) for name in _consumer_rows(site, weights)], axis=0)
-    if site.fold is Fold.O_PROJ:
-        rows = rows.reshape(d.num_kv_heads, d.num_heads // d.num_kv_heads, d.head_dim).max(axis=1).reshape(-1)
-    return rows
+    return per_kv_channel_max(rows, weights.descriptor) if site.fold is Fold.O_PROJ else rows
 
 
 def choose_rebalancing(
@@ -72,13 +77,14 @@ def choose_rebalancing(
     if mode is Rebalance.OFF:
         raise ValueError("choose_rebalancing: mode off chooses no folds")
     chosen: dict[FoldSite, np.ndarray] = {}
+    by_name = {w.name: w for w in d.weights()}  # once: a 300B model has thousands of sites and of weights
     for site in fold_sites(d):
         if mode is Rebalance.FLAGGED and not beyond.intersection(site.points):
             continue
         act = site_channel_amax(site, channel_amax, d)
         if act is None:
             continue
-        weight = _weight_amax(site, weights)
+        weight = _weight_amax(site, weights, by_name)
         usable = (act > 0) & (weight > 0)
         e = np.zeros(site.channels, np.int32)
         with np.errstate(divide="ignore"):
