@@ -36,7 +36,6 @@ from hpu_fp8_loader.io.own_files import read_own, write_new
 from hpu_fp8_loader.io.writer import check_apart, prepare_output_dir
 from hpu_fp8_loader.quality.calibrate import CalibrationOptions, CalibrationResult
 from hpu_fp8_loader.quality.rebalance import MIGRATION, choose_rebalancing
-from hpu_fp8_loader.sources.block_fp8 import open_source
 from hpu_fp8_loader.spec.choices import Rebalance
 from hpu_fp8_loader.spec.measurements import Measurements
 
@@ -132,10 +131,11 @@ def quantize(
     # what can be refused from config.json and OUT is, before minutes of calibration
     descriptor = describe(read_config(src), str(src / CONFIG_FILE))
     check_keep_bf16(descriptor, options.keep_bf16)
+    source = Checkpoint.open(src)  # once: its dtypes for --rebalance, its files for the calibration's key
     if options.rebalance is not Rebalance.OFF:
-        refuse_fp8_folds(open_source(src))
+        refuse_fp8_folds(source)
     staging = prepare_output_dir(out, options.force, [src])
-    key = _calibration_key(src, calibration, options.rebalance)
+    key = _calibration_key(source, calibration, options.rebalance)
     cached = _cached(staging / CALIBRATION, key, fold_sites(descriptor))
     result = None
     rebalancing = options.rebalance is not Rebalance.OFF
@@ -157,11 +157,11 @@ def quantize(
     return QuantizeResult(conversion, result, measurements, folds)
 
 
-def _calibration_key(src: Path, calibration: CalibrationOptions, rebalance: Rebalance) -> dict:
+def _calibration_key(source: Checkpoint, calibration: CalibrationOptions, rebalance: Rebalance) -> dict:
     """What the measurements and folds depend on: the source files' content (as a conversion's resume sees it), the
     options (not ``threads``: another number can move an amax only by BLAS's own rounding, and the kept measurements
     are reused whole, never mixed with new ones) and the rebalancing mode."""
-    files = sorted((p.name, file_fingerprint(p)) for p in Checkpoint.open(src).files)
+    files = sorted((p.name, file_fingerprint(p)) for p in source.files)
     options = dataclasses.asdict(calibration)
     del options["threads"]
     return {"source": files, "options": options, "rebalance": rebalance.value}
